@@ -1,0 +1,52 @@
+// swift-tools-version: 6.2
+import PackageDescription
+
+let package = Package(
+    name: "SessionFlow",
+    products: [
+        .library(name: "LoopFlow", targets: ["LoopFlow"]),
+        .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
+    ],
+    targets: [
+        // libuv from the system (Debian: libuv1-dev), found through pkg-config.
+        .systemLibrary(
+            name: "CLibUV",
+            pkgConfig: "libuv",
+            providers: [.apt(["libuv1-dev"])]
+        ),
+        // The loop host, StateFlow, SharedFlow and FlowSubscription. Knows nothing about sessions.
+        .target(
+            name: "LoopFlow",
+            dependencies: [
+                "CLibUV",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "DequeModule", package: "swift-collections"),
+            ]
+        ),
+        .executableTarget(
+            name: "LoopFlowDemo",
+            dependencies: ["LoopFlow"]
+        ),
+        .testTarget(
+            name: "LoopFlowTests",
+            dependencies: [
+                "LoopFlow",
+                "CLibUV",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+    ]
+)
+
+// Package-wide strictness: Swift 6 mode everywhere, and every warning is an error.
+for target in package.targets where target.type != .system {
+    var settings = target.swiftSettings ?? []
+    settings.append(.swiftLanguageMode(.v6))
+    settings.append(.enableUpcomingFeature("ExistentialAny"))
+    settings.append(.treatAllWarnings(as: .error))
+    target.swiftSettings = settings
+}

@@ -1,0 +1,271 @@
+import DequeModule
+
+/// What an event flow does when its buffer is full.
+public enum BufferOverflow: Sendable, Equatable {
+    /// Drop the oldest buffered event to make room for the new one.
+    case dropOldest
+    /// Drop the new event; the buffered ones stay.
+    case dropLatest
+}
+
+/// A read-only view of an event bus whose observers receive every event emitted after
+/// they subscribed (Kotlin's `SharedFlow`), delivered on the loop thread.
+///
+/// - `replay`: a new subscriber first receives up to this many of the latest events.
+/// - `bufferCapacity`: how many emitted events may wait for delivery to an observer.
+///   Every observer of a flow is served in the same loop turn, so the wait is the same for
+///   all of them: the buffer is kept once (one ring, a start position per observer), not
+///   once per observer. When it is full, `overflow` decides which event is lost, and
+///   `droppedEvents` counts it. Emitting never blocks.
+/// - With no observers, events are only kept for replay; nothing is counted as dropped.
+public class SharedFlow<Event: Sendable>: @unchecked Sendable {
+    public let loop: EventLoop
+    public let replay: Int
+    public let bufferCapacity: Int
+    public let overflow: BufferOverflow
+    let registry: SubscriberRegistry<EventSubscription<Event>>
+
+    struct Sequenced {
+        let sequence: UInt64
+        let event: Event
+    }
+
+    // Guarded by lock.
+    let lock = Lock()
+    var pending = Deque<Sequenced>()
+    var replayBuffer = Deque<Sequenced>()
+    var nextSequence: UInt64 = 0
+    var deliveryScheduled = false
+    var terminal: FlowTerminal?
+    var dropped = 0
+
+    // Loop-confined.
+    private var delivering = Deque<Sequenced>()
+    private var newcomers: [EventSubscription<Event>] = []
+    private var newcomerBatch: [EventSubscription<Event>] = []
+
+    init(loop: EventLoop, replay: Int, bufferCapacity: Int, overflow: BufferOverflow) throws(LoopFlowError) {
+        guard replay >= 0 else {
+            throw LoopFlowError(.invalidConfiguration, "replay must not be negative, got \(replay)")
+        }
+        guard bufferCapacity >= 0 else {
+            throw LoopFlowError(.invalidConfiguration, "bufferCapacity must not be negative, got \(bufferCapacity)")
+        }
+        guard bufferCapacity > 0 else {
+            throw LoopFlowError(
+                .invalidConfiguration,
+                "overflow policy \(overflow) needs a buffer to drop from: bufferCapacity must be at least 1")
+        }
+        self.loop = loop
+        self.replay = replay
+        self.bufferCapacity = bufferCapacity
+        self.overflow = overflow
+        self.registry = SubscriberRegistry(loop: loop)
+        pending.reserveCapacity(bufferCapacity)
+        delivering.reserveCapacity(bufferCapacity)
+    }
+
+    /// The events a new subscriber would be replayed, oldest first.
+    public var replayCache: [Event] {
+        lock.withLock { replayBuffer.map(\.event) }
+    }
+
+    /// Events lost to a full buffer since the flow was made.
+    public var droppedEvents: Int {
+        lock.withLock { dropped }
+    }
+
+    /// How many subscriptions are live, itself observable.
+    public var subscriptionCount: StateFlow<Int> { registry.subscriptionCount() }
+
+    /// Subscribes. `onEvent` receives the replayed events, then every event emitted after
+    /// this call; `onError` / `onComplete` are terminal; `onRelease` runs exactly once after
+    /// the last callback. All on the loop thread, never inside this call.
+    ///
+    /// - Throws: `loopShutDown` once the loop is shut down; none of the closures will run.
+    public func subscribe(
+        onEvent: @escaping @Sendable (Event) -> Void,
+        onError: (@Sendable (any Error) -> Void)? = nil,
+        onComplete: (@Sendable () -> Void)? = nil,
+        onRelease: (@Sendable () -> Void)? = nil
+    ) throws(LoopFlowError) -> FlowSubscription {
+        let subscription = EventSubscription(
+            loop: loop, owner: registry, onEvent: onEvent,
+            onError: onError, onComplete: onComplete, onRelease: onRelease)
+        try registry.register(subscription, prepare: { subscription in
+            // Counted live first, so every event from here on is buffered for it.
+            lock.withLock {
+                subscription.startSequence = nextSequence
+                subscription.backlog = replayBuffer.map(\.event)
+            }
+        }, onRegistered: { [self] subscription in
+            newcomers.append(subscription)
+            scheduleDelivery()
+        })
+        return subscription
+    }
+
+    /// The events as an `AsyncSequence`. The consumer has a buffer of its own with this
+    /// flow's capacity and overflow policy. Cancelling the task or dropping the iterator
+    /// closes the subscription. A terminal error ends the sequence.
+    public var values: FlowValues<Event> {
+        FlowValues(.bounded(bufferCapacity, overflow)) { [self] buffer in
+            try subscribe(
+                onEvent: { [weak buffer] in buffer?.push($0) },
+                onError: { [weak buffer] _ in buffer?.finish() },
+                onComplete: { [weak buffer] in buffer?.finish() })
+        }
+    }
+
+    final func scheduleDelivery() {
+        if lock.withLock({ claimDeliveryLocked() }) {
+            postDelivery()
+        }
+    }
+
+    /// Caller holds `lock`. Returns whether the caller must post the delivery job.
+    final func claimDeliveryLocked() -> Bool {
+        guard !deliveryScheduled else { return false }
+        deliveryScheduled = true
+        return true
+    }
+
+    final func postDelivery() {
+        try? loop.enqueue(.deliver(self), isInternal: true)
+    }
+}
+
+extension SharedFlow: DeliverySource {
+    func deliver() {
+        loop.assertInEventLoop()
+        lock.lock()
+        swap(&pending, &delivering)
+        let terminal = self.terminal
+        deliveryScheduled = false
+        lock.unlock()
+
+        swap(&newcomers, &newcomerBatch)
+        for subscription in newcomerBatch where subscription.slot >= 0 {
+            for event in subscription.takeBacklog() {
+                subscription.deliver(event)
+            }
+        }
+        newcomerBatch.removeAll(keepingCapacity: true)
+
+        let count = registry.slots.count
+        for item in delivering {
+            var index = 0
+            while index < count {
+                let subscription = registry.slots[index]
+                if item.sequence >= subscription.startSequence {
+                    subscription.deliver(item.event)
+                }
+                index += 1
+            }
+        }
+        delivering.removeAll(keepingCapacity: true)
+
+        if let terminal {
+            registry.terminateAll(with: terminal.error)
+        }
+    }
+}
+
+/// The event bus you emit into.
+public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unchecked Sendable {
+    /// - Parameters:
+    ///   - replay: how many of the latest events a new subscriber receives first (≥ 0).
+    ///   - bufferCapacity: how many events may wait for delivery (≥ 1).
+    ///   - overflow: which event is lost when the buffer is full.
+    /// - Throws: `invalidConfiguration` for a negative size or a buffer of 0.
+    public init(
+        on loop: EventLoop,
+        replay: Int = 0,
+        bufferCapacity: Int = 64,
+        overflow: BufferOverflow = .dropOldest
+    ) throws(LoopFlowError) {
+        try super.init(loop: loop, replay: replay, bufferCapacity: bufferCapacity, overflow: overflow)
+    }
+
+    /// Emits `event` to every current observer, from any thread, without waiting.
+    /// Returns false if the event was dropped (`.dropLatest` with a full buffer) or the
+    /// flow has finished.
+    @discardableResult
+    public func emit(_ event: Event) -> Bool {
+        let (accepted, post): (Bool, Bool) = lock.withLock {
+            guard terminal == nil else { return (false, false) }
+            let listening = registry.liveCount > 0
+            if listening && pending.count >= bufferCapacity {
+                dropped += 1
+                switch overflow {
+                case .dropOldest:
+                    pending.removeFirst()
+                case .dropLatest:
+                    return (false, false)
+                }
+            }
+            let item = Sequenced(sequence: nextSequence, event: event)
+            nextSequence += 1
+            if replay > 0 {
+                if replayBuffer.count == replay { replayBuffer.removeFirst() }
+                replayBuffer.append(item)
+            }
+            guard listening else { return (true, false) }
+            pending.append(item)
+            return (true, claimDeliveryLocked())
+        }
+        if post { postDelivery() }
+        return accepted
+    }
+
+    /// Ends the flow: observers receive the events still buffered, then `onComplete`, or
+    /// `onError(error)`. Later subscribers receive the replay and the same terminal
+    /// callback. Later emits are refused. Returns false if already finished.
+    @discardableResult
+    public func finish(throwing error: (any Error)? = nil) -> Bool {
+        let post: Bool? = lock.withLock {
+            guard terminal == nil else { return nil }
+            terminal = FlowTerminal(error: error)
+            return claimDeliveryLocked()
+        }
+        guard let post else { return false }
+        if post { postDelivery() }
+        return true
+    }
+
+    /// This flow, read-only.
+    public func asSharedFlow() -> SharedFlow<Event> { self }
+}
+
+/// A `SharedFlow` subscriber.
+final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sendable {
+    private let onEvent: @Sendable (Event) -> Void
+    /// Set once before registration: the first event sequence this subscriber receives live.
+    var startSequence: UInt64 = 0
+    /// Set once before registration, taken on the loop: the replayed events.
+    var backlog: [Event] = []
+
+    init(
+        loop: EventLoop, owner: any SubscriptionOwner,
+        onEvent: @escaping @Sendable (Event) -> Void,
+        onError: (@Sendable (any Error) -> Void)?,
+        onComplete: (@Sendable () -> Void)?,
+        onRelease: (@Sendable () -> Void)?
+    ) {
+        self.onEvent = onEvent
+        super.init(loop: loop, owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
+    }
+
+    func takeBacklog() -> [Event] {
+        defer { backlog = [] }
+        return backlog
+    }
+
+    @inline(__always)
+    func deliver(_ event: Event) {
+        if enter() {
+            onEvent(event)
+            exit()
+        }
+    }
+}

@@ -1,0 +1,231 @@
+/// A read-only view of a value that always exists and that observers follow on the
+/// loop thread (Kotlin's `StateFlow`).
+///
+/// - `value` is readable from any thread.
+/// - A new subscriber first receives the current value, then each change.
+/// - Observers are conflated: one that cannot keep up skips intermediate values but
+///   always ends on the latest one.
+/// - Distinct: an observer is never handed a value equal to the last one it received
+///   (A→B→A set before it runs delivers nothing).
+public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
+    public let loop: EventLoop
+    let registry: SubscriberRegistry<StateSubscription<Value>>
+
+    // Guarded by lock.
+    let lock = Lock()
+    var current: Value
+    var deliveryScheduled = false
+    var terminal: FlowTerminal?
+
+    // Loop-confined.
+    private var lastBroadcast: Value?
+    private var epoch: UInt64 = 0
+    private var newcomers: [StateSubscription<Value>] = []
+    private var newcomerBatch: [StateSubscription<Value>] = []
+
+    init(_ initial: Value, on loop: EventLoop) {
+        self.loop = loop
+        self.current = initial
+        self.registry = SubscriberRegistry(loop: loop)
+    }
+
+    /// The current value. Any thread.
+    public var value: Value {
+        lock.withLock { current }
+    }
+
+    /// How many subscriptions are live, itself observable.
+    public var subscriptionCount: StateFlow<Int> { registry.subscriptionCount() }
+
+    /// Subscribes. `onState` first receives the current value, then each distinct change;
+    /// `onError` / `onComplete` are terminal (at most one, once); `onRelease` runs exactly
+    /// once after the last callback. All of them run on the loop thread, never inside
+    /// this call.
+    ///
+    /// - Throws: `loopShutDown` once the loop is shut down; none of the closures will run.
+    public func subscribe(
+        onState: @escaping @Sendable (Value) -> Void,
+        onError: (@Sendable (any Error) -> Void)? = nil,
+        onComplete: (@Sendable () -> Void)? = nil,
+        onRelease: (@Sendable () -> Void)? = nil
+    ) throws(LoopFlowError) -> FlowSubscription {
+        let subscription = StateSubscription(
+            loop: loop, owner: registry, onState: onState,
+            onError: onError, onComplete: onComplete, onRelease: onRelease)
+        try registry.register(subscription) { [self] subscription in
+            newcomers.append(subscription)
+            scheduleDelivery()
+        }
+        return subscription
+    }
+
+    /// The values as an `AsyncSequence`: the current one first, then each distinct change,
+    /// conflated to the latest for a consumer that falls behind. Cancelling the task or
+    /// dropping the iterator closes the subscription. A terminal error ends the sequence.
+    public var values: FlowValues<Value> {
+        FlowValues(.latestDistinct, isEqual: { $0 == $1 }) { [self] buffer in
+            try subscribe(
+                onState: { [weak buffer] in buffer?.push($0) },
+                onError: { [weak buffer] _ in buffer?.finish() },
+                onComplete: { [weak buffer] in buffer?.finish() })
+        }
+    }
+
+    /// Marks the flow dirty; at most one delivery job is queued at a time.
+    final func scheduleDelivery() {
+        if lock.withLock({ claimDeliveryLocked() }) {
+            postDelivery()
+        }
+    }
+
+    /// Caller holds `lock`. Returns whether the caller must post the delivery job.
+    final func claimDeliveryLocked() -> Bool {
+        guard !deliveryScheduled else { return false }
+        deliveryScheduled = true
+        return true
+    }
+
+    /// Posts the delivery claimed with `claimDeliveryLocked()`. After teardown has begun
+    /// there is no one left to deliver to, so a refusal is ignored.
+    final func postDelivery() {
+        try? loop.enqueue(.deliver(self), isInternal: true)
+    }
+}
+
+extension StateFlow: DeliverySource {
+    func deliver() {
+        loop.assertInEventLoop()
+        lock.lock()
+        let value = current
+        let terminal = self.terminal
+        deliveryScheduled = false
+        lock.unlock()
+
+        swap(&newcomers, &newcomerBatch)
+        if epoch == 0 || lastBroadcast != value {
+            // A new value: everyone registered gets it.
+            epoch &+= 1
+            lastBroadcast = value
+            let count = registry.slots.count
+            var index = 0
+            while index < count {
+                let subscription = registry.slots[index]
+                subscription.seenEpoch = epoch
+                subscription.deliver(value)
+                index += 1
+            }
+        } else {
+            // Same value as last broadcast: only newcomers have not seen it.
+            for subscription in newcomerBatch where subscription.slot >= 0 && subscription.seenEpoch != epoch {
+                subscription.seenEpoch = epoch
+                subscription.deliver(value)
+            }
+        }
+        newcomerBatch.removeAll(keepingCapacity: true)
+
+        if let terminal {
+            registry.terminateAll(with: terminal.error)
+        }
+    }
+}
+
+/// The read-write state flow.
+public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Value>, @unchecked Sendable {
+    /// A flow holding `initial`, delivering on `loop`.
+    public override init(_ initial: Value, on loop: EventLoop) {
+        super.init(initial, on: loop)
+    }
+
+    /// The current value. Setting is safe from any thread and never waits for observers;
+    /// setting a value equal to the current one does nothing. Ignored once finished.
+    public override var value: Value {
+        get { lock.withLock { current } }
+        set { _ = set(newValue, ifCurrentIs: nil) }
+    }
+
+    /// Sets `update` if the current value equals `expect`, atomically. Returns whether the
+    /// current value was `expect` (an equal `update` then changes nothing and notifies no one).
+    @discardableResult
+    public func compareAndSet(expect: Value, update: Value) -> Bool {
+        set(update, ifCurrentIs: expect)
+    }
+
+    /// One short critical section (compare, store, mark dirty once), then at most one post.
+    private func set(_ update: Value, ifCurrentIs expect: Value?) -> Bool {
+        let post: Bool? = lock.withLock {
+            guard terminal == nil else { return nil }
+            if let expect, current != expect { return nil }
+            guard current != update else { return false }
+            current = update
+            return claimDeliveryLocked()
+        }
+        guard let post else { return false }
+        if post { postDelivery() }
+        return true
+    }
+
+    /// Replaces the value with `transform(value)`, atomically: under contention the
+    /// transform may run more than once (like Kotlin's `update`), so keep it pure.
+    /// Returns the value it set.
+    @discardableResult
+    public func update(_ transform: (Value) throws -> Value) rethrows -> Value {
+        while true {
+            let previous = value
+            let next = try transform(previous)
+            if compareAndSet(expect: previous, update: next) {
+                return next
+            }
+        }
+    }
+
+    /// Ends the flow: every subscriber receives the latest value (if it had not yet),
+    /// then `onComplete`, or `onError(error)` when an error is given. Later subscribers
+    /// receive the last value and the same terminal callback. Later sets are ignored.
+    /// Returns false if the flow had already finished.
+    @discardableResult
+    public func finish(throwing error: (any Error)? = nil) -> Bool {
+        let post: Bool? = lock.withLock {
+            guard terminal == nil else { return nil }
+            terminal = FlowTerminal(error: error)
+            return claimDeliveryLocked()
+        }
+        guard let post else { return false }
+        if post { postDelivery() }
+        return true
+    }
+
+    /// This flow, read-only.
+    public func asStateFlow() -> StateFlow<Value> { self }
+}
+
+/// How a flow ended.
+struct FlowTerminal: @unchecked Sendable {
+    /// nil: completed normally.
+    let error: (any Error)?
+}
+
+/// A `StateFlow` subscriber.
+final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sendable {
+    private let onState: @Sendable (Value) -> Void
+    /// Loop-confined: the broadcast this subscriber last received.
+    var seenEpoch: UInt64 = 0
+
+    init(
+        loop: EventLoop, owner: any SubscriptionOwner,
+        onState: @escaping @Sendable (Value) -> Void,
+        onError: (@Sendable (any Error) -> Void)?,
+        onComplete: (@Sendable () -> Void)?,
+        onRelease: (@Sendable () -> Void)?
+    ) {
+        self.onState = onState
+        super.init(loop: loop, owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
+    }
+
+    @inline(__always)
+    func deliver(_ value: Value) {
+        if enter() {
+            onState(value)
+            exit()
+        }
+    }
+}

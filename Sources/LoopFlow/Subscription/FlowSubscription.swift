@@ -1,0 +1,183 @@
+import Synchronization
+
+/// The handle `subscribe` returns. Close it when you no longer want callbacks.
+///
+/// The contract (DESIGN.md, "Threading and lifetime contract"):
+/// - every callback runs on the loop thread, never inside the call that caused it and
+///   never while a library lock is held;
+/// - `close()` is safe from any thread, any number of times. When it returns, no callback
+///   of this subscription is running or will start — except when called from inside this
+///   subscription's own callback: that callback finishes and nothing follows it;
+/// - `onRelease` runs exactly once, on the loop thread, after the last callback;
+/// - `onError` / `onComplete` are terminal: at most one of them, once.
+///
+/// The one way to deadlock: calling `close()` from a thread that the running callback is
+/// itself waiting for (the callback blocks on that thread, the thread blocks in `close()`
+/// until the callback returns).
+///
+/// Dropping the handle does not close the subscription (as with a Kotlin
+/// `FlowSubscription`): it stays open until `close()` or loop teardown, which reports it
+/// as never closed. The `values` async sequences close for you.
+public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
+    private static let nextID = Atomic<UInt64>(1)
+
+    /// Unique within the process; never reused.
+    public let id: UInt64
+    let loop: EventLoop
+    let owner: any SubscriptionOwner
+
+    // Gate word: who may run a callback. Only the loop thread sets `running`; any thread
+    // may set `closed`; a closer that must wait sets `waiting`.
+    private static let running: UInt32 = 1
+    private static let closed: UInt32 = 2
+    private static let waiting: UInt32 = 4
+    private let gate = Atomic<UInt32>(0)
+
+    private let onError: (@Sendable (any Error) -> Void)?
+    private let onComplete: (@Sendable () -> Void)?
+    private let onRelease: (@Sendable () -> Void)?
+
+    // Loop-confined.
+    /// Index in the owner's subscriber array, or -1 when not registered.
+    var slot = -1
+    private var released = false
+
+    init(
+        loop: EventLoop,
+        owner: any SubscriptionOwner,
+        onError: (@Sendable (any Error) -> Void)?,
+        onComplete: (@Sendable () -> Void)?,
+        onRelease: (@Sendable () -> Void)?
+    ) {
+        self.id = Self.nextID.add(1, ordering: .relaxed).oldValue
+        self.loop = loop
+        self.owner = owner
+        self.onError = onError
+        self.onComplete = onComplete
+        self.onRelease = onRelease
+    }
+
+    public var description: String { "FlowSubscription(\(id)\(isClosed ? ", closed" : ""))" }
+
+    /// Whether `close()` was called or a terminal callback was delivered.
+    public var isClosed: Bool { gate.load(ordering: .acquiring) & Self.closed != 0 }
+
+    /// Ends the subscription. Returns `true` if this call closed it, `false` if it was
+    /// already closed (by an earlier `close()` or a terminal callback).
+    ///
+    /// Threading: any thread. Blocks while a callback of this subscription runs on the
+    /// loop thread (unless called from that callback).
+    @discardableResult
+    public func close() -> Bool {
+        let previous = gate.bitwiseOr(Self.closed, ordering: .acquiringAndReleasing).oldValue
+        if previous & Self.running != 0 && !loop.inEventLoop {
+            waitUntilNotRunning()
+        }
+        guard previous & Self.closed == 0 else { return false }
+        ended()
+        do {
+            try loop.enqueue(.retire(self), isInternal: true)
+        } catch {
+            // Teardown has begun: its sweep retires every subscription still registered.
+        }
+        return true
+    }
+
+    private func waitUntilNotRunning() {
+        let monitor = loop.closeMonitor
+        monitor.lock.lock()
+        gate.bitwiseOr(Self.waiting, ordering: .acquiringAndReleasing)
+        while gate.load(ordering: .acquiring) & Self.running != 0 {
+            monitor.condition.wait(monitor.lock)
+        }
+        monitor.lock.unlock()
+    }
+
+    private func ended() {
+        loop.openSubscriptions.subtract(1, ordering: .relaxed)
+        owner.subscriptionEnded()
+    }
+
+    // MARK: Loop thread
+
+    /// Claims the right to run one callback. False once closed.
+    @inline(__always)
+    final func enter() -> Bool {
+        gate.compareExchange(expected: 0, desired: Self.running, ordering: .acquiringAndReleasing).exchanged
+    }
+
+    /// Ends a callback claimed by `enter()`, waking any thread waiting in `close()`.
+    @inline(__always)
+    final func exit() {
+        let previous = gate.bitwiseAnd(~(Self.running | Self.waiting), ordering: .acquiringAndReleasing).oldValue
+        if previous & Self.waiting != 0 {
+            let monitor = loop.closeMonitor
+            monitor.lock.withLock {}
+            monitor.condition.broadcast()
+        }
+    }
+
+    /// Delivers the terminal callback (error if given, else complete) unless the
+    /// subscription is already closed. Returns whether it delivered. The caller retires it.
+    final func terminate(with error: (any Error)?) -> Bool {
+        guard gate.compareExchange(
+            expected: 0, desired: Self.closed | Self.running, ordering: .acquiringAndReleasing
+        ).exchanged else { return false }
+        ended()
+        if let error {
+            onError?(error)
+        } else {
+            onComplete?()
+        }
+        exit()
+        return true
+    }
+
+    /// Runs `onRelease` the first time only.
+    final func release() {
+        loop.assertInEventLoop()
+        guard !released else { return }
+        released = true
+        onRelease?()
+    }
+}
+
+/// A loop-confined contiguous array of subscriptions with O(1) insert and remove
+/// (removal swaps the last element into the hole and fixes its `slot`).
+struct SubscriberSlots<Subscription: FlowSubscription> {
+    private(set) var elements = ContiguousArray<Subscription>()
+
+    var count: Int { elements.count }
+    var isEmpty: Bool { elements.isEmpty }
+
+    subscript(index: Int) -> Subscription { elements[index] }
+
+    mutating func insert(_ subscription: Subscription) {
+        precondition(subscription.slot == -1, "subscription registered twice")
+        subscription.slot = elements.count
+        elements.append(subscription)
+    }
+
+    /// Removes `subscription` if registered; returns whether it was.
+    @discardableResult
+    mutating func remove(_ subscription: Subscription) -> Bool {
+        let index = subscription.slot
+        guard index >= 0 else { return false }
+        precondition(elements[index] === subscription, "subscriber slot out of sync")
+        let last = elements.removeLast()
+        if index < elements.count {
+            elements[index] = last
+            last.slot = index
+        }
+        subscription.slot = -1
+        return true
+    }
+
+    /// Removes and returns everything.
+    mutating func removeAll() -> ContiguousArray<Subscription> {
+        let all = elements
+        elements = []
+        for subscription in all { subscription.slot = -1 }
+        return all
+    }
+}
