@@ -37,6 +37,7 @@ let package = Package(
                 "LoopFlow",
                 "CLibUV",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
             ]
         ),
     ]

@@ -64,11 +64,12 @@ public final class EventLoop: @unchecked Sendable {
     private var queue: [Job] = []
     private var wakePending = false
     private var runState = RunState.running
+    /// Every flow made on this loop, weakly, so teardown can complete their subscribers.
+    private var adopted: [WeakOwner] = []
+    private var adoptedCompactionThreshold = 64
 
     // Loop-confined.
     private var batch: [Job] = []
-    /// Flows that currently have registered subscriptions, for teardown.
-    private var owners: [ObjectIdentifier: any SubscriptionOwner] = [:]
     private var report = ShutdownReport(unclosedSubscriptions: 0)
 
     private let loopThread = Atomic<UInt>(0)
@@ -103,6 +104,7 @@ public final class EventLoop: @unchecked Sendable {
         clock: LoopClock = .system,
         logger: Logger = Logger(label: "sessionflow.loopflow")
     ) throws(LoopFlowError) {
+        try clock.claim()
         let loop = UnsafeMutablePointer<uv_loop_t>.allocate(capacity: 1)
         let rc = uv_loop_init(loop)
         guard rc == 0 else {
@@ -125,6 +127,7 @@ public final class EventLoop: @unchecked Sendable {
         clock: LoopClock = .system,
         logger: Logger = Logger(label: "sessionflow.loopflow")
     ) throws(LoopFlowError) {
+        try clock.claim()
         try self.init(mode: .borrowed, name: "borrowed", uvLoop: loop, clock: clock, logger: logger)
         loopThread.store(UInt(pthread_self()), ordering: .releasing)
         selfRetain = Unmanaged.passRetained(self)
@@ -142,15 +145,13 @@ public final class EventLoop: @unchecked Sendable {
         self.wakeHandle = .allocate(capacity: 1)
         let rc = uv_async_init(uvLoop, wakeHandle, eventLoopWakeCallback)
         guard rc == 0 else {
-            wakeHandle.deallocate()
-            if mode == .owned {
-                uv_loop_close(uvLoop)
-                uvLoop.deallocate()
-            }
+            // deinit (which runs for a throwing init once every property is set) frees
+            // the memory; an owned loop with no handle closes cleanly.
+            if mode == .owned { uv_loop_close(uvLoop) }
             throw LoopFlowError(.libuv, "uv_async_init: \(String(cString: uv_strerror(rc)))")
         }
         wakeHandle.pointee.data = Unmanaged.passUnretained(self).toOpaque()
-        try timers.attach(to: self)
+        timers.attach(to: self)
     }
 
     deinit {
@@ -208,6 +209,7 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     /// Runs `body` on the loop thread and returns its result.
+    @discardableResult
     public func submit<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             do {
@@ -279,14 +281,20 @@ public final class EventLoop: @unchecked Sendable {
         batch.removeAll(keepingCapacity: true)
     }
 
-    // MARK: - Subscription owners (loop-confined)
+    // MARK: - Subscription owners
 
-    func registerOwner(_ owner: any SubscriptionOwner) {
-        owners[ObjectIdentifier(owner)] = owner
-    }
-
-    func unregisterOwner(_ owner: any SubscriptionOwner) {
-        owners.removeValue(forKey: ObjectIdentifier(owner))
+    /// Records a new flow for teardown. Returns false if teardown has begun (the flow is
+    /// then born finished: it admits no one).
+    func adopt(_ owner: any SubscriptionOwner) -> Bool {
+        queueLock.withLock {
+            guard runState != .stopped else { return false }
+            if adopted.count >= adoptedCompactionThreshold {
+                adopted.removeAll { $0.owner == nil }
+                adoptedCompactionThreshold = max(64, adopted.count * 2)
+            }
+            adopted.append(WeakOwner(owner: owner))
+            return true
+        }
     }
 
     // MARK: - Time
@@ -379,10 +387,12 @@ public final class EventLoop: @unchecked Sendable {
         queueLock.unlock()
         runBatch()
 
+        let owners: [any SubscriptionOwner] = queueLock.withLock {
+            defer { adopted.removeAll() }
+            return adopted.compactMap(\.owner)
+        }
         var completed = 0
-        let remaining = Array(owners.values)
-        owners.removeAll()
-        for owner in remaining {
+        for owner in owners {
             completed += owner.sweepForTeardown()
         }
         report = ShutdownReport(unclosedSubscriptions: completed)
@@ -405,6 +415,10 @@ public final class EventLoop: @unchecked Sendable {
             retain?.release()
         }
     }
+}
+
+private struct WeakOwner {
+    weak var owner: (any SubscriptionOwner)?
 }
 
 /// Where threads that close a running subscription wait for its callback to return.

@@ -17,6 +17,13 @@ public struct LoopClock: Sendable {
         LoopClock(kind: .manual(clock))
     }
 
+    /// A manual clock drives one loop only: claim it before making the loop.
+    func claim() throws(LoopFlowError) {
+        if case .manual(let clock) = kind {
+            try clock.claim()
+        }
+    }
+
     func makeBackend() -> any TimerBackend {
         switch kind {
         case .system: UVTimerBackend()
@@ -28,7 +35,7 @@ public struct LoopClock: Sendable {
 /// The seam between the loop and time. Implemented by libuv timers and by `ManualClock`.
 protocol TimerBackend: AnyObject, Sendable {
     /// Called once from the loop's initializer.
-    func attach(to loop: EventLoop) throws(LoopFlowError)
+    func attach(to loop: EventLoop)
     /// Any thread: monotonic now.
     func currentTime() -> Duration
     /// Loop thread: arm `timer` for `timer.delay` from now.

@@ -66,13 +66,19 @@ public final class ManualClock: TimerBackend, @unchecked Sendable {
 
     // MARK: TimerBackend
 
-    func attach(to loop: EventLoop) throws(LoopFlowError) {
+    private var claimed = false                   // guarded
+
+    func claim() throws(LoopFlowError) {
         try lock.withLock { () throws(LoopFlowError) in
-            guard self.loop == nil else {
+            guard !claimed else {
                 throw LoopFlowError(.invalidConfiguration, "a ManualClock drives one event loop only")
             }
-            self.loop = loop
+            claimed = true
         }
+    }
+
+    func attach(to loop: EventLoop) {
+        lock.withLock { self.loop = loop }
     }
 
     func currentTime() -> Duration { now }

@@ -6,7 +6,7 @@ final class UVTimerBackend: TimerBackend, @unchecked Sendable {
     /// Loop-confined: armed timers, retained until their handle is closed.
     private var armed: [ObjectIdentifier: LoopTimer] = [:]
 
-    func attach(to loop: EventLoop) throws(LoopFlowError) {
+    func attach(to loop: EventLoop) {
         self.loop = loop
     }
 

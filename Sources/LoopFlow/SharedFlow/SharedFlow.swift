@@ -23,7 +23,8 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     public let replay: Int
     public let bufferCapacity: Int
     public let overflow: BufferOverflow
-    let registry: SubscriberRegistry<EventSubscription<Event>>
+    let core: FlowCore<EventSubscription<Event>>
+    var lock: Lock { core.lock }
 
     struct Sequenced {
         let sequence: UInt64
@@ -31,18 +32,13 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     }
 
     // Guarded by lock.
-    let lock = Lock()
     var pending = Deque<Sequenced>()
     var replayBuffer = Deque<Sequenced>()
     var nextSequence: UInt64 = 0
-    var deliveryScheduled = false
-    var terminal: FlowTerminal?
     var dropped = 0
 
     // Loop-confined.
     private var delivering = Deque<Sequenced>()
-    private var newcomers: [EventSubscription<Event>] = []
-    private var newcomerBatch: [EventSubscription<Event>] = []
 
     init(loop: EventLoop, replay: Int, bufferCapacity: Int, overflow: BufferOverflow) throws(LoopFlowError) {
         guard replay >= 0 else {
@@ -60,7 +56,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         self.replay = replay
         self.bufferCapacity = bufferCapacity
         self.overflow = overflow
-        self.registry = SubscriberRegistry(loop: loop)
+        self.core = FlowCore(loop: loop)
         pending.reserveCapacity(bufferCapacity)
         delivering.reserveCapacity(bufferCapacity)
     }
@@ -76,7 +72,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     }
 
     /// How many subscriptions are live, itself observable.
-    public var subscriptionCount: StateFlow<Int> { registry.subscriptionCount() }
+    public var subscriptionCount: StateFlow<Int> { core.subscriptionCount() }
 
     /// Subscribes. `onEvent` receives the replayed events, then every event emitted after
     /// this call; `onError` / `onComplete` are terminal; `onRelease` runs exactly once after
@@ -90,18 +86,13 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
         let subscription = EventSubscription(
-            loop: loop, owner: registry, onEvent: onEvent,
+            loop: loop, owner: core, onEvent: onEvent,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
-        try registry.register(subscription, prepare: { subscription in
-            // Counted live first, so every event from here on is buffered for it.
-            lock.withLock {
-                subscription.startSequence = nextSequence
-                subscription.backlog = replayBuffer.map(\.event)
-            }
-        }, onRegistered: { [self] subscription in
-            newcomers.append(subscription)
-            scheduleDelivery()
-        })
+        try core.admit(subscription, deliveringWith: self) { subscription in
+            // Under the lock that orders emits: every event from here on is for it.
+            subscription.startSequence = nextSequence
+            subscription.backlog = replayBuffer.map(\.event)
+        }
         return subscription
     }
 
@@ -117,22 +108,6 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         }
     }
 
-    final func scheduleDelivery() {
-        if lock.withLock({ claimDeliveryLocked() }) {
-            postDelivery()
-        }
-    }
-
-    /// Caller holds `lock`. Returns whether the caller must post the delivery job.
-    final func claimDeliveryLocked() -> Bool {
-        guard !deliveryScheduled else { return false }
-        deliveryScheduled = true
-        return true
-    }
-
-    final func postDelivery() {
-        try? loop.enqueue(.deliver(self), isInternal: true)
-    }
 }
 
 extension SharedFlow: DeliverySource {
@@ -140,23 +115,20 @@ extension SharedFlow: DeliverySource {
         loop.assertInEventLoop()
         lock.lock()
         swap(&pending, &delivering)
-        let terminal = self.terminal
-        deliveryScheduled = false
+        let terminal = core.beginDeliveryLocked()
         lock.unlock()
 
-        swap(&newcomers, &newcomerBatch)
-        for subscription in newcomerBatch where subscription.slot >= 0 {
+        // Newcomers first get their replay, then the live events from their start on.
+        for subscription in core.registerArrivals() where subscription.slot >= 0 {
             for event in subscription.takeBacklog() {
                 subscription.deliver(event)
             }
         }
-        newcomerBatch.removeAll(keepingCapacity: true)
-
-        let count = registry.slots.count
+        let count = core.slots.count
         for item in delivering {
             var index = 0
             while index < count {
-                let subscription = registry.slots[index]
+                let subscription = core.slots[index]
                 if item.sequence >= subscription.startSequence {
                     subscription.deliver(item.event)
                 }
@@ -164,10 +136,7 @@ extension SharedFlow: DeliverySource {
             }
         }
         delivering.removeAll(keepingCapacity: true)
-
-        if let terminal {
-            registry.terminateAll(with: terminal.error)
-        }
+        core.endDelivery(terminal: terminal)
     }
 }
 
@@ -193,8 +162,8 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
     @discardableResult
     public func emit(_ event: Event) -> Bool {
         let (accepted, post): (Bool, Bool) = lock.withLock {
-            guard terminal == nil else { return (false, false) }
-            let listening = registry.liveCount > 0
+            guard core.terminal == nil else { return (false, false) }
+            let listening = core.liveCount > 0
             if listening && pending.count >= bufferCapacity {
                 dropped += 1
                 switch overflow {
@@ -212,9 +181,9 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
             }
             guard listening else { return (true, false) }
             pending.append(item)
-            return (true, claimDeliveryLocked())
+            return (true, core.claimDeliveryLocked())
         }
-        if post { postDelivery() }
+        if post { core.postDelivery(self) }
         return accepted
     }
 
@@ -223,13 +192,9 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
     /// callback. Later emits are refused. Returns false if already finished.
     @discardableResult
     public func finish(throwing error: (any Error)? = nil) -> Bool {
-        let post: Bool? = lock.withLock {
-            guard terminal == nil else { return nil }
-            terminal = FlowTerminal(error: error)
-            return claimDeliveryLocked()
-        }
+        let post = lock.withLock { core.finishLocked(error: error) }
         guard let post else { return false }
-        if post { postDelivery() }
+        if post { core.postDelivery(self) }
         return true
     }
 

@@ -9,24 +9,20 @@
 ///   (A→B→A set before it runs delivers nothing).
 public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     public let loop: EventLoop
-    let registry: SubscriberRegistry<StateSubscription<Value>>
+    let core: FlowCore<StateSubscription<Value>>
+    var lock: Lock { core.lock }
 
-    // Guarded by lock.
-    let lock = Lock()
+    /// Guarded by `lock`.
     var current: Value
-    var deliveryScheduled = false
-    var terminal: FlowTerminal?
 
     // Loop-confined.
     private var lastBroadcast: Value?
     private var epoch: UInt64 = 0
-    private var newcomers: [StateSubscription<Value>] = []
-    private var newcomerBatch: [StateSubscription<Value>] = []
 
     init(_ initial: Value, on loop: EventLoop) {
         self.loop = loop
         self.current = initial
-        self.registry = SubscriberRegistry(loop: loop)
+        self.core = FlowCore(loop: loop)
     }
 
     /// The current value. Any thread.
@@ -35,7 +31,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     }
 
     /// How many subscriptions are live, itself observable.
-    public var subscriptionCount: StateFlow<Int> { registry.subscriptionCount() }
+    public var subscriptionCount: StateFlow<Int> { core.subscriptionCount() }
 
     /// Subscribes. `onState` first receives the current value, then each distinct change;
     /// `onError` / `onComplete` are terminal (at most one, once); `onRelease` runs exactly
@@ -50,12 +46,9 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
         let subscription = StateSubscription(
-            loop: loop, owner: registry, onState: onState,
+            loop: loop, owner: core, onState: onState,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
-        try registry.register(subscription) { [self] subscription in
-            newcomers.append(subscription)
-            scheduleDelivery()
-        }
+        try core.admit(subscription, deliveringWith: self)
         return subscription
     }
 
@@ -70,26 +63,6 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
                 onComplete: { [weak buffer] in buffer?.finish() })
         }
     }
-
-    /// Marks the flow dirty; at most one delivery job is queued at a time.
-    final func scheduleDelivery() {
-        if lock.withLock({ claimDeliveryLocked() }) {
-            postDelivery()
-        }
-    }
-
-    /// Caller holds `lock`. Returns whether the caller must post the delivery job.
-    final func claimDeliveryLocked() -> Bool {
-        guard !deliveryScheduled else { return false }
-        deliveryScheduled = true
-        return true
-    }
-
-    /// Posts the delivery claimed with `claimDeliveryLocked()`. After teardown has begun
-    /// there is no one left to deliver to, so a refusal is ignored.
-    final func postDelivery() {
-        try? loop.enqueue(.deliver(self), isInternal: true)
-    }
 }
 
 extension StateFlow: DeliverySource {
@@ -97,35 +70,30 @@ extension StateFlow: DeliverySource {
         loop.assertInEventLoop()
         lock.lock()
         let value = current
-        let terminal = self.terminal
-        deliveryScheduled = false
+        let terminal = core.beginDeliveryLocked()
         lock.unlock()
 
-        swap(&newcomers, &newcomerBatch)
+        let newcomers = core.registerArrivals()
         if epoch == 0 || lastBroadcast != value {
-            // A new value: everyone registered gets it.
+            // A new value: everyone registered gets it, newcomers included.
             epoch &+= 1
             lastBroadcast = value
-            let count = registry.slots.count
+            let count = core.slots.count
             var index = 0
             while index < count {
-                let subscription = registry.slots[index]
+                let subscription = core.slots[index]
                 subscription.seenEpoch = epoch
                 subscription.deliver(value)
                 index += 1
             }
         } else {
-            // Same value as last broadcast: only newcomers have not seen it.
-            for subscription in newcomerBatch where subscription.slot >= 0 && subscription.seenEpoch != epoch {
+            // The value everyone already has: only newcomers get it.
+            for subscription in newcomers where subscription.slot >= 0 && subscription.seenEpoch != epoch {
                 subscription.seenEpoch = epoch
                 subscription.deliver(value)
             }
         }
-        newcomerBatch.removeAll(keepingCapacity: true)
-
-        if let terminal {
-            registry.terminateAll(with: terminal.error)
-        }
+        core.endDelivery(terminal: terminal)
     }
 }
 
@@ -153,14 +121,14 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     /// One short critical section (compare, store, mark dirty once), then at most one post.
     private func set(_ update: Value, ifCurrentIs expect: Value?) -> Bool {
         let post: Bool? = lock.withLock {
-            guard terminal == nil else { return nil }
+            guard core.terminal == nil else { return nil }
             if let expect, current != expect { return nil }
             guard current != update else { return false }
             current = update
-            return claimDeliveryLocked()
+            return core.claimDeliveryLocked()
         }
         guard let post else { return false }
-        if post { postDelivery() }
+        if post { core.postDelivery(self) }
         return true
     }
 
@@ -184,13 +152,9 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     /// Returns false if the flow had already finished.
     @discardableResult
     public func finish(throwing error: (any Error)? = nil) -> Bool {
-        let post: Bool? = lock.withLock {
-            guard terminal == nil else { return nil }
-            terminal = FlowTerminal(error: error)
-            return claimDeliveryLocked()
-        }
+        let post = lock.withLock { core.finishLocked(error: error) }
         guard let post else { return false }
-        if post { postDelivery() }
+        if post { core.postDelivery(self) }
         return true
     }
 

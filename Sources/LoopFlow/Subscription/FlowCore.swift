@@ -1,0 +1,178 @@
+import Synchronization
+
+/// The subscription machinery every flow shares: its lock, the delivery flag, arrivals,
+/// the terminal state, the subscriber slots and the observable subscription count.
+///
+/// A flow keeps its own data (a value, a ring of events) under `lock` too, so that one
+/// critical section snapshots the data *and* the arrivals: a subscriber admitted before a
+/// snapshot is registered before that snapshot is delivered, so it misses nothing.
+///
+/// Subscribing never touches the slots directly: it appends to `arrivals` and marks the
+/// flow dirty; the next delivery registers the arrivals, then walks the slots. Removals
+/// happen only in retire jobs, never during a walk, so a walk indexes the array while
+/// callbacks subscribe or close (which only flags the subscription).
+final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchecked Sendable {
+    let loop: EventLoop
+    let lock = Lock()
+
+    // Guarded by lock.
+    private var deliveryScheduled = false
+    private var arrivals: [Subscription] = []
+    private(set) var terminal: FlowTerminal?
+    /// Set by teardown's sweep (or at birth on a shut-down loop): no one is admitted again.
+    private var tornDown = false
+
+    // Loop-confined.
+    private(set) var slots = SubscriberSlots<Subscription>()
+    private var arrivalBatch: [Subscription] = []
+
+    /// Live subscriptions (admitted, not yet closed or completed).
+    private let live = Atomic<Int>(0)
+    private let countLock = Lock()
+    private var countFlow: MutableStateFlow<Int>?   // guarded by countLock, made on first use
+
+    init(loop: EventLoop) {
+        self.loop = loop
+        if !loop.adopt(self) {
+            tornDown = true
+        }
+    }
+
+    var liveCount: Int { live.load(ordering: .acquiring) }
+
+    // MARK: Subscription count
+
+    func subscriptionCount() -> StateFlow<Int> {
+        countLock.withLock {
+            if let countFlow { return countFlow }
+            let flow = MutableStateFlow(live.load(ordering: .acquiring), on: loop)
+            countFlow = flow
+            return flow
+        }
+    }
+
+    private func changeCount(by delta: Int) {
+        countLock.withLock {
+            let now = live.add(delta, ordering: .acquiringAndReleasing).newValue
+            countFlow?.value = now
+        }
+    }
+
+    // MARK: Any thread
+
+    /// Admits `subscription`: counts it live, then under `lock` runs `prepare` (for the
+    /// flow's own bookkeeping) and queues it for registration by the next delivery of
+    /// `source`. On failure nothing is counted and none of its callbacks will ever run.
+    func admit(
+        _ subscription: Subscription,
+        deliveringWith source: any DeliverySource,
+        prepareLocked: (Subscription) -> Void = { _ in }
+    ) throws(LoopFlowError) {
+        guard loop.acceptsWork else {
+            throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
+        }
+        changeCount(by: 1)
+        loop.openSubscriptions.add(1, ordering: .relaxed)
+        let post: Bool? = lock.withLock {
+            guard !tornDown else { return nil }
+            prepareLocked(subscription)
+            arrivals.append(subscription)
+            return claimDeliveryLocked()
+        }
+        guard let post else {
+            loop.openSubscriptions.subtract(1, ordering: .relaxed)
+            changeCount(by: -1)
+            throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
+        }
+        if post { postDelivery(source) }
+    }
+
+    /// Caller holds `lock`. Returns whether the caller must post a delivery job.
+    func claimDeliveryLocked() -> Bool {
+        guard !deliveryScheduled else { return false }
+        deliveryScheduled = true
+        return true
+    }
+
+    /// Caller holds `lock`. Records the terminal state; nil if the flow had finished already.
+    func finishLocked(error: (any Error)?) -> Bool? {
+        guard terminal == nil else { return nil }
+        terminal = FlowTerminal(error: error)
+        return claimDeliveryLocked()
+    }
+
+    /// Posts a delivery claimed under the lock. Refused only once teardown has begun,
+    /// and then the sweep completes everyone, so a refusal needs no handling.
+    func postDelivery(_ source: any DeliverySource) {
+        try? loop.enqueue(.deliver(source), isInternal: true)
+    }
+
+    // MARK: Loop thread
+
+    /// Caller holds `lock`, at the start of a delivery: takes the arrivals and the
+    /// terminal state along with the flow's own snapshot.
+    func beginDeliveryLocked() -> FlowTerminal? {
+        deliveryScheduled = false
+        swap(&arrivals, &arrivalBatch)
+        return terminal
+    }
+
+    /// After `beginDeliveryLocked`, without the lock: registers the arrivals still open
+    /// and returns them, so the flow can give newcomers their first value.
+    func registerArrivals() -> [Subscription] {
+        loop.assertInEventLoop()
+        for subscription in arrivalBatch where !subscription.isClosed {
+            slots.insert(subscription)
+        }
+        return arrivalBatch
+    }
+
+    /// Ends a delivery: forgets the arrivals and, if the flow finished, completes everyone.
+    func endDelivery(terminal: FlowTerminal?) {
+        arrivalBatch.removeAll(keepingCapacity: true)
+        if let terminal {
+            terminateAll(with: terminal.error)
+        }
+    }
+
+    /// Terminal callback to every registered subscription still open, then release for
+    /// all of them. Returns how many got the terminal callback.
+    @discardableResult
+    private func terminateAll(with error: (any Error)?) -> Int {
+        loop.assertInEventLoop()
+        var terminated = 0
+        for subscription in slots.removeAll() {
+            if subscription.terminate(with: error) { terminated += 1 }
+            subscription.release()
+        }
+        return terminated
+    }
+
+    // MARK: SubscriptionOwner
+
+    func retire(_ subscription: FlowSubscription) {
+        loop.assertInEventLoop()
+        let subscription = subscription as! Subscription
+        slots.remove(subscription)
+        subscription.release()
+    }
+
+    func sweepForTeardown() -> Int {
+        let late: [Subscription] = lock.withLock {
+            tornDown = true
+            defer { arrivals.removeAll() }
+            return arrivals
+        }
+        for subscription in late where !subscription.isClosed {
+            slots.insert(subscription)
+        }
+        for subscription in late where subscription.isClosed {
+            subscription.release()
+        }
+        return terminateAll(with: nil)
+    }
+
+    func subscriptionEnded() {
+        changeCount(by: -1)
+    }
+}
