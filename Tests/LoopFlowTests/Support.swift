@@ -55,6 +55,13 @@ final class Counter: Sendable {
     var current: Int { value.load(ordering: .relaxed) }
 }
 
+/// A flag any thread can set and read.
+final class Flag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func set(_ newValue: Bool = true) { value.store(newValue, ordering: .releasing) }
+    var isSet: Bool { value.load(ordering: .acquiring) }
+}
+
 /// Runs `body(index)` on `count` real threads started together, and waits for all.
 func onThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
     let start = Latch()
