@@ -6,6 +6,7 @@ let package = Package(
     products: [
         .library(name: "LoopFlow", targets: ["LoopFlow"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
+        .executable(name: "loopflow-bench", targets: ["LoopFlowBench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
@@ -29,6 +30,10 @@ let package = Package(
         ),
         .executableTarget(
             name: "LoopFlowDemo",
+            dependencies: ["LoopFlow"]
+        ),
+        .executableTarget(
+            name: "LoopFlowBench",
             dependencies: ["LoopFlow"]
         ),
         .testTarget(

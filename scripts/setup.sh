@@ -1,0 +1,24 @@
+# Sourced by the other scripts: installs what the build needs on a fresh Debian machine
+# with the Swift toolchain. Idempotent, and quick when everything is already there.
+set -euo pipefail
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=0
+apt_install() {
+    if [ "$apt_updated" -eq 0 ]; then
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        apt_updated=1
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# libuv (the loop) and pkg-config (how SwiftPM finds it).
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libuv; then
+    echo "setup: installing libuv1-dev and pkg-config"
+    apt_install libuv1-dev pkg-config
+fi
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
