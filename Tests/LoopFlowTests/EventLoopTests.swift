@@ -225,6 +225,9 @@ struct BorrowedLoopTests {
             onComplete: { completed.increment() },
             onRelease: { released.increment() })
         try loop.execute { ranOnHostLoop.withLockedValue { $0 = loop.inEventLoop } }
+        // A timer of the library's own still pending at shutdown must not keep uv_run alive
+        let libraryTimerFired = Counter()
+        try loop.scheduleTimer(after: .seconds(3600)) { libraryTimerFired.increment() }
         state.value = 7
         while seen.last != 7 { Thread.sleep(forTimeInterval: 0.001) }
         #expect(ranOnHostLoop.withLockedValue { $0 } == true)
@@ -261,6 +264,7 @@ struct BorrowedLoopTests {
         #expect(completed.current == 1)
         #expect(released.current == 1)
         #expect(throws: LoopFlowError.self) { try loop.execute {} }
+        #expect(libraryTimerFired.current == 0)
     }
 
     final class Box<T>: @unchecked Sendable {

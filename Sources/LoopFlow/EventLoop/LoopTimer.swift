@@ -50,7 +50,9 @@ protocol TimerBackend: AnyObject, Sendable {
 
 /// A one-shot or repeating timer on an `EventLoop`. Its body runs on the loop thread.
 public final class LoopTimer: @unchecked Sendable {
-    unowned let loop: EventLoop
+    /// Strong: a timer kept by its owner can always be cancelled. The cycle through the
+    /// backend's armed set ends when the timer fires (one-shot), is cancelled, or at teardown.
+    let loop: EventLoop
     let delay: Duration
     let interval: Duration?
     private let body: @Sendable () -> Void

@@ -119,7 +119,8 @@ extension SharedFlow: DeliverySource {
         lock.unlock()
 
         // Newcomers first get their replay, then the live events from their start on.
-        for subscription in core.registerArrivals() where subscription.slot >= 0 {
+        core.registerArrivals()
+        core.forEachNewcomer { subscription in
             for event in subscription.takeBacklog() {
                 subscription.deliver(event)
             }

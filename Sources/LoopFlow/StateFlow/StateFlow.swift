@@ -73,7 +73,7 @@ extension StateFlow: DeliverySource {
         let terminal = core.beginDeliveryLocked()
         lock.unlock()
 
-        let newcomers = core.registerArrivals()
+        core.registerArrivals()
         if epoch == 0 || lastBroadcast != value {
             // A new value: everyone registered gets it, newcomers included.
             epoch &+= 1
@@ -88,7 +88,8 @@ extension StateFlow: DeliverySource {
             }
         } else {
             // The value everyone already has: only newcomers get it.
-            for subscription in newcomers where subscription.slot >= 0 && subscription.seenEpoch != epoch {
+            core.forEachNewcomer { subscription in
+                guard subscription.seenEpoch != epoch else { return }
                 subscription.seenEpoch = epoch
                 subscription.deliver(value)
             }
@@ -125,6 +126,8 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
             if let expect, current != expect { return nil }
             guard current != update else { return false }
             current = update
+            // No one to tell: a later subscriber's own delivery hands it the value.
+            guard core.liveCount > 0 else { return false }
             return core.claimDeliveryLocked()
         }
         guard let post else { return false }

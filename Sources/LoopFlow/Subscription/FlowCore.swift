@@ -117,14 +117,20 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
         return terminal
     }
 
-    /// After `beginDeliveryLocked`, without the lock: registers the arrivals still open
-    /// and returns them, so the flow can give newcomers their first value.
-    func registerArrivals() -> [Subscription] {
+    /// After `beginDeliveryLocked`, without the lock: registers the arrivals still open.
+    func registerArrivals() {
         loop.assertInEventLoop()
         for subscription in arrivalBatch where !subscription.isClosed {
             slots.insert(subscription)
         }
-        return arrivalBatch
+    }
+
+    /// The subscriptions `registerArrivals` just registered (still registered now).
+    @inline(__always)
+    func forEachNewcomer(_ body: (Subscription) -> Void) {
+        for subscription in arrivalBatch where subscription.slot >= 0 {
+            body(subscription)
+        }
     }
 
     /// Ends a delivery: forgets the arrivals and, if the flow finished, completes everyone.
