@@ -5,6 +5,7 @@ let package = Package(
     name: "SessionFlow",
     products: [
         .library(name: "LoopFlow", targets: ["LoopFlow"]),
+        .library(name: "SessionCore", targets: ["SessionCore"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
         .executable(name: "loopflow-bench", targets: ["LoopFlowBench"]),
     ],
@@ -28,6 +29,14 @@ let package = Package(
                 .product(name: "DequeModule", package: "swift-collections"),
             ]
         ),
+        // The session: state machine, manager, token refresh, authority and store seams.
+        .target(
+            name: "SessionCore",
+            dependencies: [
+                "LoopFlow",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .executableTarget(
             name: "LoopFlowDemo",
             dependencies: ["LoopFlow"]
@@ -41,6 +50,15 @@ let package = Package(
             dependencies: [
                 "LoopFlow",
                 "CLibUV",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "SessionCoreTests",
+            dependencies: [
+                "SessionCore",
+                "LoopFlow",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ]

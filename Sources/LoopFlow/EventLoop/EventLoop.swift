@@ -67,6 +67,8 @@ public final class EventLoop: @unchecked Sendable {
     /// Every flow made on this loop, weakly, so teardown can complete their subscribers.
     private var adopted: [WeakOwner] = []
     private var adoptedCompactionThreshold = 64
+    /// Run on the loop thread at teardown, before subscriptions are completed.
+    private var teardownHooks: [@Sendable () -> Void] = []
 
     // Loop-confined.
     private var batch: [Job] = []
@@ -297,6 +299,18 @@ public final class EventLoop: @unchecked Sendable {
         }
     }
 
+    /// Runs `hook` on the loop thread when the loop is torn down, after the last accepted
+    /// job and before open subscriptions are completed — for layers that hold waiters or
+    /// timers of their own. Returns false (and never runs it) if teardown has begun.
+    @discardableResult
+    package func addTeardownHook(_ hook: @escaping @Sendable () -> Void) -> Bool {
+        queueLock.withLock {
+            guard runState != .stopped else { return false }
+            teardownHooks.append(hook)
+            return true
+        }
+    }
+
     // MARK: - Time
 
     /// Monotonic time of this loop's clock (virtual with a `ManualClock`).
@@ -386,6 +400,12 @@ public final class EventLoop: @unchecked Sendable {
         swap(&queue, &batch)
         queueLock.unlock()
         runBatch()
+
+        let hooks = queueLock.withLock { () -> [@Sendable () -> Void] in
+            defer { teardownHooks.removeAll() }
+            return teardownHooks
+        }
+        for hook in hooks { hook() }
 
         let owners: [any SubscriptionOwner] = queueLock.withLock {
             defer { adopted.removeAll() }

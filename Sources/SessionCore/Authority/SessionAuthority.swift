@@ -1,0 +1,155 @@
+import LoopFlow
+import Synchronization
+
+/// An authority's answer that is not a success.
+public struct AuthorityError: Error, Sendable, Hashable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Hashable {
+        /// The grant is dead (`invalid_grant` and equivalents): the session is over.
+        case terminal
+        /// Try again later (network, timeout, 5xx, 429): tokens and state are kept.
+        case transient
+        /// The client is misconfigured (`invalid_client`, `unauthorized_client`,
+        /// `unsupported_grant_type`): never retried automatically.
+        case configuration
+    }
+
+    public let kind: Kind
+    /// The protocol's error code (e.g. `invalid_grant`), if there was one.
+    public let code: String?
+    /// A human-readable reason. Must never contain a token.
+    public let message: String
+    /// The server's `Retry-After`, if any: no retry comes sooner.
+    public let retryAfter: Duration?
+
+    public init(_ kind: Kind, code: String? = nil, message: String, retryAfter: Duration? = nil) {
+        self.kind = kind
+        self.code = code
+        self.message = message
+        self.retryAfter = retryAfter
+    }
+
+    public static func terminal(_ code: String = "invalid_grant", _ message: String = "the grant was refused") -> Self {
+        AuthorityError(.terminal, code: code, message: message)
+    }
+
+    public static func transient(_ message: String, retryAfter: Duration? = nil) -> Self {
+        AuthorityError(.transient, message: message, retryAfter: retryAfter)
+    }
+
+    public static func configuration(_ code: String, _ message: String) -> Self {
+        AuthorityError(.configuration, code: code, message: message)
+    }
+
+    public var description: String {
+        var text = "\(kind)"
+        if let code { text += " \(code)" }
+        text += ": \(message)"
+        if let retryAfter { text += " (retry after \(retryAfter))" }
+        return text
+    }
+}
+
+/// Why a refresh was started.
+public enum RefreshReason: String, Sendable, Hashable, CustomStringConvertible {
+    /// The proactive timer, before expiry.
+    case proactive
+    /// A caller asked for a token within the margin of expiry.
+    case onDemand
+    /// A 401 with the current token.
+    case unauthorized
+    /// A retry after a transient failure.
+    case retry
+    /// `resume()` found the token due, or the authority said it is no longer active.
+    case resume
+    /// A stored session was restored expired or nearly so.
+    case restore
+    /// The fallback after a terminal refresh failure: signing in again by external user id.
+    case reauthentication
+
+    public var description: String { rawValue }
+}
+
+/// What the session asks an authority to refresh.
+public struct RefreshRequest: Sendable, CustomStringConvertible {
+    public let refreshToken: Secret
+    public let memberID: String?
+    public let reason: RefreshReason
+
+    public var description: String {
+        "RefreshRequest(refreshToken: <redacted>, memberID: \(memberID ?? "nil"), reason: \(reason))"
+    }
+}
+
+/// The one-shot answer to an authority request. Complete it exactly once, from any thread,
+/// at any time (even inside the call that handed it to you); later completions are refused
+/// and return false. The session hears the answer on its loop thread, never inline.
+public final class AuthorityCompletion<Output: Sendable>: Sendable {
+    private let completed = Atomic<Bool>(false)
+    private let deliver: @Sendable (Result<Output, AuthorityError>, _ receivedAt: Duration) -> Void
+    private let clock: @Sendable () -> Duration
+
+    init(
+        clock: @escaping @Sendable () -> Duration,
+        deliver: @escaping @Sendable (Result<Output, AuthorityError>, Duration) -> Void
+    ) {
+        self.clock = clock
+        self.deliver = deliver
+    }
+
+    /// Whether it was completed already.
+    public var isCompleted: Bool { completed.load(ordering: .acquiring) }
+
+    @discardableResult
+    public func succeed(_ output: Output) -> Bool { complete(.success(output)) }
+
+    @discardableResult
+    public func fail(_ error: AuthorityError) -> Bool { complete(.failure(error)) }
+
+    @discardableResult
+    public func complete(_ result: Result<Output, AuthorityError>) -> Bool {
+        guard !completed.exchange(true, ordering: .acquiringAndReleasing) else { return false }
+        // The receipt time, on the loop's monotonic clock, is what expiry is computed from.
+        deliver(result, clock())
+        return true
+    }
+}
+
+/// How tokens are refreshed, validated and revoked. The built-in OAuth 2.0 authority is one;
+/// a host can supply its own. Every method is called on the session's loop thread and must
+/// not block: answer through the completion, now or later, from any thread.
+public protocol SessionAuthority: Sendable {
+    /// Exchanges a refresh token for new tokens (RFC 6749 §6 for OAuth 2.0).
+    func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>)
+
+    /// Whether `validate` asks the authority (e.g. RFC 7662 introspection).
+    var canValidate: Bool { get }
+    /// Answers whether the access token is still active.
+    func validate(accessToken: Secret, completion: AuthorityCompletion<Bool>)
+
+    /// Whether `revoke` does anything (e.g. RFC 7009).
+    var canRevoke: Bool { get }
+    /// Revokes the tokens, best effort: the session is already logged out locally.
+    func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>)
+
+    /// Whether the authority can sign a user in again by external user id.
+    var canReauthenticate: Bool { get }
+    /// The fallback tried once before SESSION_EXPIRED.
+    func reauthenticate(externalUserID: String, completion: AuthorityCompletion<TokenGrant>)
+}
+
+extension SessionAuthority {
+    public var canValidate: Bool { false }
+    public func validate(accessToken: Secret, completion: AuthorityCompletion<Bool>) {
+        completion.fail(.configuration("unsupported", "this authority cannot validate"))
+    }
+
+    public var canRevoke: Bool { false }
+    public func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>) {
+        completion.succeed(())
+    }
+
+    public var canReauthenticate: Bool { false }
+    public func reauthenticate(externalUserID: String, completion: AuthorityCompletion<TokenGrant>) {
+        completion.fail(.configuration("unsupported", "this authority cannot re-authenticate"))
+    }
+}

@@ -1,0 +1,603 @@
+import LoopFlow
+import Logging
+
+/// Receives a token or the reason there is none. Always called on the loop thread, and
+/// never inside the call that asked.
+public typealias TokenCompletion = @Sendable (Result<Secret, SessionError>) -> Void
+
+/// The session itself: state machine, tokens, refresh, timers, store. Loop-confined —
+/// every method runs on the loop thread (the façade, `SessionManager`, posts to it), so
+/// nothing here needs a lock; `snapshot` is the one thing other threads read.
+final class SessionEngine: @unchecked Sendable {
+    /// What any thread may read without waiting for the loop.
+    struct Snapshot: Sendable {
+        var hasAccessToken = false
+        var memberID: String?
+    }
+
+    /// The tokens of a signed-in session.
+    struct LiveSession {
+        var accessToken: Secret
+        var refreshToken: Secret?
+        /// Monotonic (loop clock) instant of expiry: receipt time + `expires_in`.
+        var expiresAt: Duration
+        var externalUserID: String?
+        /// When the last successful refresh was received (loop clock).
+        var lastRefresh: Duration?
+    }
+
+    /// The one refresh in flight (single-flight: everyone who needs it waits on it).
+    final class Attempt {
+        let id: UInt64
+        let generation: UInt64
+        let reason: RefreshReason
+        var waiters: [TokenCompletion]
+        var timeout: LoopTimer?
+
+        init(id: UInt64, generation: UInt64, reason: RefreshReason, waiters: [TokenCompletion]) {
+            self.id = id
+            self.generation = generation
+            self.reason = reason
+            self.waiters = waiters
+        }
+    }
+
+    let loop: EventLoop
+    let authority: any SessionAuthority
+    let store: any CredentialStore
+    let configuration: SessionConfiguration
+    var policy: RefreshPolicy { configuration.policy }
+    var logger: Logger { configuration.logger }
+
+    let state: MutableStateFlow<SessionState>
+    let events: MutableSharedFlow<SessionEvent>
+    let snapshot = LockedBox(Snapshot())
+
+    // Loop-confined.
+    private var machine: SessionStateMachine
+    private var live: LiveSession?
+    private var memberID: String?
+    /// Bumped by every sign-in, logout, expiry and reconfigure: an answer that belongs to
+    /// an earlier generation changes nothing.
+    private var generation: UInt64 = 0
+    private var attempt: Attempt?
+    private var nextAttemptID: UInt64 = 0
+    private var consecutiveFailures = 0
+    private var proactiveTimer: LoopTimer?
+    private var backoff: (timer: LoopTimer, due: Duration)?
+    /// The token a 401-triggered refresh produced: a 401 for it again is not refreshed.
+    private var tokenFromUnauthorizedRefresh: Secret?
+    /// The store has not answered a read yet (it was unavailable at start).
+    private var awaitingInitialRead = false
+    /// The store missed a write or clear; it is brought up to date when it answers again.
+    private var storeBehind = false
+    private var storeRetryTimer: LoopTimer?
+    private var closed = false
+
+    init(
+        loop: EventLoop, authority: any SessionAuthority, store: any CredentialStore,
+        configuration: SessionConfiguration
+    ) throws(SessionError) {
+        self.loop = loop
+        self.authority = authority
+        self.store = store
+        self.configuration = configuration
+        self.machine = SessionStateMachine()
+        self.state = MutableStateFlow(.loggedOut, on: loop)
+        do {
+            self.events = try MutableSharedFlow(
+                on: loop, replay: 0, bufferCapacity: max(1, configuration.eventBufferCapacity), overflow: .dropOldest)
+        } catch {
+            throw SessionError(.invalidArgument, error.message)
+        }
+        // Restore before anyone can observe, so the first state seen is the stored one.
+        let read = store.read()
+        switch read {
+        case .unavailable:
+            awaitingInitialRead = true
+        case .present, .absent:
+            restore(from: read)
+        }
+        state.value = machine.state
+        publishSnapshot()
+        do {
+            try loop.execute { [self] in start(initialRead: read) }
+        } catch {
+            throw SessionError(.shutDown, "the event loop is shut down")
+        }
+        // When the loop goes, waiters are answered and timers stopped.
+        loop.addTeardownHook { [weak self] in self?.close() }
+    }
+
+    /// For tests: callers waiting on the refresh in flight.
+    var waitingCallers: Int { attempt?.waiters.count ?? 0 }
+
+    // MARK: - Start and restore
+
+    /// Adopts what the store holds, as the starting state (not a transition).
+    private func restore(from read: StoreRead) {
+        guard case .present(let stored) = read else { return }
+        if stored.expired {
+            machine = SessionStateMachine(state: .sessionExpired)
+            memberID = stored.memberID
+        } else if let access = stored.accessToken, !access.isBlank {
+            machine = SessionStateMachine(state: .loggedIn)
+            memberID = stored.memberID
+            let remaining = (stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock()
+            live = LiveSession(
+                accessToken: access, refreshToken: stored.refreshToken,
+                expiresAt: loop.now + max(remaining, .zero), externalUserID: stored.externalUserID)
+        }
+    }
+
+    private func start(initialRead: StoreRead) {
+        guard !closed else { return }
+        if case .unavailable(let error) = initialRead {
+            logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
+            emit(.storeError(error))
+            scheduleStoreRetry()
+            return
+        }
+        emit(.initialSession(machine.state))
+        resumeRestoredSession()
+    }
+
+    /// A restored session is refreshed now if due, else on its proactive timer. A network
+    /// failure here only schedules a retry: it never logs anyone out.
+    private func resumeRestoredSession() {
+        guard machine.state == .loggedIn, let live else { return }
+        if policy.needsRefresh(now: loop.now, expiresAt: live.expiresAt) {
+            startRefresh(reason: .restore, waiters: [])
+        } else {
+            scheduleProactiveRefresh()
+        }
+    }
+
+    // MARK: - Requests from the façade
+
+    func signIn(_ tokens: SessionTokens) throws(SessionError) {
+        guard !tokens.accessToken.isBlank else {
+            throw SessionError(.invalidArgument, "the access token is blank")
+        }
+        try checkOpen()
+        try machine.apply(.signIn)
+        beginGeneration(failingWaitersWith: SessionError(.sessionEnded, "a new session was signed in"))
+        live = LiveSession(
+            accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,
+            expiresAt: loop.now + max(tokens.expiresIn, .zero), externalUserID: tokens.externalUserID)
+        memberID = tokens.memberID
+        writeStore()
+        publish(.loggedIn)
+        emit(.signedIn(memberID: memberID))
+        scheduleProactiveRefresh()
+    }
+
+    /// Clears the store first, then cancels every timer, then revokes best effort.
+    func logout() throws(SessionError) {
+        try checkOpen()
+        try machine.apply(.logout)
+        let ended = live
+        live = nil
+        memberID = nil
+        clearStore()
+        beginGeneration(failingWaitersWith: SessionError(.sessionEnded, "logged out"))
+        publish(.loggedOut)
+        emit(.signedOut(reason: .userRequested))
+        if let ended, authority.canRevoke {
+            authority.revoke(
+                refreshToken: ended.refreshToken, accessToken: ended.accessToken,
+                completion: completion { [logger] (result: Result<Void, AuthorityError>, _) in
+                    if case .failure(let error) = result {
+                        logger.info("revocation failed (the session is logged out locally)", metadata: ["error": "\(error)"])
+                    }
+                })
+        }
+    }
+
+    func reconfigure() throws(SessionError) {
+        try checkOpen()
+        try machine.apply(.reconfigure)
+        live = nil
+        memberID = nil
+        clearStore()
+        beginGeneration(failingWaitersWith: SessionError(.sessionEnded, "reconfigured"))
+        publish(.loggedOut)
+        emit(.signedOut(reason: .reconfigured))
+    }
+
+    /// The current token, or a refreshed one when within the margin of expiry.
+    func freshAccessToken(_ completion: @escaping TokenCompletion) {
+        guard let live, machine.state == .loggedIn, !closed else {
+            completion(.failure(notUsableError()))
+            return
+        }
+        if let attempt {
+            attempt.waiters.append(completion)
+            return
+        }
+        let now = loop.now
+        let recentlyRefreshed = live.lastRefresh.map { now < $0 + policy.minimumInterval } ?? false
+        guard policy.needsRefresh(now: now, expiresAt: live.expiresAt), !recentlyRefreshed else {
+            completion(.success(live.accessToken))
+            return
+        }
+        if let backoff {
+            // A retry is already scheduled: a token that still works is better than waiting.
+            if now < live.expiresAt {
+                completion(.success(live.accessToken))
+            } else {
+                completion(.failure(SessionError(
+                    .transient, "the refresh is backing off after a failure", retryAfter: backoff.due - now)))
+            }
+            return
+        }
+        startRefresh(reason: .onDemand, waiters: [completion])
+    }
+
+    /// A request failed with 401 using `token`: refresh only if it is still the current
+    /// token (compare-and-refresh); otherwise hand back the current one.
+    func handleUnauthorized(token: Secret, _ completion: @escaping TokenCompletion) {
+        guard let live, machine.state == .loggedIn, !closed else {
+            completion(.failure(notUsableError()))
+            return
+        }
+        guard token == live.accessToken else {
+            completion(.success(live.accessToken))
+            return
+        }
+        if let tokenFromUnauthorizedRefresh, tokenFromUnauthorizedRefresh == token {
+            completion(.failure(SessionError(
+                .unauthorized, "a token fresh from a refresh was refused again; not refreshing in a loop")))
+            return
+        }
+        if let attempt {
+            attempt.waiters.append(completion)
+            return
+        }
+        if let backoff {
+            completion(.failure(SessionError(
+                .transient, "the refresh is backing off after a failure", retryAfter: backoff.due - loop.now)))
+            return
+        }
+        startRefresh(reason: .unauthorized, waiters: [completion])
+    }
+
+    /// The host came back from the background: validate, coalesced with a refresh already
+    /// due or in flight.
+    func resume() {
+        guard let live, machine.state == .loggedIn, !closed, attempt == nil, backoff == nil else { return }
+        if policy.needsRefresh(now: loop.now, expiresAt: live.expiresAt) {
+            startRefresh(reason: .resume, waiters: [])
+            return
+        }
+        guard authority.canValidate else {
+            emit(.validated)
+            return
+        }
+        let generation = self.generation
+        let token = live.accessToken
+        authority.validate(
+            accessToken: token,
+            completion: completion { [self] (result: Result<Bool, AuthorityError>, _) in
+                finishValidation(generation: generation, token: token, result: result)
+            })
+    }
+
+    /// Stops everything: waiters fail, timers stop, the flows complete.
+    func close() {
+        guard !closed else { return }
+        beginGeneration(failingWaitersWith: SessionError(.shutDown, "the session manager was closed"))
+        storeRetryTimer?.cancel()
+        storeRetryTimer = nil
+        closed = true
+        state.finish()
+        events.finish()
+    }
+
+    // MARK: - Refresh
+
+    private func startRefresh(reason: RefreshReason, waiters: [TokenCompletion]) {
+        guard let live else { return }
+        guard let refreshToken = live.refreshToken, !refreshToken.isBlank else {
+            // Nothing to refresh with: the access token is all there is until it expires.
+            let error = SessionError(.sessionExpired, "the session has no refresh token")
+            if loop.now >= live.expiresAt {
+                expire(reason: "the access token expired and there is no refresh token")
+                for waiter in waiters { waiter(.failure(error)) }
+            } else {
+                for waiter in waiters { waiter(.success(live.accessToken)) }
+            }
+            return
+        }
+        let attempt = beginAttempt(reason: reason, waiters: waiters)
+        authority.refresh(
+            RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: reason),
+            completion: refreshCompletion(for: attempt))
+    }
+
+    private func startReauthentication(externalUserID: String, waiters: [TokenCompletion]) {
+        let attempt = beginAttempt(reason: .reauthentication, waiters: waiters)
+        authority.reauthenticate(externalUserID: externalUserID, completion: refreshCompletion(for: attempt))
+    }
+
+    /// Takes the single-flight slot; arms the timeout that frees it if the authority hangs.
+    private func beginAttempt(reason: RefreshReason, waiters: [TokenCompletion]) -> Attempt {
+        precondition(attempt == nil, "a refresh is already in flight")
+        nextAttemptID += 1
+        let attempt = Attempt(id: nextAttemptID, generation: generation, reason: reason, waiters: waiters)
+        self.attempt = attempt
+        proactiveTimer?.cancel()
+        proactiveTimer = nil
+        backoff?.timer.cancel()
+        backoff = nil
+        let id = attempt.id
+        let timeout = policy.timeout
+        attempt.timeout = try? loop.scheduleTimer(after: timeout) { [self] in
+            finishRefresh(
+                id: id, result: .failure(.transient("no answer within \(timeout)")), receivedAt: loop.now)
+        }
+        logger.debug("refresh started", metadata: ["reason": "\(reason)", "attempt": "\(id)"])
+        return attempt
+    }
+
+    private func refreshCompletion(for attempt: Attempt) -> AuthorityCompletion<TokenGrant> {
+        let id = attempt.id
+        return completion { [self] result, receivedAt in
+            finishRefresh(id: id, result: result, receivedAt: receivedAt)
+        }
+    }
+
+    private func finishRefresh(id: UInt64, result: Result<TokenGrant, AuthorityError>, receivedAt: Duration) {
+        guard let attempt, attempt.id == id, attempt.generation == generation else {
+            // Timed out already, or the session changed hands: a no-op by design.
+            logger.debug("a late refresh answer was discarded", metadata: ["attempt": "\(id)"])
+            return
+        }
+        self.attempt = nil
+        attempt.timeout?.cancel()
+        switch result {
+        case .success(let grant):
+            let token = apply(grant, receivedAt: receivedAt, reason: attempt.reason)
+            for waiter in attempt.waiters { waiter(.success(token)) }
+
+        case .failure(let error) where error.kind == .transient:
+            consecutiveFailures += 1
+            let delay = policy.backoffDelay(
+                failures: consecutiveFailures, retryAfter: error.retryAfter, unitRandom: configuration.random())
+            scheduleBackoff(after: delay)
+            logger.info("refresh failed, retrying", metadata: [
+                "attempt": "\(consecutiveFailures)", "retryIn": "\(delay)", "error": "\(error)",
+            ])
+            emit(.refreshFailed(attempt: consecutiveFailures, retryIn: delay, error: error))
+            let failure = SessionError(.transient, error.message, retryAfter: delay)
+            for waiter in attempt.waiters { waiter(.failure(failure)) }
+
+        case .failure(let error) where error.kind == .configuration:
+            consecutiveFailures += 1
+            logger.error("refresh refused: the client is misconfigured", metadata: ["error": "\(error)"])
+            emit(.refreshFailed(attempt: consecutiveFailures, retryIn: nil, error: error))
+            let failure = SessionError(.configuration, error.description)
+            for waiter in attempt.waiters { waiter(.failure(failure)) }
+
+        case .failure(let error):
+            if attempt.reason != .reauthentication, authority.canReauthenticate,
+                let externalUserID = live?.externalUserID
+            {
+                logger.info("refresh token refused; trying re-authentication once")
+                startReauthentication(externalUserID: externalUserID, waiters: attempt.waiters)
+                return
+            }
+            expire(reason: error.description)
+            let failure = SessionError(.sessionExpired, "Your session has expired. Please sign in again.")
+            for waiter in attempt.waiters { waiter(.failure(failure)) }
+        }
+    }
+
+    /// New tokens: kept (a missing refresh token keeps the old one), stored before any
+    /// waiter resumes, announced, and the next proactive refresh scheduled.
+    private func apply(_ grant: TokenGrant, receivedAt: Duration, reason: RefreshReason) -> Secret {
+        guard var live else { return grant.accessToken }
+        let lifetime = max(grant.expiresIn, .zero)
+        live.accessToken = grant.accessToken
+        if let rotated = grant.refreshToken { live.refreshToken = rotated }
+        live.expiresAt = receivedAt + lifetime
+        live.lastRefresh = receivedAt
+        self.live = live
+        if let member = grant.memberID { memberID = member }
+        consecutiveFailures = 0
+        tokenFromUnauthorizedRefresh = reason == .unauthorized ? grant.accessToken : nil
+        writeStore()
+        publishSnapshot()
+        emit(.tokenRefreshed(expiresIn: lifetime, reason: reason))
+        scheduleProactiveRefresh()
+        return grant.accessToken
+    }
+
+    private func finishValidation(generation: UInt64, token: Secret, result: Result<Bool, AuthorityError>) {
+        guard generation == self.generation, live?.accessToken == token, attempt == nil else { return }
+        switch result {
+        case .success(true):
+            emit(.validated)
+        case .success(false):
+            startRefresh(reason: .resume, waiters: [])
+        case .failure(let error) where error.kind == .terminal:
+            startRefresh(reason: .resume, waiters: [])
+        case .failure(let error):
+            logger.info("validation failed; keeping the session", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// IN → EXPIRED: tokens gone, member id kept, the store remembers the expiry.
+    private func expire(reason: String) {
+        guard (try? machine.apply(.expire)) != nil else { return }
+        live = nil
+        beginGeneration(failingWaitersWith: SessionError(.sessionExpired, "Your session has expired. Please sign in again."))
+        writeStore()
+        publish(.sessionExpired)
+        logger.notice("session expired", metadata: ["reason": "\(reason)"])
+        emit(.sessionExpired(reason: reason))
+    }
+
+    // MARK: - Timers
+
+    private func scheduleProactiveRefresh() {
+        proactiveTimer?.cancel()
+        proactiveTimer = nil
+        guard machine.state == .loggedIn, let live, live.refreshToken != nil else { return }
+        let delay = policy.proactiveDelay(
+            now: loop.now, expiresAt: live.expiresAt, lastRefresh: live.lastRefresh,
+            unitRandom: configuration.random())
+        proactiveTimer = try? loop.scheduleTimer(after: delay) { [self] in
+            proactiveTimer = nil
+            guard attempt == nil, backoff == nil, machine.state == .loggedIn else { return }
+            startRefresh(reason: .proactive, waiters: [])
+        }
+    }
+
+    private func scheduleBackoff(after delay: Duration) {
+        guard let timer = try? loop.scheduleTimer(after: delay, { [self] in
+            backoff = nil
+            guard attempt == nil, machine.state == .loggedIn else { return }
+            startRefresh(reason: .retry, waiters: [])
+        }) else { return }
+        backoff = (timer, loop.now + delay)
+    }
+
+    /// A new generation: the refresh in flight (if any) is abandoned and its waiters told
+    /// why; every timer and the backoff stop.
+    private func beginGeneration(failingWaitersWith error: SessionError) {
+        generation += 1
+        if let attempt {
+            self.attempt = nil
+            attempt.timeout?.cancel()
+            for waiter in attempt.waiters { waiter(.failure(error)) }
+        }
+        proactiveTimer?.cancel()
+        proactiveTimer = nil
+        backoff?.timer.cancel()
+        backoff = nil
+        consecutiveFailures = 0
+        tokenFromUnauthorizedRefresh = nil
+    }
+
+    // MARK: - Store
+
+    private func storedForm() -> StoredSession? {
+        switch machine.state {
+        case .loggedOut:
+            return nil
+        case .sessionExpired:
+            return StoredSession(memberID: memberID, expired: true)
+        case .loggedIn:
+            guard let live else { return nil }
+            let remaining = live.expiresAt - loop.now
+            return StoredSession(
+                accessToken: live.accessToken, refreshToken: live.refreshToken,
+                accessTokenExpiresAt: configuration.wallClock() + remaining,
+                memberID: memberID, externalUserID: live.externalUserID)
+        }
+    }
+
+    /// Writes the current session (or clears, when there is none).
+    private func writeStore() {
+        guard let stored = storedForm() else {
+            clearStore()
+            return
+        }
+        do {
+            try store.write(stored)
+            storeBehind = false
+        } catch {
+            storeFailed(error)
+        }
+    }
+
+    private func clearStore() {
+        do {
+            try store.clear()
+            storeBehind = false
+        } catch {
+            storeFailed(error)
+        }
+    }
+
+    /// A failed write never logs anyone out: the session goes on in memory, the failure is
+    /// reported, and the store is brought up to date when it answers again.
+    private func storeFailed(_ error: StoreError) {
+        storeBehind = true
+        logger.warning("credential store write failed", metadata: ["error": "\(error.message)"])
+        emit(.storeError(error))
+        scheduleStoreRetry()
+    }
+
+    private func scheduleStoreRetry() {
+        guard storeRetryTimer == nil, !closed else { return }
+        storeRetryTimer = try? loop.scheduleTimer(after: configuration.storeRetryInterval) { [self] in
+            storeRetryTimer = nil
+            retryStore()
+        }
+    }
+
+    private func retryStore() {
+        if awaitingInitialRead {
+            let read = store.read()
+            if case .unavailable = read {
+                scheduleStoreRetry()
+                return
+            }
+            awaitingInitialRead = false
+            if machine.state == .loggedOut, generation == 0 {
+                // Nothing happened meanwhile: the stored session is the starting point.
+                restore(from: read)
+                publish(machine.state)
+                emit(.initialSession(machine.state))
+                resumeRestoredSession()
+            } else {
+                // The user acted meanwhile: what they did wins over what was stored.
+                emit(.initialSession(machine.state))
+                storeBehind = true
+            }
+        }
+        if storeBehind {
+            writeStore()
+        }
+    }
+
+    // MARK: - Helpers
+
+    private func checkOpen() throws(SessionError) {
+        if closed { throw SessionError(.shutDown, "the session manager was closed") }
+    }
+
+    private func notUsableError() -> SessionError {
+        if closed { return SessionError(.shutDown, "the session manager was closed") }
+        switch machine.state {
+        case .sessionExpired: return SessionError(.sessionExpired, "Your session has expired. Please sign in again.")
+        default: return SessionError(.notLoggedIn, "no one is signed in")
+        }
+    }
+
+    /// An authority completion whose answer runs on this loop thread, never inline.
+    private func completion<Output: Sendable>(
+        _ handle: @escaping @Sendable (Result<Output, AuthorityError>, Duration) -> Void
+    ) -> AuthorityCompletion<Output> {
+        AuthorityCompletion(clock: { [loop] in loop.now }) { [loop] result, receivedAt in
+            try? loop.execute { handle(result, receivedAt) }
+        }
+    }
+
+    private func publish(_ newState: SessionState) {
+        state.value = newState
+        publishSnapshot()
+    }
+
+    private func publishSnapshot() {
+        let current = Snapshot(hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID)
+        snapshot.withLockedValue { $0 = current }
+    }
+
+    private func emit(_ event: SessionEvent) {
+        logger.debug("session event", metadata: ["event": "\(event)"])
+        events.emit(event)
+    }
+}

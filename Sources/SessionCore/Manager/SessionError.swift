@@ -1,0 +1,56 @@
+/// Why a session call failed. A struct with an extensible `Code` (new codes can be added
+/// without breaking anyone's `switch`). Messages never contain a token.
+public struct SessionError: Error, Hashable, Sendable, CustomStringConvertible {
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        public let name: String
+        private init(_ name: String) { self.name = name }
+
+        /// The request is not allowed from the current state (DESIGN.md's transitions).
+        public static let illegalTransition = Code("illegalTransition")
+        /// No one is signed in.
+        public static let notLoggedIn = Code("notLoggedIn")
+        /// The session expired; the user must sign in again.
+        public static let sessionExpired = Code("sessionExpired")
+        /// The session this request belonged to ended (logout, or a new sign-in) before it
+        /// was answered.
+        public static let sessionEnded = Code("sessionEnded")
+        /// A transient failure (network, timeout, 5xx, 429): the tokens are kept and the
+        /// refresh is retried with backoff. `retryAfter` says when.
+        public static let transient = Code("transient")
+        /// The authority rejected the client's configuration (e.g. `invalid_client`):
+        /// nothing is retried automatically.
+        public static let configuration = Code("configuration")
+        /// A token fresh from a 401-triggered refresh got a 401 again: no further refresh.
+        public static let unauthorized = Code("unauthorized")
+        /// The credential store failed.
+        public static let store = Code("store")
+        /// An argument was unusable (e.g. a blank access token).
+        public static let invalidArgument = Code("invalidArgument")
+        /// The event loop is shut down.
+        public static let shutDown = Code("shutDown")
+
+        public var description: String { name }
+    }
+
+    public let code: Code
+    public let message: String
+    /// For `transient`: when the next attempt is due, if one is scheduled.
+    public let retryAfter: Duration?
+
+    public init(_ code: Code, _ message: String, retryAfter: Duration? = nil) {
+        self.code = code
+        self.message = message
+        self.retryAfter = retryAfter
+    }
+
+    public var description: String {
+        if let retryAfter {
+            return "SessionError.\(code): \(message) (retry in \(retryAfter))"
+        }
+        return "SessionError.\(code): \(message)"
+    }
+
+    public static func illegalTransition(from state: SessionState, request: SessionRequest) -> SessionError {
+        SessionError(.illegalTransition, "cannot \(request) while \(state)")
+    }
+}

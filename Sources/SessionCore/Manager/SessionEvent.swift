@@ -1,0 +1,41 @@
+/// Why a session ended without expiring.
+public enum SignOutReason: String, Sendable, Hashable, CustomStringConvertible {
+    /// `logout()`.
+    case userRequested
+    /// `reconfigure()` after expiry.
+    case reconfigured
+    public var description: String { rawValue }
+}
+
+/// What happened to the session, for observers of `SessionManager.events`.
+/// Nothing here carries a token.
+public enum SessionEvent: Sendable, Hashable, CustomStringConvertible {
+    /// The state read from the store at start (emitted once, when the store answers).
+    case initialSession(SessionState)
+    case signedIn(memberID: String?)
+    case signedOut(reason: SignOutReason)
+    /// New tokens arrived; the access token lives `expiresIn`.
+    case tokenRefreshed(expiresIn: Duration, reason: RefreshReason)
+    /// A refresh failed; `retryIn` is when the next attempt comes (nil: none scheduled).
+    case refreshFailed(attempt: Int, retryIn: Duration?, error: AuthorityError)
+    /// The session is over; the user must sign in again.
+    case sessionExpired(reason: String)
+    /// `resume()` confirmed the session.
+    case validated
+    /// The store failed; nothing was logged out because of it.
+    case storeError(StoreError)
+
+    public var description: String {
+        switch self {
+        case .initialSession(let state): "initialSession(\(state))"
+        case .signedIn(let memberID): "signedIn(memberID: \(memberID ?? "nil"))"
+        case .signedOut(let reason): "signedOut(\(reason))"
+        case .tokenRefreshed(let expiresIn, let reason): "tokenRefreshed(expiresIn: \(expiresIn), reason: \(reason))"
+        case .refreshFailed(let attempt, let retryIn, let error):
+            "refreshFailed(attempt: \(attempt), retryIn: \(retryIn.map { "\($0)" } ?? "nil"), \(error))"
+        case .sessionExpired(let reason): "sessionExpired(\(reason))"
+        case .validated: "validated"
+        case .storeError(let error): "storeError(\(error.message))"
+        }
+    }
+}

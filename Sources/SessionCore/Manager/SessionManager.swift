@@ -1,0 +1,149 @@
+import LoopFlow
+
+/// An authenticated session that keeps itself alive, on an `EventLoop`.
+///
+/// - `state` is a `StateFlow<SessionState>` (current value first, distinct, conflated);
+///   `events` a `SharedFlow<SessionEvent>`. Every callback runs on the loop thread.
+/// - Tokens are refreshed before they expire (proactive timer with jitter), one refresh
+///   at a time however many callers want a token, with backoff on transient failures.
+///   Only the authority's terminal answer ends the session (SESSION_EXPIRED).
+/// - At creation the stored session is restored (LOGGED_IN, refreshed if it expired).
+///
+/// Threading: every method is safe from any thread. The session's own work happens on
+/// the loop thread; the `async` methods return once it is done, and the completion forms
+/// call back on the loop thread, never inside the call.
+public final class SessionManager: Sendable {
+    public let loop: EventLoop
+    let engine: SessionEngine
+
+    /// - Throws: `shutDown` if the loop is shut down; `invalidArgument` for an unusable
+    ///   configuration.
+    public init(
+        loop: EventLoop,
+        authority: any SessionAuthority,
+        store: any CredentialStore = MemoryCredentialStore(),
+        configuration: SessionConfiguration = SessionConfiguration()
+    ) throws(SessionError) {
+        self.loop = loop
+        self.engine = try SessionEngine(
+            loop: loop, authority: authority, store: store, configuration: configuration)
+    }
+
+    /// The session state, observable.
+    public var state: StateFlow<SessionState> { engine.state }
+
+    /// What happens to the session, observable.
+    public var events: SharedFlow<SessionEvent> { engine.events }
+
+    /// The mobile SDKs' shape: the current state first, then each change, on the loop thread.
+    public func subscribeToSessionState(
+        onState: @escaping @Sendable (SessionState) -> Void,
+        onError: (@Sendable (any Error) -> Void)? = nil,
+        onComplete: (@Sendable () -> Void)? = nil
+    ) throws(LoopFlowError) -> FlowSubscription {
+        try engine.state.subscribe(onState: onState, onError: onError, onComplete: onComplete)
+    }
+
+    /// Whether a non-blank access token is held. A local check: no network, any thread.
+    public func isLoggedIn() -> Bool {
+        engine.snapshot.withLockedValue { $0.hasAccessToken }
+    }
+
+    /// Who is signed in (kept through SESSION_EXPIRED; cleared by logout and reconfigure).
+    public var memberID: String? {
+        engine.snapshot.withLockedValue { $0.memberID }
+    }
+
+    /// LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN with `tokens`, stored.
+    /// - Throws: `illegalTransition` when already signed in (log out first).
+    public func signIn(_ tokens: SessionTokens) async throws(SessionError) {
+        try await onLoop { engine throws(SessionError) in try engine.signIn(tokens) }
+    }
+
+    /// → LOGGED_OUT: the store is cleared first, every timer and retry stops, a refresh in
+    /// flight is discarded, then the tokens are revoked best effort (offline is fine).
+    public func logout() async throws(SessionError) {
+        try await onLoop { engine throws(SessionError) in try engine.logout() }
+    }
+
+    /// SESSION_EXPIRED → LOGGED_OUT, forgetting the member id too.
+    public func reconfigure() async throws(SessionError) {
+        try await onLoop { engine throws(SessionError) in try engine.reconfigure() }
+    }
+
+    /// The current access token, refreshed first if it is within the margin of expiry.
+    /// Concurrent callers share one refresh and all get its result or its error.
+    public func freshAccessToken() async throws(SessionError) -> Secret {
+        try await awaitToken { engine, completion in engine.freshAccessToken(completion) }
+    }
+
+    /// The same, answered on the loop thread (usable from inside a flow callback).
+    public func freshAccessToken(_ completion: @escaping TokenCompletion) throws(SessionError) {
+        try post { engine in engine.freshAccessToken(completion) }
+    }
+
+    /// A request failed with 401 using `token`. If it is still the current token, it is
+    /// refreshed (once, shared by every caller); otherwise the current one is returned.
+    /// Retry your request once with the answer — a token fresh from such a refresh that is
+    /// refused again yields `unauthorized`, never another refresh.
+    public func handleUnauthorized(token: Secret) async throws(SessionError) -> Secret {
+        try await awaitToken { engine, completion in engine.handleUnauthorized(token: token, completion) }
+    }
+
+    /// The same, answered on the loop thread.
+    public func handleUnauthorized(token: Secret, _ completion: @escaping TokenCompletion) throws(SessionError) {
+        try post { engine in engine.handleUnauthorized(token: token, completion) }
+    }
+
+    /// The host is back from the background: validate the session (through the authority
+    /// when it can, else by expiry), coalesced with a refresh already due.
+    public func resume() throws(SessionError) {
+        try post { engine in engine.resume() }
+    }
+
+    /// Stops the session: waiters fail with `shutDown`, timers stop, the flows complete.
+    /// The store keeps the session for the next start.
+    public func close() async {
+        try? await onLoop { engine throws(SessionError) in engine.close() }
+    }
+
+    // MARK: - Hops to the loop
+
+    private func post(_ body: @escaping @Sendable (SessionEngine) -> Void) throws(SessionError) {
+        do {
+            try loop.execute { [engine] in body(engine) }
+        } catch {
+            throw SessionError(.shutDown, "the event loop is shut down")
+        }
+    }
+
+    private func onLoop(
+        _ body: @escaping @Sendable (SessionEngine) throws(SessionError) -> Void
+    ) async throws(SessionError) {
+        let result: Result<Void, SessionError> = await withCheckedContinuation { continuation in
+            do {
+                try loop.execute { [engine] in
+                    continuation.resume(returning: Result { () throws(SessionError) in try body(engine) })
+                }
+            } catch {
+                continuation.resume(returning: .failure(SessionError(.shutDown, "the event loop is shut down")))
+            }
+        }
+        try result.get()
+    }
+
+    private func awaitToken(
+        _ body: @escaping @Sendable (SessionEngine, @escaping TokenCompletion) -> Void
+    ) async throws(SessionError) -> Secret {
+        let result: Result<Secret, SessionError> = await withCheckedContinuation { continuation in
+            do {
+                try loop.execute { [engine] in
+                    body(engine) { continuation.resume(returning: $0) }
+                }
+            } catch {
+                continuation.resume(returning: .failure(SessionError(.shutDown, "the event loop is shut down")))
+            }
+        }
+        return try result.get()
+    }
+}

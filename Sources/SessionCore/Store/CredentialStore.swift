@@ -1,0 +1,52 @@
+/// What the store keeps of a session. Expiry is a wall-clock instant (it must survive a
+/// restart); inside a running process expiry always follows the monotonic clock.
+public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
+    public var accessToken: Secret?
+    public var refreshToken: Secret?
+    /// When the access token expires, as time since the Unix epoch.
+    public var accessTokenExpiresAt: Duration?
+    public var memberID: String?
+    public var externalUserID: String?
+    /// The session expired: tokens are gone, the member id is kept.
+    public var expired: Bool
+
+    public init(
+        accessToken: Secret? = nil, refreshToken: Secret? = nil, accessTokenExpiresAt: Duration? = nil,
+        memberID: String? = nil, externalUserID: String? = nil, expired: Bool = false
+    ) {
+        self.accessToken = accessToken
+        self.refreshToken = refreshToken
+        self.accessTokenExpiresAt = accessTokenExpiresAt
+        self.memberID = memberID
+        self.externalUserID = externalUserID
+        self.expired = expired
+    }
+
+    public var description: String {
+        "StoredSession(accessToken: \(accessToken == nil ? "nil" : "<redacted>"), "
+            + "refreshToken: \(refreshToken == nil ? "nil" : "<redacted>"), memberID: \(memberID ?? "nil"), "
+            + "expired: \(expired))"
+    }
+}
+
+/// A store failure. The message never contains a token.
+public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
+    public let message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { "store error: \(message)" }
+}
+
+/// The three answers to a read. "Unavailable" never logs anyone out.
+public enum StoreRead: Sendable, Equatable {
+    case present(StoredSession)
+    case absent
+    case unavailable(StoreError)
+}
+
+/// Where the session is kept. Called on the session's loop thread; keep each call short
+/// (the file store's atomic write is a few milliseconds of fsync, a few times an hour).
+public protocol CredentialStore: AnyObject, Sendable {
+    func read() -> StoreRead
+    func write(_ session: StoredSession) throws(StoreError)
+    func clear() throws(StoreError)
+}

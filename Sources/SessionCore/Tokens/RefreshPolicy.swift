@@ -1,0 +1,57 @@
+/// When to refresh and how long to wait after a failure: pure arithmetic, no clock and
+/// no randomness of its own (the caller passes a unit random number), so tests pin it.
+public struct RefreshPolicy: Sendable, Equatable {
+    /// Refresh when the access token has less than this left (default 5 minutes).
+    public var margin: Duration = .seconds(300)
+    /// The proactive timer fires up to this fraction of the margin earlier, at random,
+    /// so that many clients do not refresh in step (default 10%).
+    public var proactiveJitter: Double = 0.1
+    /// Never refresh again sooner than this after a refresh, so `expires_in: 0` cannot spin.
+    public var minimumInterval: Duration = .seconds(10)
+    /// First backoff delay after a transient failure (default 1 s), doubled each time...
+    public var initialBackoff: Duration = .seconds(1)
+    /// ...up to this cap (default 30 s).
+    public var maximumBackoff: Duration = .seconds(30)
+    /// Each backoff delay is shortened by up to this fraction, at random (default 10%):
+    /// the delay for failure n lies in [base × (1 − jitter), base], base = min(1 s × 2ⁿ⁻¹, 30 s).
+    public var backoffJitter: Double = 0.1
+    /// A refresh that has not answered after this long counts as a transient failure.
+    public var timeout: Duration = .seconds(30)
+
+    public init() {}
+
+    /// Whether a token expiring at `expiresAt` should be refreshed at `now`.
+    public func needsRefresh(now: Duration, expiresAt: Duration) -> Bool {
+        now >= expiresAt - margin
+    }
+
+    /// Delay before the proactive refresh, from `now`.
+    /// - Parameter unitRandom: a number in [0, 1).
+    public func proactiveDelay(now: Duration, expiresAt: Duration, lastRefresh: Duration?, unitRandom: Double) -> Duration {
+        let jitter = margin * (proactiveJitter * unitRandom)
+        var due = expiresAt - margin - jitter
+        if let lastRefresh {
+            due = max(due, lastRefresh + minimumInterval)
+        }
+        return max(due - now, .zero)
+    }
+
+    /// The un-jittered backoff for the `failures`-th consecutive failure (1-based).
+    public func baseBackoff(failures: Int) -> Duration {
+        var delay = initialBackoff
+        var step = 1
+        while step < failures && delay < maximumBackoff {
+            delay = delay * 2
+            step += 1
+        }
+        return min(delay, maximumBackoff)
+    }
+
+    /// The delay before retrying after the `failures`-th consecutive failure, honouring
+    /// the server's `Retry-After` (never retried sooner than that).
+    public func backoffDelay(failures: Int, retryAfter: Duration?, unitRandom: Double) -> Duration {
+        let base = baseBackoff(failures: failures)
+        let jittered = base - base * (backoffJitter * unitRandom)
+        return max(jittered, retryAfter ?? .zero)
+    }
+}

@@ -1,0 +1,50 @@
+/// What a sign-in hands the session.
+public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
+    public var accessToken: Secret
+    public var refreshToken: Secret?
+    /// Lifetime of the access token from now (from the authority's `expires_in`).
+    public var expiresIn: Duration
+    /// Who signed in; kept with the session, cleared on logout and reconfigure.
+    public var memberID: String?
+    /// An id the authority can re-authenticate with, if it supports that fallback.
+    public var externalUserID: String?
+
+    public init(
+        accessToken: Secret, refreshToken: Secret?, expiresIn: Duration,
+        memberID: String? = nil, externalUserID: String? = nil
+    ) {
+        self.accessToken = accessToken
+        self.refreshToken = refreshToken
+        self.expiresIn = expiresIn
+        self.memberID = memberID
+        self.externalUserID = externalUserID
+    }
+
+    public var description: String {
+        "SessionTokens(accessToken: <redacted>, refreshToken: \(refreshToken == nil ? "nil" : "<redacted>"), "
+            + "expiresIn: \(expiresIn), memberID: \(memberID ?? "nil"))"
+    }
+}
+
+/// What an authority answers to a refresh or re-authentication.
+public struct TokenGrant: Sendable, Equatable, CustomStringConvertible {
+    public var accessToken: Secret
+    /// A rotated refresh token, or nil to keep the current one (RFC 6749 §6).
+    public var refreshToken: Secret?
+    /// The access token's lifetime (`expires_in`); negative values count as 0.
+    public var expiresIn: Duration
+    /// A member id, if the authority reports one (kept otherwise).
+    public var memberID: String?
+
+    public init(accessToken: Secret, refreshToken: Secret? = nil, expiresIn: Duration, memberID: String? = nil) {
+        self.accessToken = accessToken
+        self.refreshToken = refreshToken
+        self.expiresIn = expiresIn
+        self.memberID = memberID
+    }
+
+    public var description: String {
+        "TokenGrant(accessToken: <redacted>, refreshToken: \(refreshToken == nil ? "nil" : "<redacted>"), "
+            + "expiresIn: \(expiresIn))"
+    }
+}

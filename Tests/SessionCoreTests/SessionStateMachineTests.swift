@@ -1,0 +1,83 @@
+import Testing
+
+@testable import SessionCore
+
+@Suite("SessionStateMachine")
+struct SessionStateMachineTests {
+    static let legal: [SessionState: [SessionRequest: SessionState]] = [
+        .loggedOut: [.signIn: .loggedIn],
+        .loggedIn: [.logout: .loggedOut, .expire: .sessionExpired],
+        .sessionExpired: [.signIn: .loggedIn, .logout: .loggedOut, .reconfigure: .loggedOut],
+    ]
+
+    @Test(arguments: SessionState.allCases)
+    func onlyTheLegalTransitionsHappen(from state: SessionState) {
+        for request in [SessionRequest.signIn, .logout, .expire, .reconfigure] {
+            var machine = SessionStateMachine(state: state)
+            if let expected = Self.legal[state]?[request] {
+                #expect((try? machine.apply(request)) == expected, "\(state) --\(request)-->")
+                #expect(machine.state == expected)
+            } else {
+                // An illegal request is an error that changes nothing
+                let error = #expect(throws: SessionError.self) { try machine.apply(request) }
+                #expect(error?.code == .illegalTransition)
+                #expect(machine.state == state)
+            }
+        }
+    }
+}
+
+@Suite("RefreshPolicy")
+struct RefreshPolicyTests {
+    @Test func backoffDoublesFromOneSecondToAThirtySecondCap() {
+        let policy = RefreshPolicy()
+        let bases = (1...8).map { policy.baseBackoff(failures: $0) }
+        #expect(bases == [1, 2, 4, 8, 16, 30, 30, 30].map { Duration.seconds($0) })
+    }
+
+    @Test func jitterOnlyShortensTheDelayWithinItsBounds() {
+        let policy = RefreshPolicy()
+        for failures in 1...7 {
+            let base = policy.baseBackoff(failures: failures)
+            let shortest = policy.backoffDelay(failures: failures, retryAfter: nil, unitRandom: 0.999_999)
+            let longest = policy.backoffDelay(failures: failures, retryAfter: nil, unitRandom: 0)
+            #expect(longest == base)
+            #expect(shortest >= base * 0.9 && shortest < base)
+        }
+    }
+
+    @Test func retryAfterIsAFloor() {
+        let policy = RefreshPolicy()
+        #expect(policy.backoffDelay(failures: 1, retryAfter: .seconds(20), unitRandom: 0.5) == .seconds(20))
+        #expect(policy.backoffDelay(failures: 6, retryAfter: .seconds(2), unitRandom: 0) == .seconds(30))
+    }
+
+    @Test func theProactiveRefreshNeverComesSoonerThanTheMinimumInterval() {
+        let policy = RefreshPolicy()
+        let delay = policy.proactiveDelay(now: .seconds(100), expiresAt: .seconds(100), lastRefresh: .seconds(100), unitRandom: 0)
+        #expect(delay == policy.minimumInterval)
+    }
+}
+
+@Suite("Secret")
+struct SecretTests {
+    @Test func aSecretPrintsRedactedEverywhere() {
+        let secret = Secret(Sentinel.access)
+        var dumped = ""
+        dump(secret, to: &dumped)
+        let tokens = SessionTokens(accessToken: secret, refreshToken: Secret(Sentinel.refresh), expiresIn: .seconds(1))
+        var dumpedTokens = ""
+        dump(tokens, to: &dumpedTokens)
+        for text in [
+            "\(secret)", String(describing: secret), String(reflecting: secret), dumped,
+            "\(tokens)", String(reflecting: tokens), dumpedTokens,
+            "\(TokenGrant(accessToken: secret, refreshToken: secret, expiresIn: .seconds(1)))",
+            "\(StoredSession(accessToken: secret, refreshToken: secret))",
+            "\(RefreshRequest(refreshToken: secret, memberID: nil, reason: .proactive))",
+        ] {
+            #expect(!text.contains(Sentinel.access))
+            #expect(!text.contains(Sentinel.refresh))
+        }
+        #expect(secret.reveal() == Sentinel.access)
+    }
+}
