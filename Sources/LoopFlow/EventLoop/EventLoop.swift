@@ -72,6 +72,7 @@ public final class EventLoop: @unchecked Sendable {
 
     // Loop-confined.
     private var batch: [Job] = []
+    private var batchIndex = 0
     private var report = ShutdownReport(unclosedSubscriptions: 0)
 
     private let loopThread = Atomic<UInt>(0)
@@ -250,6 +251,13 @@ public final class EventLoop: @unchecked Sendable {
         queueLock.unlock()
     }
 
+    /// Loop thread: whether jobs are waiting to run — later in the batch being run, or
+    /// queued for the next one. (Virtual time lets them run before it moves on.)
+    var hasQueuedJobs: Bool {
+        assertInEventLoop()
+        return batchIndex + 1 < batch.count || queueLock.withLock { !queue.isEmpty }
+    }
+
     /// Whether public work (execute, subscribe, timers) is still accepted.
     var acceptsWork: Bool {
         queueLock.withLock { runState == .running }
@@ -270,7 +278,9 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func runBatch() {
-        for job in batch {
+        batchIndex = 0
+        while batchIndex < batch.count {
+            let job = batch[batchIndex]
             switch job {
             case .run(let body):
                 body()
@@ -279,6 +289,7 @@ public final class EventLoop: @unchecked Sendable {
             case .retire(let subscription):
                 subscription.owner.retire(subscription)
             }
+            batchIndex += 1
         }
         batch.removeAll(keepingCapacity: true)
     }

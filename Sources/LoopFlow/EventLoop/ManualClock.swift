@@ -2,8 +2,10 @@
 /// when the test advances the clock (swift-nio's `EmbeddedEventLoop.advanceTime` shape).
 ///
 /// Timers fire on the loop thread, in deadline order (ties in scheduling order), each
-/// with `now` equal to its deadline; the work a timer posts runs before the next timer
-/// fires, so a chain of timers and jobs plays out as it would in real time.
+/// with `now` equal to its deadline. Time moves only when the loop's queue is empty, so
+/// the work a timer or job posts (and the work that work posts) runs at the time it was
+/// posted, before the next timer fires: a chain of timers and jobs plays out as it would
+/// in real time. (Work that arrives from other threads while time moves is not waited for.)
 public final class ManualClock: TimerBackend, @unchecked Sendable {
     private let lock = Lock()
     private var current: Duration                 // guarded
@@ -38,10 +40,16 @@ public final class ManualClock: TimerBackend, @unchecked Sendable {
         }
     }
 
-    /// Posts one step: fire the earliest due timer, or finish at `target`.
+    /// Posts one step. A step first lets every queued job run (so all work due at the
+    /// current time is done before time moves), then fires the earliest timer due by
+    /// `target`, or finishes at `target`.
     private func step(loop: EventLoop, until target: Duration, _ continuation: CheckedContinuation<Void, Never>) {
         do {
             try loop.enqueue(.run { [self] in
+                if loop.hasQueuedJobs {
+                    step(loop: loop, until: target, continuation)
+                    return
+                }
                 let due: LoopTimer? = lock.withLock {
                     guard let first = pending.first, first.deadline <= target else {
                         current = max(current, target)

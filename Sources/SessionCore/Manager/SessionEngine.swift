@@ -112,6 +112,12 @@ final class SessionEngine: @unchecked Sendable {
     /// For tests: callers waiting on the refresh in flight.
     var waitingCallers: Int { attempt?.waiters.count ?? 0 }
 
+    /// For tests: play a token whose proactive refresh never happened.
+    func cancelProactiveRefreshForTesting() {
+        proactiveTimer?.cancel()
+        proactiveTimer = nil
+    }
+
     // MARK: - Start and restore
 
     /// Adopts what the store holds, as the starting state (not a transition).
