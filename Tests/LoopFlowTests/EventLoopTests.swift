@@ -316,6 +316,21 @@ struct ManualClockTests {
         }
     }
 
+    @Test func concurrentAdvancesShareOneStepperAndEachReturnsAtItsTarget() async throws {
+        let clock = ManualClock()
+        try await withLoop(clock: .manual(clock)) { loop in
+            let fired = Recorder<Duration>()
+            try await loop.submit {
+                try loop.scheduleTimer(after: .seconds(1), repeating: .seconds(1)) { fired.append(loop.now) }
+            }
+            async let a: Void = clock.advance(by: .seconds(2))
+            async let b: Void = clock.advance(by: .seconds(3))
+            _ = await (a, b)
+            #expect(clock.now == .seconds(3))
+            #expect(fired.all == [.seconds(1), .seconds(2), .seconds(3)])
+        }
+    }
+
     @Test func aClockDrivesOneLoopOnly() async throws {
         let clock = ManualClock()
         try await withLoop(clock: .manual(clock)) { _ in

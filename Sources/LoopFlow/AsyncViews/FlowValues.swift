@@ -89,6 +89,10 @@ public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
     /// Loop thread: a new element.
     func push(_ element: Element) {
         lock.lock()
+        if done {
+            lock.unlock()
+            return
+        }
         if let waiter {
             self.waiter = nil
             lastYielded = element

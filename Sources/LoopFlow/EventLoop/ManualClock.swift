@@ -12,6 +12,9 @@ public final class ManualClock: TimerBackend, @unchecked Sendable {
     private var pending: [LoopTimer] = []         // guarded, sorted by (deadline, sequence)
     private var nextSequence: UInt64 = 0          // guarded
     private weak var loop: EventLoop?             // set once by attach
+    private var advances: [(target: Duration, continuation: CheckedContinuation<Void, Never>)] = []  // guarded
+    private var stepping = false                  // guarded
+    private var deferrals = 0                     // loop-confined
 
     public init(now: Duration = .zero) {
         current = now
@@ -27,49 +30,77 @@ public final class ManualClock: TimerBackend, @unchecked Sendable {
     public var nextDeadline: Duration? { lock.withLock { pending.first?.deadline } }
 
     /// Moves time forward by `duration`, firing every timer that falls due on the way, and
-    /// returns once they and the jobs they posted have run.
+    /// returns once they and the jobs they posted have run. Concurrent calls share one
+    /// stepper: each returns when time has reached its own target.
     public func advance(by duration: Duration) async {
         precondition(duration >= .zero, "time does not go backwards")
-        let target = lock.withLock { current + duration }
-        guard let loop = lock.withLock({ self.loop }) else {
-            lock.withLock { current = target }
-            return
-        }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            step(loop: loop, until: target, continuation)
+            let startStepper: Bool = lock.withLock {
+                advances.append((current + duration, continuation))
+                guard !stepping else { return false }
+                stepping = true
+                return true
+            }
+            if startStepper { postStep() }
         }
     }
 
-    /// Posts one step. A step first lets every queued job run (so all work due at the
-    /// current time is done before time moves), then fires the earliest timer due by
-    /// `target`, or finishes at `target`.
-    private func step(loop: EventLoop, until target: Duration, _ continuation: CheckedContinuation<Void, Never>) {
-        do {
-            try loop.enqueue(.run { [self] in
-                if loop.hasQueuedJobs {
-                    step(loop: loop, until: target, continuation)
-                    return
-                }
-                let due: LoopTimer? = lock.withLock {
-                    guard let first = pending.first, first.deadline <= target else {
-                        current = max(current, target)
-                        return nil
-                    }
-                    pending.removeFirst()
-                    current = max(current, first.deadline)
-                    return first
-                }
-                guard let due else {
-                    continuation.resume()
-                    return
-                }
-                due.fire()
-                step(loop: loop, until: target, continuation)
-            }, isInternal: true)
-        } catch {
-            lock.withLock { current = max(current, target) }
-            continuation.resume()
+    /// How many times in a row a step waits for queued jobs before moving on anyway (work
+    /// posted without pause by other threads must not stall virtual time forever).
+    private static let maximumDeferrals = 10_000
+
+    private func postStep() {
+        guard let loop = lock.withLock({ self.loop }) else {
+            finishAll()
+            return
         }
+        do {
+            try loop.enqueue(.run { [self] in step(loop) }, isInternal: true)
+        } catch {
+            finishAll()
+        }
+    }
+
+    /// One step on the loop thread: let queued work at the current time run first; then
+    /// fire the next timer due by the nearest target, or, with none left, move to that
+    /// target and return to every advance that reached it.
+    private func step(_ loop: EventLoop) {
+        if loop.hasQueuedJobs && deferrals < Self.maximumDeferrals {
+            deferrals += 1
+            postStep()
+            return
+        }
+        deferrals = 0
+        let (reached, due, more): ([CheckedContinuation<Void, Never>], LoopTimer?, Bool) = lock.withLock {
+            guard let nearest = advances.map(\.target).min() else {
+                stepping = false
+                return ([], nil, false)
+            }
+            if let first = pending.first, first.deadline <= nearest {
+                pending.removeFirst()
+                current = max(current, first.deadline)
+                return ([], first, true)
+            }
+            // Nothing left to fire before the nearest target: time reaches it.
+            current = max(current, nearest)
+            let reached = advances.filter { $0.target <= current }.map(\.continuation)
+            advances.removeAll { $0.target <= current }
+            if advances.isEmpty { stepping = false }
+            return (reached, nil, !advances.isEmpty)
+        }
+        for continuation in reached { continuation.resume() }
+        due?.fire()
+        if more { postStep() }
+    }
+
+    /// The loop is gone: time jumps to every target and every advance returns.
+    private func finishAll() {
+        let all: [CheckedContinuation<Void, Never>] = lock.withLock {
+            if let last = advances.map(\.target).max() { current = max(current, last) }
+            defer { advances.removeAll(); stepping = false }
+            return advances.map(\.continuation)
+        }
+        for continuation in all { continuation.resume() }
     }
 
     // MARK: TimerBackend

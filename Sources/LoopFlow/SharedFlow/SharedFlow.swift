@@ -57,6 +57,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         self.bufferCapacity = bufferCapacity
         self.overflow = overflow
         self.core = FlowCore(loop: loop)
+        core.source = self
         pending.reserveCapacity(bufferCapacity)
         delivering.reserveCapacity(bufferCapacity)
     }
@@ -162,6 +163,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
     /// flow has finished.
     @discardableResult
     public func emit(_ event: Event) -> Bool {
+        var evicted: (Sequenced?, Sequenced?) = (nil, nil)  // released after unlocking
         let (accepted, post): (Bool, Bool) = lock.withLock {
             guard core.terminal == nil else { return (false, false) }
             let listening = core.liveCount > 0
@@ -169,7 +171,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
                 dropped += 1
                 switch overflow {
                 case .dropOldest:
-                    pending.removeFirst()
+                    evicted.0 = pending.removeFirst()
                 case .dropLatest:
                     return (false, false)
                 }
@@ -177,13 +179,14 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
             let item = Sequenced(sequence: nextSequence, event: event)
             nextSequence += 1
             if replay > 0 {
-                if replayBuffer.count == replay { replayBuffer.removeFirst() }
+                if replayBuffer.count == replay { evicted.1 = replayBuffer.removeFirst() }
                 replayBuffer.append(item)
             }
             guard listening else { return (true, false) }
             pending.append(item)
             return (true, core.claimDeliveryLocked())
         }
+        withExtendedLifetime(evicted) {}
         if post { core.postDelivery(self) }
         return accepted
     }

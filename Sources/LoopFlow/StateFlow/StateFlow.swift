@@ -23,6 +23,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         self.loop = loop
         self.current = initial
         self.core = FlowCore(loop: loop)
+        core.source = self
     }
 
     /// The current value. Any thread.
@@ -113,38 +114,51 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     }
 
     /// Sets `update` if the current value equals `expect`, atomically. Returns whether the
-    /// current value was `expect` (an equal `update` then changes nothing and notifies no one).
+    /// current value was `expect` (an equal `update` then changes nothing and notifies no
+    /// one). False once the flow has finished.
+    ///
+    /// `Value`'s `==` runs under the flow's lock (as in Kotlin): it must not use this flow.
     @discardableResult
     public func compareAndSet(expect: Value, update: Value) -> Bool {
-        set(update, ifCurrentIs: expect)
+        set(update, ifCurrentIs: expect) == .set
+    }
+
+    private enum SetOutcome {
+        case set, mismatch, finished
     }
 
     /// One short critical section (compare, store, mark dirty once), then at most one post.
-    private func set(_ update: Value, ifCurrentIs expect: Value?) -> Bool {
-        let post: Bool? = lock.withLock {
-            guard core.terminal == nil else { return nil }
-            if let expect, current != expect { return nil }
-            guard current != update else { return false }
+    private func set(_ update: Value, ifCurrentIs expect: Value?) -> SetOutcome {
+        // The replaced value is handed out of the critical section, so its deinit (user
+        // code) never runs under the lock.
+        let (outcome, post, replaced): (SetOutcome, Bool, Value?) = lock.withLock {
+            guard core.terminal == nil else { return (.finished, false, nil) }
+            if let expect, current != expect { return (.mismatch, false, nil) }
+            guard current != update else { return (.set, false, nil) }
+            let replaced = current
             current = update
             // No one to tell: a later subscriber's own delivery hands it the value.
-            guard core.liveCount > 0 else { return false }
-            return core.claimDeliveryLocked()
+            guard core.liveCount > 0 else { return (.set, false, replaced) }
+            return (.set, core.claimDeliveryLocked(), replaced)
         }
-        guard let post else { return false }
+        withExtendedLifetime(replaced) {}
         if post { core.postDelivery(self) }
-        return true
+        return outcome
     }
 
     /// Replaces the value with `transform(value)`, atomically: under contention the
     /// transform may run more than once (like Kotlin's `update`), so keep it pure.
-    /// Returns the value it set.
+    /// Returns the value it set; once the flow has finished, changes nothing and returns
+    /// the final value.
     @discardableResult
     public func update(_ transform: (Value) throws -> Value) rethrows -> Value {
         while true {
             let previous = value
             let next = try transform(previous)
-            if compareAndSet(expect: previous, update: next) {
-                return next
+            switch set(next, ifCurrentIs: previous) {
+            case .set: return next
+            case .finished: return value
+            case .mismatch: continue
             }
         }
     }

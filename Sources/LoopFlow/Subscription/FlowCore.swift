@@ -22,6 +22,9 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
     /// Set by teardown's sweep (or at birth on a shut-down loop): no one is admitted again.
     private var tornDown = false
 
+    /// The flow, for teardown's last delivery. Weak: the flow owns the core.
+    weak var source: (any DeliverySource)?
+
     // Loop-confined.
     private(set) var slots = SubscriberSlots<Subscription>()
     private var arrivalBatch: [Subscription] = []
@@ -118,10 +121,16 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
     }
 
     /// After `beginDeliveryLocked`, without the lock: registers the arrivals still open.
+    /// One closed before it got here is released now (no callback of it has run); its
+    /// retire job, if it still comes, finds it released already.
     func registerArrivals() {
         loop.assertInEventLoop()
-        for subscription in arrivalBatch where !subscription.isClosed {
-            slots.insert(subscription)
+        for subscription in arrivalBatch {
+            if subscription.isClosed {
+                subscription.release()
+            } else {
+                slots.insert(subscription)
+            }
         }
     }
 
@@ -164,16 +173,19 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
     }
 
     func sweepForTeardown() -> Int {
-        let late: [Subscription] = lock.withLock {
-            tornDown = true
-            defer { arrivals.removeAll() }
-            return arrivals
-        }
-        for subscription in late where !subscription.isClosed {
-            slots.insert(subscription)
-        }
-        for subscription in late where subscription.isClosed {
-            subscription.release()
+        lock.withLock { tornDown = true }
+        // A last delivery: arrivals that rode on a delivery teardown refused get their
+        // first value (or replay) and, if the flow finished, its own terminal callback.
+        if let source {
+            source.deliver()
+        } else {
+            let late: [Subscription] = lock.withLock {
+                defer { arrivals.removeAll() }
+                return arrivals
+            }
+            for subscription in late {
+                if subscription.isClosed { subscription.release() } else { slots.insert(subscription) }
+            }
         }
         return terminateAll(with: nil)
     }
