@@ -6,6 +6,8 @@ let package = Package(
     products: [
         .library(name: "LoopFlow", targets: ["LoopFlow"]),
         .library(name: "SessionCore", targets: ["SessionCore"]),
+        // libsessionflow.so: the C API of Bindings/include/sessionflow.h.
+        .library(name: "sessionflow", type: .dynamic, targets: ["SessionFlowC"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
         .executable(name: "loopflow-bench", targets: ["LoopFlowBench"]),
     ],
@@ -34,6 +36,19 @@ let package = Package(
             name: "SessionCore",
             dependencies: [
                 "LoopFlow",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The C header, seen from Swift.
+        .systemLibrary(name: "CSessionFlow"),
+        // The C ABI: one thin file per area, each function checked against the header.
+        .target(
+            name: "SessionFlowC",
+            dependencies: [
+                "CSessionFlow",
+                "CLibUV",
+                "LoopFlow",
+                "SessionCore",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -7,7 +7,7 @@ import Testing
 struct GenerationAndUnauthorizedTests {
     @Test func logoutDuringARefreshDiscardsItsResult() async throws {
         let h = try Harness()
-        try await h.signIn(1, lifetime: .seconds(200))
+        try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let caller = Task { try await h.manager.freshAccessToken() }
         #expect(await eventually { (try? await h.waitingCallers()) == 1 })
@@ -28,7 +28,7 @@ struct GenerationAndUnauthorizedTests {
 
     @Test func aLateInvalidGrantForThePreviousUserLeavesTheNewSessionUntouched() async throws {
         let h = try Harness()
-        try await h.signIn(1, lifetime: .seconds(200), member: "alice")
+        try await h.signIn(1, lifetime: .zero, member: "alice")
         h.authority.enqueue(.hang)
         try h.manager.resume()  // due: refresh for alice goes out and hangs
         #expect(await eventually { h.authority.heldCount == 1 })
@@ -98,7 +98,7 @@ struct GenerationAndUnauthorizedTests {
     @Test func resumeIsCoalescedWithARefreshAlreadyDue() async throws {
         let h = try Harness()
         h.authority.validation = .success(true)
-        try await h.signIn(1, lifetime: .seconds(100))  // due
+        try await h.signIn(1, lifetime: .zero)  // due at once
         h.authority.enqueue(.hang)
         try h.manager.resume()
         try h.manager.resume()
@@ -224,13 +224,26 @@ struct SessionSecretTests {
         try await h.signIn(1, lifetime: .seconds(3600), external: "ext")
         h.authority.enqueue(.fail(.transient("reset")), .fail(.configuration("invalid_client", "bad")))
         try await h.advance(by: .seconds(3301))
-        _ = try? await h.manager.freshAccessToken()
-        _ = try? await h.manager.handleUnauthorized(token: Sentinel.access(1))
+        var errors: [String] = []
+        do { _ = try await h.manager.freshAccessToken() } catch { errors.append("\(error)") }
+        do { _ = try await h.manager.handleUnauthorized(token: Sentinel.access(1)) } catch { errors.append("\(error)") }
         try h.manager.resume()
         h.authority.enqueue(.fail(.terminal()))
         try await h.advance(by: .seconds(7200))
+        do { _ = try await h.manager.freshAccessToken() } catch { errors.append("\(error)") }
+        do { _ = try await h.manager.handleUnauthorized(token: Sentinel.access(1)) } catch { errors.append("\(error)") }
+        do {
+            try await h.manager.signIn(SessionTokens(
+                accessToken: Sentinel.access(5), refreshToken: Sentinel.refresh(5), expiresIn: .seconds(60)))
+            try await h.manager.signIn(SessionTokens(
+                accessToken: Sentinel.access(6), refreshToken: Sentinel.refresh(6), expiresIn: .seconds(60)))
+        } catch { errors.append("\(error)") }
         try await h.manager.logout()
         try await h.settle()
+        #expect(errors.count >= 3)
+        for text in errors {
+            #expect(!text.contains(Sentinel.access) && !text.contains(Sentinel.refresh))
+        }
         #expect(!h.logs.entries.isEmpty)
         #expect(h.logs.entries.contains { $0.level == .trace || $0.level == .debug })
         h.expectNoSecretsInOutput()

@@ -118,7 +118,7 @@ struct SessionManagerTests {
 
     @Test func callsAfterTheLoopIsGoneFailCleanlyAndWaitersAreAnswered() async throws {
         let h = try Harness()
-        try await h.signIn(1, lifetime: .seconds(60))
+        try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let waiter = Task { try await h.manager.freshAccessToken() }
         #expect(await eventually { (try? await h.waitingCallers()) == 1 })

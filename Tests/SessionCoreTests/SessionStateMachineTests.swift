@@ -54,8 +54,31 @@ struct RefreshPolicyTests {
 
     @Test func theProactiveRefreshNeverComesSoonerThanTheMinimumInterval() {
         let policy = RefreshPolicy()
-        let delay = policy.proactiveDelay(now: .seconds(100), expiresAt: .seconds(100), lastRefresh: .seconds(100), unitRandom: 0)
+        let delay = policy.proactiveDelay(
+            now: .seconds(100), expiresAt: .seconds(100), lifetime: .zero, lastRefresh: .seconds(100), unitRandom: 0)
         #expect(delay == policy.minimumInterval)
+    }
+
+    @Test func aShortLivedTokenIsRefreshedAtHalfLifeNotEveryMinimumInterval() {
+        let policy = RefreshPolicy()
+        // 5-minute token: margin capped at 150 s
+        #expect(policy.effectiveMargin(lifetime: .seconds(300)) == .seconds(150))
+        #expect(policy.effectiveMargin(lifetime: .seconds(3600)) == .seconds(300))
+        let delay = policy.proactiveDelay(
+            now: .zero, expiresAt: .seconds(300), lifetime: .seconds(300), lastRefresh: .zero, unitRandom: 0)
+        #expect(delay == .seconds(150))
+        #expect(!policy.needsRefresh(now: .seconds(149), expiresAt: .seconds(300), lifetime: .seconds(300)))
+        #expect(policy.needsRefresh(now: .seconds(150), expiresAt: .seconds(300), lifetime: .seconds(300)))
+    }
+
+    @Test func proactiveJitterIsAtMostTenPercentOfTheMarginEarlier() {
+        let policy = RefreshPolicy()
+        let earliest = policy.proactiveDelay(
+            now: .zero, expiresAt: .seconds(3600), lifetime: .seconds(3600), lastRefresh: nil, unitRandom: 0.999_999)
+        let latest = policy.proactiveDelay(
+            now: .zero, expiresAt: .seconds(3600), lifetime: .seconds(3600), lastRefresh: nil, unitRandom: 0)
+        #expect(latest == .seconds(3300))
+        #expect(earliest > .seconds(3270) && earliest < .seconds(3271))
     }
 }
 

@@ -27,7 +27,7 @@ struct TokenRefreshTests {
 
     @Test func everyWaiterGetsTheSharedRefreshsError() async throws {
         let h = try Harness()
-        try await h.signIn(1, lifetime: .seconds(200))  // inside the margin
+        try await h.signIn(1, lifetime: .zero)  // due at once
         h.authority.enqueue(.hang)
         let callers = (0..<5).map { _ in Task { try await h.manager.freshAccessToken() } }
         #expect(await eventually { (try? await h.waitingCallers()) == 5 })
@@ -79,9 +79,10 @@ struct TokenRefreshTests {
     @Test func proactiveJitterOnlyMakesTheRefreshEarlierWithinItsBound() async throws {
         let h = try Harness { $0.random = { 0.999_999 } }
         try await h.signIn(1, lifetime: .seconds(3600))
-        try await h.advance(by: .seconds(3269))  // margin 300 + up to 10% of it = 330 s early at most
+        // jitter 0.999999 of 10% of the 300 s margin: due at 3270.00003 s, not 3300 s
+        try await h.advance(by: .seconds(3270))
         #expect(h.authority.refreshCount == 0)
-        try await h.advance(by: .seconds(31))
+        try await h.advance(by: .seconds(1))
         #expect(h.authority.refreshCount == 1)
     }
 
@@ -94,6 +95,20 @@ struct TokenRefreshTests {
         let token = try await h.manager.freshAccessToken()
         #expect(token == Sentinel.access(1))
         #expect(h.authority.refreshCount == 0)
+    }
+
+    @Test func aWallClockAnHourFastAtStoreAndRestoreRefreshesNothingEarly() async throws {
+        // The skew is the same when the expiry was stored and when it is read back
+        let fast: @Sendable () -> Duration = { SessionConfiguration.realtime() + .seconds(3600) }
+        let stored = StoredSession(
+            accessToken: Sentinel.access(9), refreshToken: Sentinel.refresh(9),
+            accessTokenExpiresAt: fast() + .seconds(3600), memberID: "m")
+        let h = try Harness(store: MemoryCredentialStore(stored)) { $0.wallClock = fast }
+        try await h.advance(by: .seconds(3000))
+        #expect(try await h.manager.freshAccessToken() == Sentinel.access(9))
+        #expect(h.authority.refreshCount == 0)
+        try await h.advance(by: .seconds(300))
+        #expect(h.authority.refreshCount == 1)
     }
 
     @Test func expiresInZeroCannotSpin() async throws {
@@ -146,7 +161,7 @@ struct TokenRefreshTests {
         #expect(gaps.count == 7)
         for (gap, base) in zip(gaps, bases) {
             // libuv-free virtual time is exact; only the jitter moves the gap, never past the base
-            #expect(gap >= base * 0.9 && gap <= base, "gap \(gap) for base \(base)")
+            #expect(gap >= base * 0.9 && gap < base, "gap \(gap) for base \(base)")
         }
     }
 
@@ -165,7 +180,7 @@ struct TokenRefreshTests {
 
     @Test func aTerminalAnswerExpiresTheSessionAndKeepsOnlyTheMember() async throws {
         let h = try Harness()
-        try await h.signIn(1, lifetime: .seconds(200), member: "m-7")
+        try await h.signIn(1, lifetime: .zero, member: "m-7")
         h.authority.enqueue(.fail(.terminal("invalid_grant", "refresh token revoked")))
         let caller = Task { try await h.manager.freshAccessToken() }
         let result = await caller.result
@@ -213,7 +228,7 @@ struct TokenRefreshTests {
 
     @Test func aHungRefreshTimesOutAndFreesTheSlot() async throws {
         let h = try Harness()
-        try await h.signIn(1, lifetime: .seconds(200))
+        try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let caller = Task { try await h.manager.freshAccessToken() }
         #expect(await eventually { (try? await h.waitingCallers()) == 1 })
@@ -232,7 +247,7 @@ struct TokenRefreshTests {
 
     @Test func aRotatedRefreshTokenIsStoredBeforeAnyWaiterResumesAndAMissingOneKeepsTheOld() async throws {
         let h = try Harness()
-        try await h.signIn(1, lifetime: .seconds(200))
+        try await h.signIn(1, lifetime: .zero)
         let rotated = h.authority.nextGrant()
         h.authority.enqueue(.grant(rotated))
         let store = h.store

@@ -1,5 +1,9 @@
 import CLibUV
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Timers on libuv's monotonic clock: one `uv_timer_t` per armed timer.
 final class UVTimerBackend: TimerBackend, @unchecked Sendable {
     private unowned(unsafe) var loop: EventLoop!
@@ -10,8 +14,14 @@ final class UVTimerBackend: TimerBackend, @unchecked Sendable {
         self.loop = loop
     }
 
+    /// CLOCK_BOOTTIME: monotonic (wall-clock changes do not move it) and, unlike libuv's
+    /// CLOCK_MONOTONIC, it keeps counting while the machine is suspended — so a token
+    /// that expired while a laptop slept is seen as expired when it wakes. (libuv's timers
+    /// still follow CLOCK_MONOTONIC: a timer due during a suspend fires after it.)
     func currentTime() -> Duration {
-        .nanoseconds(Int64(bitPattern: uv_hrtime()))
+        var now = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &now)
+        return .seconds(Int64(now.tv_sec)) + .nanoseconds(Int64(now.tv_nsec))
     }
 
     func start(_ timer: LoopTimer) {

@@ -21,25 +21,56 @@ final class SessionEngine: @unchecked Sendable {
         var refreshToken: Secret?
         /// Monotonic (loop clock) instant of expiry: receipt time + `expires_in`.
         var expiresAt: Duration
+        /// The access token's whole lifetime (`expires_in`), for the margin cap.
+        var lifetime: Duration
         var externalUserID: String?
         /// When the last successful refresh was received (loop clock).
         var lastRefresh: Duration?
     }
 
+    /// Waiters of a refresh abandoned by a new generation, answered once the new state is
+    /// published (so a waiter that looks sees the state its answer speaks of).
+    struct AbandonedWaiters {
+        var waiters: [TokenCompletion] = []
+        func fail(_ error: SessionError) {
+            for waiter in waiters { waiter(.failure(error)) }
+        }
+    }
+
     /// The one refresh in flight (single-flight: everyone who needs it waits on it).
-    final class Attempt {
+    /// Which attempt an answer belongs to.
+    struct AttemptIdentity: Sendable {
         let id: UInt64
         let generation: UInt64
         let reason: RefreshReason
+        /// The refresh token sent (nil for re-authentication).
+        let refreshToken: Secret?
+
+        func answer(_ result: Result<TokenGrant, AuthorityError>, at receivedAt: Duration) -> RefreshAnswer {
+            RefreshAnswer(identity: self, result: result, receivedAt: receivedAt)
+        }
+    }
+
+    /// An authority's answer (or the timeout), with the attempt it belongs to.
+    struct RefreshAnswer: Sendable {
+        let identity: AttemptIdentity
+        let result: Result<TokenGrant, AuthorityError>
+        let receivedAt: Duration
+    }
+
+    final class Attempt {
+        let identity: AttemptIdentity
         var waiters: [TokenCompletion]
         var timeout: LoopTimer?
 
-        init(id: UInt64, generation: UInt64, reason: RefreshReason, waiters: [TokenCompletion]) {
-            self.id = id
-            self.generation = generation
-            self.reason = reason
+        init(identity: AttemptIdentity, waiters: [TokenCompletion]) {
+            self.identity = identity
             self.waiters = waiters
         }
+
+        var id: UInt64 { identity.id }
+        var reason: RefreshReason { identity.reason }
+        var refreshToken: Secret? { identity.refreshToken }
     }
 
     let loop: EventLoop
@@ -132,7 +163,8 @@ final class SessionEngine: @unchecked Sendable {
             let remaining = (stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock()
             live = LiveSession(
                 accessToken: access, refreshToken: stored.refreshToken,
-                expiresAt: loop.now + max(remaining, .zero), externalUserID: stored.externalUserID)
+                expiresAt: loop.now + max(remaining, .zero), lifetime: max(remaining, .zero),
+                externalUserID: stored.externalUserID)
         }
     }
 
@@ -152,7 +184,7 @@ final class SessionEngine: @unchecked Sendable {
     /// failure here only schedules a retry: it never logs anyone out.
     private func resumeRestoredSession() {
         guard machine.state == .loggedIn, let live else { return }
-        if policy.needsRefresh(now: loop.now, expiresAt: live.expiresAt) {
+        if policy.needsRefresh(now: loop.now, expiresAt: live.expiresAt, lifetime: live.lifetime) {
             startRefresh(reason: .restore, waiters: [])
         } else {
             scheduleProactiveRefresh()
@@ -167,15 +199,17 @@ final class SessionEngine: @unchecked Sendable {
         }
         try checkOpen()
         try machine.apply(.signIn)
-        beginGeneration(failingWaitersWith: SessionError(.sessionEnded, "a new session was signed in"))
+        let abandoned = beginGeneration()
         live = LiveSession(
             accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,
-            expiresAt: loop.now + max(tokens.expiresIn, .zero), externalUserID: tokens.externalUserID)
+            expiresAt: loop.now + max(tokens.expiresIn, .zero), lifetime: max(tokens.expiresIn, .zero),
+            externalUserID: tokens.externalUserID)
         memberID = tokens.memberID
         writeStore()
         publish(.loggedIn)
         emit(.signedIn(memberID: memberID))
         scheduleProactiveRefresh()
+        abandoned.fail(SessionError(.sessionEnded, "a new session was signed in"))
     }
 
     /// Clears the store first, then cancels every timer, then revokes best effort.
@@ -186,9 +220,10 @@ final class SessionEngine: @unchecked Sendable {
         live = nil
         memberID = nil
         clearStore()
-        beginGeneration(failingWaitersWith: SessionError(.sessionEnded, "logged out"))
+        let abandoned = beginGeneration()
         publish(.loggedOut)
         emit(.signedOut(reason: .userRequested))
+        abandoned.fail(SessionError(.sessionEnded, "logged out"))
         if let ended, authority.canRevoke {
             authority.revoke(
                 refreshToken: ended.refreshToken, accessToken: ended.accessToken,
@@ -206,9 +241,10 @@ final class SessionEngine: @unchecked Sendable {
         live = nil
         memberID = nil
         clearStore()
-        beginGeneration(failingWaitersWith: SessionError(.sessionEnded, "reconfigured"))
+        let abandoned = beginGeneration()
         publish(.loggedOut)
         emit(.signedOut(reason: .reconfigured))
+        abandoned.fail(SessionError(.sessionEnded, "reconfigured"))
     }
 
     /// The current token, or a refreshed one when within the margin of expiry.
@@ -223,7 +259,7 @@ final class SessionEngine: @unchecked Sendable {
         }
         let now = loop.now
         let recentlyRefreshed = live.lastRefresh.map { now < $0 + policy.minimumInterval } ?? false
-        guard policy.needsRefresh(now: now, expiresAt: live.expiresAt), !recentlyRefreshed else {
+        guard policy.needsRefresh(now: now, expiresAt: live.expiresAt, lifetime: live.lifetime), !recentlyRefreshed else {
             completion(.success(live.accessToken))
             return
         }
@@ -272,7 +308,7 @@ final class SessionEngine: @unchecked Sendable {
     /// due or in flight.
     func resume() {
         guard let live, machine.state == .loggedIn, !closed, attempt == nil, backoff == nil else { return }
-        if policy.needsRefresh(now: loop.now, expiresAt: live.expiresAt) {
+        if policy.needsRefresh(now: loop.now, expiresAt: live.expiresAt, lifetime: live.lifetime) {
             startRefresh(reason: .resume, waiters: [])
             return
         }
@@ -292,10 +328,18 @@ final class SessionEngine: @unchecked Sendable {
     /// Stops everything: waiters fail, timers stop, the flows complete.
     func close() {
         guard !closed else { return }
-        beginGeneration(failingWaitersWith: SessionError(.shutDown, "the session manager was closed"))
+        let abandoned = beginGeneration()
         storeRetryTimer?.cancel()
         storeRetryTimer = nil
+        // One last try to bring a store that missed a write up to date (a logout the
+        // store missed must not come back at the next start).
+        if storeBehind, !awaitingInitialRead {
+            writeStore()
+            storeRetryTimer?.cancel()
+            storeRetryTimer = nil
+        }
         closed = true
+        abandoned.fail(SessionError(.shutDown, "the session manager was closed"))
         state.finish()
         events.finish()
     }
@@ -306,65 +350,94 @@ final class SessionEngine: @unchecked Sendable {
         guard let live else { return }
         guard let refreshToken = live.refreshToken, !refreshToken.isBlank else {
             // Nothing to refresh with: the access token is all there is until it expires.
-            let error = SessionError(.sessionExpired, "the session has no refresh token")
-            if loop.now >= live.expiresAt {
+            if reason == .unauthorized {
+                // The server just refused it: handing it back would invite a retry loop.
+                let refused = SessionError(.unauthorized, "the token was refused and there is no refresh token")
+                for waiter in waiters { waiter(.failure(refused)) }
+            } else if loop.now >= live.expiresAt {
                 expire(reason: "the access token expired and there is no refresh token")
-                for waiter in waiters { waiter(.failure(error)) }
+                for waiter in waiters { waiter(.failure(Self.expiredError)) }
             } else {
                 for waiter in waiters { waiter(.success(live.accessToken)) }
             }
             return
         }
-        let attempt = beginAttempt(reason: reason, waiters: waiters)
+        let attempt = beginAttempt(reason: reason, refreshToken: refreshToken, waiters: waiters)
         authority.refresh(
             RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: reason),
             completion: refreshCompletion(for: attempt))
     }
 
     private func startReauthentication(externalUserID: String, waiters: [TokenCompletion]) {
-        let attempt = beginAttempt(reason: .reauthentication, waiters: waiters)
+        let attempt = beginAttempt(reason: .reauthentication, refreshToken: nil, waiters: waiters)
         authority.reauthenticate(externalUserID: externalUserID, completion: refreshCompletion(for: attempt))
     }
 
     /// Takes the single-flight slot; arms the timeout that frees it if the authority hangs.
-    private func beginAttempt(reason: RefreshReason, waiters: [TokenCompletion]) -> Attempt {
+    private func beginAttempt(reason: RefreshReason, refreshToken: Secret?, waiters: [TokenCompletion]) -> Attempt {
         precondition(attempt == nil, "a refresh is already in flight")
         nextAttemptID += 1
-        let attempt = Attempt(id: nextAttemptID, generation: generation, reason: reason, waiters: waiters)
+        let identity = AttemptIdentity(
+            id: nextAttemptID, generation: generation, reason: reason, refreshToken: refreshToken)
+        let attempt = Attempt(identity: identity, waiters: waiters)
         self.attempt = attempt
         proactiveTimer?.cancel()
         proactiveTimer = nil
         backoff?.timer.cancel()
         backoff = nil
-        let id = attempt.id
         let timeout = policy.timeout
         attempt.timeout = try? loop.scheduleTimer(after: timeout) { [self] in
-            finishRefresh(
-                id: id, result: .failure(.transient("no answer within \(timeout)")), receivedAt: loop.now)
+            finishRefresh(identity.answer(.failure(.transient("no answer within \(timeout)")), at: loop.now))
         }
-        logger.debug("refresh started", metadata: ["reason": "\(reason)", "attempt": "\(id)"])
+        logger.debug("refresh started", metadata: ["reason": "\(reason)", "attempt": "\(attempt.id)"])
         return attempt
     }
 
     private func refreshCompletion(for attempt: Attempt) -> AuthorityCompletion<TokenGrant> {
-        let id = attempt.id
+        let identity = attempt.identity
         return completion { [self] result, receivedAt in
-            finishRefresh(id: id, result: result, receivedAt: receivedAt)
+            finishRefresh(identity.answer(result, at: receivedAt))
         }
     }
 
-    private func finishRefresh(id: UInt64, result: Result<TokenGrant, AuthorityError>, receivedAt: Duration) {
-        guard let attempt, attempt.id == id, attempt.generation == generation else {
-            // Timed out already, or the session changed hands: a no-op by design.
-            logger.debug("a late refresh answer was discarded", metadata: ["attempt": "\(id)"])
+    private func finishRefresh(_ answer: RefreshAnswer) {
+        let identity = answer.identity
+        guard identity.generation == generation, let live else {
+            // The session changed hands (logout, new sign-in): a no-op by design.
+            logger.debug("a refresh answer for an ended session was discarded", metadata: ["attempt": "\(identity.id)"])
+            return
+        }
+        guard let attempt, attempt.id == identity.id else {
+            // An attempt that timed out answered after all. A success for the refresh token
+            // still held is adopted: the authority may have rotated (consumed) that token,
+            // and sending it again would get the session expired.
+            if case .success(let grant) = answer.result, let used = identity.refreshToken, used == live.refreshToken {
+                logger.info("a refresh answered after its timeout; adopting its tokens", metadata: ["attempt": "\(identity.id)"])
+                backoff?.timer.cancel()
+                backoff = nil
+                _ = apply(grant, receivedAt: answer.receivedAt, reason: identity.reason)
+            } else {
+                logger.debug("a late refresh answer was discarded", metadata: ["attempt": "\(identity.id)"])
+            }
             return
         }
         self.attempt = nil
         attempt.timeout?.cancel()
-        switch result {
+        switch answer.result {
         case .success(let grant):
-            let token = apply(grant, receivedAt: receivedAt, reason: attempt.reason)
+            let token = apply(grant, receivedAt: answer.receivedAt, reason: attempt.reason)
             for waiter in attempt.waiters { waiter(.success(token)) }
+
+        case .failure(let error) where attempt.reason == .reauthentication:
+            // The fallback is tried once: whatever it answers short of tokens ends the session.
+            expire(reason: "re-authentication failed: \(error.description)")
+            for waiter in attempt.waiters { waiter(.failure(Self.expiredError)) }
+
+        case .failure(let error) where error.kind == .terminal && attempt.refreshToken != live.refreshToken:
+            // A refused token that is no longer ours (a late answer rotated it meanwhile).
+            logger.debug("a refusal of a replaced refresh token was ignored", metadata: ["error": "\(error)"])
+            scheduleProactiveRefresh()
+            for waiter in attempt.waiters { waiter(.success(live.accessToken)) }
 
         case .failure(let error) where error.kind == .transient:
             consecutiveFailures += 1
@@ -386,16 +459,13 @@ final class SessionEngine: @unchecked Sendable {
             for waiter in attempt.waiters { waiter(.failure(failure)) }
 
         case .failure(let error):
-            if attempt.reason != .reauthentication, authority.canReauthenticate,
-                let externalUserID = live?.externalUserID
-            {
+            if authority.canReauthenticate, let externalUserID = live.externalUserID {
                 logger.info("refresh token refused; trying re-authentication once")
                 startReauthentication(externalUserID: externalUserID, waiters: attempt.waiters)
                 return
             }
             expire(reason: error.description)
-            let failure = SessionError(.sessionExpired, "Your session has expired. Please sign in again.")
-            for waiter in attempt.waiters { waiter(.failure(failure)) }
+            for waiter in attempt.waiters { waiter(.failure(Self.expiredError)) }
         }
     }
 
@@ -407,6 +477,7 @@ final class SessionEngine: @unchecked Sendable {
         live.accessToken = grant.accessToken
         if let rotated = grant.refreshToken { live.refreshToken = rotated }
         live.expiresAt = receivedAt + lifetime
+        live.lifetime = lifetime
         live.lastRefresh = receivedAt
         self.live = live
         if let member = grant.memberID { memberID = member }
@@ -420,7 +491,7 @@ final class SessionEngine: @unchecked Sendable {
     }
 
     private func finishValidation(generation: UInt64, token: Secret, result: Result<Bool, AuthorityError>) {
-        guard generation == self.generation, live?.accessToken == token, attempt == nil else { return }
+        guard generation == self.generation, live?.accessToken == token, attempt == nil, backoff == nil else { return }
         switch result {
         case .success(true):
             emit(.validated)
@@ -437,11 +508,12 @@ final class SessionEngine: @unchecked Sendable {
     private func expire(reason: String) {
         guard (try? machine.apply(.expire)) != nil else { return }
         live = nil
-        beginGeneration(failingWaitersWith: SessionError(.sessionExpired, "Your session has expired. Please sign in again."))
+        let abandoned = beginGeneration()
         writeStore()
         publish(.sessionExpired)
         logger.notice("session expired", metadata: ["reason": "\(reason)"])
         emit(.sessionExpired(reason: reason))
+        abandoned.fail(Self.expiredError)
     }
 
     // MARK: - Timers
@@ -451,7 +523,7 @@ final class SessionEngine: @unchecked Sendable {
         proactiveTimer = nil
         guard machine.state == .loggedIn, let live, live.refreshToken != nil else { return }
         let delay = policy.proactiveDelay(
-            now: loop.now, expiresAt: live.expiresAt, lastRefresh: live.lastRefresh,
+            now: loop.now, expiresAt: live.expiresAt, lifetime: live.lifetime, lastRefresh: live.lastRefresh,
             unitRandom: configuration.random())
         proactiveTimer = try? loop.scheduleTimer(after: delay) { [self] in
             proactiveTimer = nil
@@ -471,12 +543,14 @@ final class SessionEngine: @unchecked Sendable {
 
     /// A new generation: the refresh in flight (if any) is abandoned and its waiters told
     /// why; every timer and the backoff stop.
-    private func beginGeneration(failingWaitersWith error: SessionError) {
+    @discardableResult
+    private func beginGeneration() -> AbandonedWaiters {
         generation += 1
+        var abandoned = AbandonedWaiters()
         if let attempt {
             self.attempt = nil
             attempt.timeout?.cancel()
-            for waiter in attempt.waiters { waiter(.failure(error)) }
+            abandoned.waiters = attempt.waiters
         }
         proactiveTimer?.cancel()
         proactiveTimer = nil
@@ -484,6 +558,7 @@ final class SessionEngine: @unchecked Sendable {
         backoff = nil
         consecutiveFailures = 0
         tokenFromUnauthorizedRefresh = nil
+        return abandoned
     }
 
     // MARK: - Store
@@ -571,6 +646,8 @@ final class SessionEngine: @unchecked Sendable {
 
     // MARK: - Helpers
 
+    static let expiredError = SessionError(.sessionExpired, "Your session has expired. Please sign in again.")
+
     private func checkOpen() throws(SessionError) {
         if closed { throw SessionError(.shutDown, "the session manager was closed") }
     }
@@ -578,7 +655,7 @@ final class SessionEngine: @unchecked Sendable {
     private func notUsableError() -> SessionError {
         if closed { return SessionError(.shutDown, "the session manager was closed") }
         switch machine.state {
-        case .sessionExpired: return SessionError(.sessionExpired, "Your session has expired. Please sign in again.")
+        case .sessionExpired: return Self.expiredError
         default: return SessionError(.notLoggedIn, "no one is signed in")
         }
     }

@@ -107,6 +107,45 @@ public final class SessionManager: Sendable {
         try? await onLoop { engine throws(SessionError) in engine.close() }
     }
 
+    // MARK: - Synchronous forms (for the C API)
+
+    /// `signIn`, answered before returning: inline on the loop thread, otherwise posted and
+    /// waited for. Do not call from a thread the loop thread is waiting on.
+    package func signInAndWait(_ tokens: SessionTokens) throws(SessionError) {
+        try performAndWait { engine throws(SessionError) in try engine.signIn(tokens) }
+    }
+
+    /// `logout`, answered before returning (see `signInAndWait`).
+    package func logoutAndWait() throws(SessionError) {
+        try performAndWait { engine throws(SessionError) in try engine.logout() }
+    }
+
+    /// `reconfigure`, answered before returning (see `signInAndWait`).
+    package func reconfigureAndWait() throws(SessionError) {
+        try performAndWait { engine throws(SessionError) in try engine.reconfigure() }
+    }
+
+    private func performAndWait(
+        _ body: @escaping @Sendable (SessionEngine) throws(SessionError) -> Void
+    ) throws(SessionError) {
+        if loop.inEventLoop {
+            try body(engine)
+            return
+        }
+        let done = Latch()
+        let outcome = LockedBox<Result<Void, SessionError>>(.success(()))
+        do {
+            try loop.execute { [engine] in
+                outcome.withLockedValue { $0 = Result { () throws(SessionError) in try body(engine) } }
+                done.signal()
+            }
+        } catch {
+            throw SessionError(.shutDown, "the event loop is shut down")
+        }
+        done.wait()
+        try outcome.withLockedValue { $0 }.get()
+    }
+
     // MARK: - Hops to the loop
 
     private func post(_ body: @escaping @Sendable (SessionEngine) -> Void) throws(SessionError) {

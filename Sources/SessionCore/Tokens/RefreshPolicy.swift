@@ -1,8 +1,11 @@
 /// When to refresh and how long to wait after a failure: pure arithmetic, no clock and
 /// no randomness of its own (the caller passes a unit random number), so tests pin it.
 public struct RefreshPolicy: Sendable, Equatable {
-    /// Refresh when the access token has less than this left (default 5 minutes).
+    /// Refresh when the access token has less than this left (default 5 minutes)...
     public var margin: Duration = .seconds(300)
+    /// ...but never more than this fraction of the token's lifetime (default half), so a
+    /// 5-minute token is refreshed at half-life rather than every `minimumInterval`.
+    public var maximumMarginFraction: Double = 0.5
     /// The proactive timer fires up to this fraction of the margin earlier, at random,
     /// so that many clients do not refresh in step (default 10%).
     public var proactiveJitter: Double = 0.1
@@ -20,14 +23,22 @@ public struct RefreshPolicy: Sendable, Equatable {
 
     public init() {}
 
-    /// Whether a token expiring at `expiresAt` should be refreshed at `now`.
-    public func needsRefresh(now: Duration, expiresAt: Duration) -> Bool {
-        now >= expiresAt - margin
+    /// The margin for a token that lives `lifetime`.
+    public func effectiveMargin(lifetime: Duration) -> Duration {
+        min(margin, lifetime * maximumMarginFraction)
+    }
+
+    /// Whether a token expiring at `expiresAt` (living `lifetime`) should be refreshed at `now`.
+    public func needsRefresh(now: Duration, expiresAt: Duration, lifetime: Duration) -> Bool {
+        now >= expiresAt - effectiveMargin(lifetime: lifetime)
     }
 
     /// Delay before the proactive refresh, from `now`.
     /// - Parameter unitRandom: a number in [0, 1).
-    public func proactiveDelay(now: Duration, expiresAt: Duration, lastRefresh: Duration?, unitRandom: Double) -> Duration {
+    public func proactiveDelay(
+        now: Duration, expiresAt: Duration, lifetime: Duration, lastRefresh: Duration?, unitRandom: Double
+    ) -> Duration {
+        let margin = effectiveMargin(lifetime: lifetime)
         let jitter = margin * (proactiveJitter * unitRandom)
         var due = expiresAt - margin - jitter
         if let lastRefresh {

@@ -1,0 +1,295 @@
+/*
+ * sessionflow.h — the C API of SessionFlow (libsessionflow).
+ *
+ * An authenticated session that keeps itself alive (tokens refreshed before they
+ * expire, backoff when the authority struggles, one refresh at a time), ends cleanly
+ * (SF_SESSION_EXPIRED when the refresh token is dead; logout wipes everything), and that
+ * C/FFI hosts observe through callbacks on one libuv loop thread.
+ *
+ * THREADING (the whole contract; every function also says where it may be called)
+ *  1. Every callback (state, event, error, complete, release, token, refresh) runs on the
+ *     runtime's loop thread — never inside the call that caused it, never while a
+ *     library lock is held. A callback may call any function of this API, except
+ *     sf_runtime_destroy on an owned runtime (SF_EBUSY).
+ *  2. A new state subscriber first receives the current state, then each change
+ *     (conflated: a slow observer skips intermediate states but always ends on the
+ *     latest; never the same state twice in a row).
+ *  3. sf_subscription_close is safe from any thread, any number of times. When it
+ *     returns, no callback of that subscription is running or will start — except when
+ *     called from inside that subscription's own callback: that callback finishes and
+ *     nothing follows. The one way to deadlock: closing from a thread that the running
+ *     callback is itself waiting for.
+ *  4. `release(userdata)` runs exactly once for every successful subscribe, on the loop
+ *     thread, after that subscription's last callback. A subscribe that fails takes no
+ *     ownership: nothing is called, the host keeps its userdata.
+ *  5. on_error / on_complete are terminal: at most one of them, once. Destroying the
+ *     runtime completes every open subscription (on_complete), then releases it.
+ *  6. A call that returns an error never invokes any of its callbacks.
+ *  7. Tokens never appear in logs or error messages.
+ *
+ * Owned runtime (sf_runtime_create): the library runs a libuv loop on a thread of its
+ * own. Borrowed runtime (sf_runtime_create_on_loop): the host's uv_loop_t, run by the
+ * host; create and destroy on the thread that runs it; calls that wait for an answer
+ * (sign in, logout, reconfigure, destroy) must be made on that thread too (SF_ETHREAD).
+ *
+ * MEMORY: strings passed in are copied before the call returns. Strings handed to a
+ * callback are borrowed: valid only during that call.
+ *
+ * ERRORS: functions return SF_OK (0) or a negative SF_E* code. sf_strerror and
+ * sf_err_name return static strings. Codes are only ever appended.
+ */
+#ifndef SESSIONFLOW_H
+#define SESSIONFLOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Version ---------------------------------------------------------------- */
+
+#define SF_VERSION_MAJOR 0
+#define SF_VERSION_MINOR 1
+#define SF_VERSION_PATCH 0
+#define SF_VERSION_HEX ((SF_VERSION_MAJOR << 16) | (SF_VERSION_MINOR << 8) | SF_VERSION_PATCH)
+
+/* The library's version as SF_VERSION_HEX (compare with the header's). Any thread. */
+unsigned int sf_version(void);
+/* The library's version as "MAJOR.MINOR.PATCH" (static). Any thread. */
+const char *sf_version_string(void);
+
+/* ---- Errors ------------------------------------------------------------------- */
+
+#define SF_ERRNO_MAP(XX)                                                              \
+    XX(EINVAL, -1, "invalid argument")                                                \
+    XX(ECLOSED, -2, "unknown, closed or already completed handle")                    \
+    XX(EBUSY, -3, "would wait for itself: called on the loop thread it waits for")    \
+    XX(ETHREAD, -4, "must be called on the thread that runs the borrowed loop")       \
+    XX(ESTATE, -5, "not allowed in the current session state")                        \
+    XX(ESTORE, -6, "credential store failure")                                        \
+    XX(EAUTH, -7, "the authority refused for good: the session has expired")          \
+    XX(ENETWORK, -8, "transient failure (network, timeout, 5xx, 429): retried later") \
+    XX(ERANGE, -9, "buffer too small")                                                \
+    XX(ESHUTDOWN, -10, "the runtime is shutting down or shut down")                   \
+    XX(ECONFIG, -11, "the authority rejected the client configuration")               \
+    XX(ENOTLOGGEDIN, -12, "no one is signed in")                                      \
+    XX(EUNAUTHORIZED, -13, "a freshly refreshed token was refused again")             \
+    XX(ESESSIONENDED, -14, "the session ended (logout or new sign-in) before the answer")
+
+typedef enum sf_error {
+    SF_OK = 0,
+#define SF_ERROR_ENUM_(name, value, text) SF_##name = value,
+    SF_ERRNO_MAP(SF_ERROR_ENUM_)
+#undef SF_ERROR_ENUM_
+} sf_error;
+
+/* A short description of `code` (static; "unknown error" for an unknown code). Any thread. */
+const char *sf_strerror(int code);
+/* The name of `code`, e.g. "SF_EINVAL" (static; "SF_EUNKNOWN" for an unknown code). Any thread. */
+const char *sf_err_name(int code);
+
+/* ---- Types -------------------------------------------------------------------- */
+
+/* A runtime: one loop, one session. Opaque; never dereference. */
+typedef struct sf_runtime sf_runtime;
+
+/* A subscription handle. 0 is "none"; handles are never reused within a process, so a
+ * closed or unknown handle yields SF_ECLOSED, never a crash. */
+typedef uint64_t sf_subscription;
+
+/* A refresh the host performs (see sf_options.refresh). Opaque. */
+typedef struct sf_refresh_request sf_refresh_request;
+
+/* libuv's loop type, for sf_runtime_create_on_loop (include <uv.h> to create one). */
+struct uv_loop_s;
+
+typedef enum sf_session_state {
+    SF_LOGGED_OUT = 0,
+    SF_LOGGED_IN = 1,
+    SF_SESSION_EXPIRED = 2
+} sf_session_state;
+
+/* Observer of the session state. Any callback may be NULL. */
+typedef struct sf_observer {
+    void (*on_state)(sf_session_state state, void *userdata);
+    void (*on_error)(int code, const char *message, void *userdata);
+    void (*on_complete)(void *userdata);
+    void (*release)(void *userdata);
+    void *userdata;
+} sf_observer;
+
+typedef enum sf_event_kind {
+    SF_EVENT_INITIAL_SESSION = 1, /* state: the state read from the store at start */
+    SF_EVENT_SIGNED_IN = 2,       /* member_id (may be NULL) */
+    SF_EVENT_SIGNED_OUT = 3,      /* reason: "userRequested" or "reconfigured" */
+    SF_EVENT_TOKEN_REFRESHED = 4, /* expires_in_ms; reason: why it was refreshed */
+    SF_EVENT_REFRESH_FAILED = 5,  /* attempt, retry_in_ms (-1: none scheduled), code, reason */
+    SF_EVENT_SESSION_EXPIRED = 6, /* reason */
+    SF_EVENT_VALIDATED = 7,
+    SF_EVENT_STORE_ERROR = 8      /* reason */
+} sf_event_kind;
+
+/* A session event. Strings are borrowed for the duration of the callback. */
+typedef struct sf_event {
+    size_t size; /* sizeof(sf_event) of the library that filled it */
+    sf_event_kind kind;
+    sf_session_state state;
+    const char *member_id;
+    const char *reason;
+    int code;
+    int attempt;
+    int64_t retry_in_ms;
+    int64_t expires_in_ms;
+} sf_event;
+
+/* Observer of session events. Any callback may be NULL. */
+typedef struct sf_event_observer {
+    void (*on_event)(const sf_event *event, void *userdata);
+    void (*on_error)(int code, const char *message, void *userdata);
+    void (*on_complete)(void *userdata);
+    void (*release)(void *userdata);
+    void *userdata;
+} sf_event_observer;
+
+/* Tokens for a sign-in or a completed refresh. Strings are copied. */
+typedef struct sf_tokens {
+    size_t size;               /* set to sizeof(sf_tokens) */
+    const char *access_token;  /* required, not blank */
+    const char *refresh_token; /* may be NULL (no refresh possible; for a refresh: keep the old one) */
+    int64_t expires_in;        /* seconds the access token lives (negative counts as 0) */
+    const char *member_id;     /* may be NULL (for a refresh: keep the old one) */
+} sf_tokens;
+
+/* Receives a token: result is SF_OK and access_token (borrowed) the token, or a negative
+ * code and access_token NULL. Runs on the loop thread, exactly once per accepted call. */
+typedef void (*sf_token_fn)(int result, const char *access_token, void *userdata);
+
+/* The host's refresher: called on the loop thread with the refresh token (borrowed).
+ * Complete `request` exactly once, from any thread, now or later, with
+ * sf_refresh_request_succeed or sf_refresh_request_fail. If it never answers, the
+ * refresh times out (refresh_timeout_ms) and is retried with backoff. */
+typedef void (*sf_refresh_fn)(sf_refresh_request *request, const char *refresh_token, void *userdata);
+
+typedef struct sf_options {
+    size_t size;                 /* set by sf_options_init */
+    int64_t refresh_margin_ms;   /* refresh this long before expiry (default 300000) */
+    int64_t refresh_timeout_ms;  /* an unanswered refresh fails after this (default 30000) */
+    int64_t min_backoff_ms;      /* first retry delay after a transient failure (default 1000) */
+    int64_t max_backoff_ms;      /* cap of the doubling retry delay (default 30000) */
+    sf_refresh_fn refresh;       /* the host's refresher; NULL: refreshes fail with SF_ECONFIG */
+    void *refresh_userdata;      /* handed to `refresh`; owned by the host */
+} sf_options;
+
+/* ---- Options -------------------------------------------------------------------- */
+
+/* Fills `options` with the defaults (and its size). Any thread. NULL is ignored. */
+void sf_options_init(sf_options *options);
+
+/* ---- Runtime -------------------------------------------------------------------- */
+
+/* Creates a runtime with a loop thread of its own. `options` may be NULL (defaults).
+ * On success *out is the runtime; on failure *out is untouched.
+ * Returns SF_OK, SF_EINVAL (NULL out, bad options). Any thread. */
+int sf_runtime_create(const sf_options *options, sf_runtime **out);
+
+/* Creates a runtime on the host's loop. Call on the thread that runs `loop`; the host
+ * keeps running it. After sf_runtime_destroy, the host's uv_run returns once its own
+ * handles are closed, and uv_loop_close gives 0.
+ * Returns SF_OK, SF_EINVAL. Thread: the loop's thread. */
+int sf_runtime_create_on_loop(struct uv_loop_s *loop, const sf_options *options, sf_runtime **out);
+
+/* Destroys the runtime: completes every open subscription (on_complete, then release),
+ * answers every pending token request with SF_ESHUTDOWN, stops every timer. The
+ * session stays in the store. NULL is a no-op (SF_OK).
+ * Owned: any thread but the loop's (SF_EBUSY there); returns when all is done.
+ * Borrowed: the loop's thread only (SF_ETHREAD); the teardown runs in the host's next
+ * loop iteration. A destroyed runtime yields SF_ECLOSED (so does destroying it twice). */
+int sf_runtime_destroy(sf_runtime *runtime);
+
+/* Like sf_runtime_destroy, and stores in *unclosed (may be NULL) how many
+ * subscriptions were never closed by the host (leak diagnostics). */
+int sf_runtime_destroy_report(sf_runtime *runtime, size_t *unclosed);
+
+/* ---- Observing ------------------------------------------------------------------ */
+
+/* The current state, point in time. Any thread. Returns SF_OK, SF_EINVAL, SF_ECLOSED. */
+int sf_session_state_get(sf_runtime *runtime, sf_session_state *out);
+
+/* Subscribes to the session state (the current state first). The observer is copied;
+ * `observer->userdata` is owned by the subscription until `release` runs.
+ * Returns SF_OK and *out, or SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN (nothing is then called).
+ * Any thread. */
+int sf_subscribe_session_state(sf_runtime *runtime, const sf_observer *observer, sf_subscription *out);
+
+/* Subscribes to session events (only those after this call). Same ownership as above.
+ * Any thread. */
+int sf_subscribe_events(sf_runtime *runtime, const sf_event_observer *observer, sf_subscription *out);
+
+/* Closes a subscription (see THREADING 3). Returns SF_OK the first time, SF_ECLOSED for
+ * 0, an unknown handle or one already closed or completed. Any thread. */
+int sf_subscription_close(sf_subscription subscription);
+
+/* ---- Session -------------------------------------------------------------------- */
+
+/* Signs in (LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN). Returns SF_OK, SF_EINVAL (NULL or
+ * blank access token), SF_ESTATE (already signed in: log out first), SF_ECLOSED,
+ * SF_ESHUTDOWN, SF_ETHREAD (borrowed loop, off its thread). Owned: any thread (waits for
+ * the loop unless called on it). */
+int sf_session_sign_in(sf_runtime *runtime, const sf_tokens *tokens);
+
+/* Logs out: store cleared first, every timer and retry stopped, a refresh in flight
+ * discarded, then the tokens revoked best effort. Returns SF_OK, SF_ESTATE (no one signed
+ * in), SF_ECLOSED, SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
+int sf_session_logout(sf_runtime *runtime);
+
+/* SESSION_EXPIRED → LOGGED_OUT, forgetting the member id. Returns as sf_session_logout. */
+int sf_session_reconfigure(sf_runtime *runtime);
+
+/* 1 if a non-blank access token is held, 0 if not, or a negative code. A local check:
+ * no network. Any thread. */
+int sf_session_is_logged_in(sf_runtime *runtime);
+
+/* Copies the member id (NUL-terminated; "" when there is none) into `buffer`.
+ * Returns SF_OK, SF_EINVAL (NULL buffer), SF_ERANGE (`length` too small: nothing
+ * written), SF_ECLOSED. Any thread. */
+int sf_session_member_id(sf_runtime *runtime, char *buffer, size_t length);
+
+/* Asks for a usable access token: the current one, or a refreshed one when within the
+ * margin of expiry (one refresh shared by every caller). `callback` runs once on the
+ * loop thread with the token or the reason there is none (SF_ENOTLOGGEDIN,
+ * SF_EAUTH, SF_ENETWORK, SF_ECONFIG, SF_ESESSIONENDED, SF_ESHUTDOWN).
+ * Returns SF_OK (the callback will run), or SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN (it
+ * will not). Any thread. */
+int sf_session_fresh_token(sf_runtime *runtime, sf_token_fn callback, void *userdata);
+
+/* A request failed with HTTP 401 using `access_token` (copied): if it is still the
+ * current token it is refreshed (once, whoever else reports it); otherwise nothing
+ * happens. Get the token to retry with from sf_session_fresh_token. Returns SF_OK,
+ * SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN. Any thread. */
+int sf_session_notify_unauthorized(sf_runtime *runtime, const char *access_token);
+
+/* The host is back from the background: validate the session (expiry check and a
+ * refresh if due; coalesced with one already due). Returns SF_OK, SF_ECLOSED,
+ * SF_ESHUTDOWN. Any thread. */
+int sf_session_resume(sf_runtime *runtime);
+
+/* ---- Host-supplied refresher ---------------------------------------------------- */
+
+/* Completes `request` with new tokens (refresh_token / member_id NULL: keep the old).
+ * Returns SF_OK, SF_EINVAL (NULL or blank access token; the request stays open),
+ * SF_ECLOSED (unknown or already completed request). Any thread. */
+int sf_refresh_request_succeed(sf_refresh_request *request, const sf_tokens *tokens);
+
+/* Completes `request` with a failure: SF_EAUTH (terminal: the session expires),
+ * SF_ENETWORK (transient: retried after max(backoff, retry_after_ms); retry_after_ms < 0
+ * for none), SF_ECONFIG (never retried automatically). Returns SF_OK, SF_EINVAL (another
+ * code; the request stays open), SF_ECLOSED. Any thread. */
+int sf_refresh_request_fail(sf_refresh_request *request, int code, int64_t retry_after_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SESSIONFLOW_H */

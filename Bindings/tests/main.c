@@ -1,0 +1,65 @@
+/* Runs every test of the C suite; prints "N passed, M failed". */
+#include "harness.h"
+
+#define SF_TEST_LIST(XX)                                             \
+    XX(errors_every_code_has_a_name_and_a_text)                      \
+    XX(errors_unknown_codes_have_static_fallbacks)                   \
+    XX(version_macros_match_the_library)                             \
+    XX(runtime_create_and_destroy)                                   \
+    XX(runtime_bad_input_never_crashes)                              \
+    XX(runtime_destroy_twice_is_eclosed)                             \
+    XX(runtime_destroy_from_its_loop_thread_is_ebusy)                \
+    XX(runtime_calls_after_destroy_are_eclosed)                      \
+    XX(runtime_options_are_validated)                                \
+    XX(subscribe_state_gets_the_current_state_first)                 \
+    XX(subscribe_bad_input_takes_no_ownership)                       \
+    XX(subscription_close_twice_and_unknown_handles)                 \
+    XX(release_runs_once_after_the_last_callback)                    \
+    XX(close_from_inside_its_own_callback)                           \
+    XX(close_from_another_thread_waits_for_the_running_callback)     \
+    XX(destroy_completes_and_releases_open_subscriptions)            \
+    XX(events_carry_kind_member_and_reason)                          \
+    XX(session_sign_in_logout_and_local_checks)                      \
+    XX(session_illegal_transitions_are_estate)                       \
+    XX(session_member_id_buffer_too_small_is_erange)                 \
+    XX(session_fresh_token_runs_its_callback_on_the_loop_thread)     \
+    XX(session_fresh_token_when_logged_out)                          \
+    XX(refresher_single_flight_and_rotation)                         \
+    XX(refresher_completed_twice_is_eclosed)                         \
+    XX(refresher_terminal_failure_expires_the_session)               \
+    XX(refresher_transient_failure_keeps_the_session)                \
+    XX(refresher_unauthorized_refreshes_only_the_current_token)      \
+    XX(refresher_missing_is_a_configuration_error)                   \
+    XX(borrowed_loop_runs_beside_the_hosts_own_timer)                \
+    XX(borrowed_loop_calls_off_its_thread_are_ethread)               \
+    XX(threads_close_subscriptions_while_the_loop_delivers)
+
+#define SF_DECLARE_(name) void test_##name(void);
+SF_TEST_LIST(SF_DECLARE_)
+#undef SF_DECLARE_
+
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : NULL;
+    static const sf_test_case tests[] = {
+#define SF_ENTRY_(name) {#name, test_##name},
+        SF_TEST_LIST(SF_ENTRY_)
+#undef SF_ENTRY_
+    };
+    recorder_note_main_thread();
+    int passed = 0, failed = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        if (only && !strstr(tests[i].name, only)) continue;
+        sf_test_failures = 0;
+        tests[i].fn();
+        if (sf_test_failures == 0) {
+            passed++;
+            printf("ok   %s\n", tests[i].name);
+        } else {
+            failed++;
+            printf("FAIL %s\n", tests[i].name);
+        }
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,189 @@
+import CSessionFlow
+import LoopFlow
+import SessionCore
+
+/// Open subscriptions by handle (the subscription's own process-unique id). An entry goes
+/// when the host closes it or when its `release` runs, whichever comes first.
+let subscriptions = HandleTable<FlowSubscription>()
+
+extension SessionState {
+    var c: sf_session_state {
+        switch self {
+        case .loggedOut: SF_LOGGED_OUT
+        case .loggedIn: SF_LOGGED_IN
+        case .sessionExpired: SF_SESSION_EXPIRED
+        }
+    }
+}
+
+/// The C callbacks of one observer, carried to the loop thread.
+struct StateCallbacks: @unchecked Sendable {
+    let observer: sf_observer
+}
+
+struct EventCallbacks: @unchecked Sendable {
+    let observer: sf_event_observer
+}
+
+@c @implementation
+public func sf_session_state_get(_ pointer: OpaquePointer!, _ out: UnsafeMutablePointer<sf_session_state>!) -> Int32 {
+    guard let out else { return SF_EINVAL.code }
+    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
+    out.pointee = runtime.session.state.value.c
+    return SF_OK.code
+}
+
+/// Subscribes through `subscribe` and publishes the handle. The table entry goes when
+/// `release` runs — which, at a teardown racing this call, can be before the entry is
+/// made; the shared record settles who removes it.
+private func register(
+    _ out: UnsafeMutablePointer<sf_subscription>,
+    _ subscribe: (_ onRelease: @escaping @Sendable () -> Void) throws(LoopFlowError) -> FlowSubscription
+) -> Int32 {
+    let record = LockedBox<(id: UInt64, released: Bool)>((0, false))
+    let subscription: FlowSubscription
+    do {
+        subscription = try subscribe {
+            let id = record.withLockedValue { record in
+                record.released = true
+                return record.id
+            }
+            if id != 0 { _ = subscriptions.remove(id) }
+        }
+    } catch {
+        return SF_ESHUTDOWN.code
+    }
+    subscriptions.insert(subscription, as: subscription.id)
+    let releasedAlready = record.withLockedValue { record in
+        record.id = subscription.id
+        return record.released
+    }
+    if releasedAlready { _ = subscriptions.remove(subscription.id) }
+    out.pointee = subscription.id
+    return SF_OK.code
+}
+
+@c @implementation
+public func sf_subscribe_session_state(
+    _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_observer>!, _ out: UnsafeMutablePointer<sf_subscription>!
+) -> Int32 {
+    guard let observer, let out else { return SF_EINVAL.code }
+    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
+    let callbacks = StateCallbacks(observer: observer.pointee)
+    return register(out) { onRelease throws(LoopFlowError) in
+        try runtime.session.state.subscribe(
+            onState: { state in
+                callbacks.observer.on_state?(state.c, callbacks.observer.userdata)
+            },
+            onError: { error in
+                let message = "\(error)"
+                message.withCString { callbacks.observer.on_error?(SF_EINVAL.code, $0, callbacks.observer.userdata) }
+            },
+            onComplete: {
+                callbacks.observer.on_complete?(callbacks.observer.userdata)
+            },
+            onRelease: {
+                onRelease()
+                callbacks.observer.release?(callbacks.observer.userdata)
+            })
+    }
+}
+
+@c @implementation
+public func sf_subscribe_events(
+    _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_event_observer>!,
+    _ out: UnsafeMutablePointer<sf_subscription>!
+) -> Int32 {
+    guard let observer, let out else { return SF_EINVAL.code }
+    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
+    let callbacks = EventCallbacks(observer: observer.pointee)
+    return register(out) { onRelease throws(LoopFlowError) in
+        try runtime.session.events.subscribe(
+            onEvent: { event in
+                guard let onEvent = callbacks.observer.on_event else { return }
+                withCEvent(event) { onEvent($0, callbacks.observer.userdata) }
+            },
+            onError: { error in
+                let message = "\(error)"
+                message.withCString { callbacks.observer.on_error?(SF_EINVAL.code, $0, callbacks.observer.userdata) }
+            },
+            onComplete: {
+                callbacks.observer.on_complete?(callbacks.observer.userdata)
+            },
+            onRelease: {
+                onRelease()
+                callbacks.observer.release?(callbacks.observer.userdata)
+            })
+    }
+}
+
+@c @implementation
+public func sf_subscription_close(_ subscription: sf_subscription) -> Int32 {
+    guard subscription != 0, let open = subscriptions.remove(subscription) else { return SF_ECLOSED.code }
+    return open.close() ? SF_OK.code : SF_ECLOSED.code
+}
+
+/// Calls `body` with the C form of `event`; its strings live for the call only.
+func withCEvent(_ event: SessionEvent, _ body: (UnsafePointer<sf_event>) -> Void) {
+    var c = sf_event()
+    c.size = MemoryLayout<sf_event>.size
+    c.retry_in_ms = -1
+    c.expires_in_ms = -1
+    var memberID: String?
+    var reason: String?
+    switch event {
+    case .initialSession(let state):
+        c.kind = SF_EVENT_INITIAL_SESSION
+        c.state = state.c
+    case .signedIn(let member):
+        c.kind = SF_EVENT_SIGNED_IN
+        memberID = member
+    case .signedOut(let why):
+        c.kind = SF_EVENT_SIGNED_OUT
+        reason = why.rawValue
+    case .tokenRefreshed(let expiresIn, let why):
+        c.kind = SF_EVENT_TOKEN_REFRESHED
+        c.expires_in_ms = milliseconds(expiresIn)
+        reason = why.rawValue
+    case .refreshFailed(let attempt, let retryIn, let error):
+        c.kind = SF_EVENT_REFRESH_FAILED
+        c.attempt = Int32(clamping: attempt)
+        c.retry_in_ms = retryIn.map(milliseconds) ?? -1
+        c.code = code(of: error)
+        reason = error.description
+    case .sessionExpired(let why):
+        c.kind = SF_EVENT_SESSION_EXPIRED
+        reason = why
+    case .validated:
+        c.kind = SF_EVENT_VALIDATED
+    case .storeError(let error):
+        c.kind = SF_EVENT_STORE_ERROR
+        c.code = SF_ESTORE.code
+        reason = error.message
+    }
+    withOptionalCString(memberID) { memberPointer in
+        withOptionalCString(reason) { reasonPointer in
+            c.member_id = memberPointer
+            c.reason = reasonPointer
+            withUnsafePointer(to: c) { body($0) }
+        }
+    }
+}
+
+func withOptionalCString<T>(_ text: String?, _ body: (UnsafePointer<CChar>?) -> T) -> T {
+    guard let text else { return body(nil) }
+    return text.withCString { body($0) }
+}
+
+func milliseconds(_ duration: Duration) -> Int64 {
+    let (seconds, attoseconds) = duration.components
+    return seconds * 1000 + attoseconds / 1_000_000_000_000_000
+}
+
+func code(of error: AuthorityError) -> Int32 {
+    switch error.kind {
+    case .terminal: SF_EAUTH.code
+    case .transient: SF_ENETWORK.code
+    case .configuration: SF_ECONFIG.code
+    }
+}

@@ -1,0 +1,96 @@
+import CSessionFlow
+import LoopFlow
+import SessionCore
+
+/// An open refresh the host is performing.
+final class RefreshRequest: Sendable {
+    let completion: AuthorityCompletion<TokenGrant>
+    let authority: ObjectIdentifier
+
+    init(completion: AuthorityCompletion<TokenGrant>, authority: ObjectIdentifier) {
+        self.completion = completion
+        self.authority = authority
+    }
+}
+
+let refreshRequests = HandleTable<RefreshRequest>()
+
+/// The host-supplied refresher of `sf_options.refresh`, as a `SessionAuthority`.
+final class HostAuthority: SessionAuthority {
+    let refresh: sf_refresh_fn?
+    let userdata: UserData
+
+    init(refresh: sf_refresh_fn?, userdata: UserData) {
+        self.refresh = refresh
+        self.userdata = userdata
+    }
+
+    func refresh(_ request: SessionCore.RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+        guard let refresh else {
+            completion.fail(.configuration("no_refresher", "no refresh callback was configured (sf_options.refresh)"))
+            return
+        }
+        let id = refreshRequests.insert(RefreshRequest(completion: completion, authority: ObjectIdentifier(self)))
+        request.refreshToken.reveal().withCString { token in
+            refresh(pointer(for: id), token, userdata.pointer)
+        }
+    }
+
+    /// At destroy: the host's late answers find nothing (SF_ECLOSED).
+    func abandonOpenRequests() {
+        let me = ObjectIdentifier(self)
+        _ = refreshRequests.removeAll { $0.authority == me }
+    }
+}
+
+/// Reads `tokens` (up to the size the host declared); nil if unusable.
+func readTokens(_ tokens: UnsafePointer<sf_tokens>?) -> sf_tokens? {
+    guard let tokens else { return nil }
+    let declared = tokens.pointee.size
+    guard declared >= MemoryLayout<sf_tokens>.offset(of: \.member_id)! else { return nil }
+    var result = sf_tokens()
+    let count = min(declared, MemoryLayout<sf_tokens>.size)
+    withUnsafeMutableBytes(of: &result) { target in
+        target.copyMemory(from: UnsafeRawBufferPointer(start: tokens, count: count))
+    }
+    guard let access = result.access_token, !Secret(String(cString: access)).isBlank else { return nil }
+    return result
+}
+
+func string(_ text: UnsafePointer<CChar>?) -> String? {
+    text.map { String(cString: $0) }
+}
+
+@c @implementation
+public func sf_refresh_request_succeed(_ request: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
+    guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
+    guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
+    guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
+    open.completion.succeed(TokenGrant(
+        accessToken: Secret(String(cString: tokens.access_token)),
+        refreshToken: string(tokens.refresh_token).map(Secret.init),
+        expiresIn: .seconds(tokens.expires_in),
+        memberID: string(tokens.member_id)))
+    return SF_OK.code
+}
+
+@c @implementation
+public func sf_refresh_request_fail(_ request: OpaquePointer!, _ code: Int32, _ retryAfterMilliseconds: Int64) -> Int32 {
+    guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
+    let error: AuthorityError
+    switch code {
+    case SF_EAUTH.code:
+        error = .terminal("invalid_grant", "the host's refresher reported a terminal failure")
+    case SF_ENETWORK.code:
+        error = .transient(
+            "the host's refresher reported a transient failure",
+            retryAfter: retryAfterMilliseconds >= 0 ? .milliseconds(retryAfterMilliseconds) : nil)
+    case SF_ECONFIG.code:
+        error = .configuration("host_configuration", "the host's refresher reported a configuration error")
+    default:
+        return SF_EINVAL.code
+    }
+    guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
+    open.completion.fail(error)
+    return SF_OK.code
+}

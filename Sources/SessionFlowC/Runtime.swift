@@ -1,0 +1,183 @@
+import CLibUV
+import CSessionFlow
+import Logging
+import LoopFlow
+import SessionCore
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One loop and one session, as a C host sees them.
+final class Runtime: Sendable {
+    let loop: EventLoop
+    let session: SessionManager
+    let authority: HostAuthority
+    let borrowed: Bool
+    private let destroyed = Atomic<Bool>(false)
+
+    init(loop: EventLoop, session: SessionManager, authority: HostAuthority, borrowed: Bool) {
+        self.loop = loop
+        self.session = session
+        self.authority = authority
+        self.borrowed = borrowed
+    }
+
+    /// Marks the runtime destroyed; true for the one caller that got there first.
+    func claimDestruction() -> Bool {
+        !destroyed.exchange(true, ordering: .acquiringAndReleasing)
+    }
+
+    /// For calls that wait for an answer: a borrowed loop answers only on its own thread.
+    var synchronousCallsAllowed: Bool {
+        !borrowed || loop.inEventLoop
+    }
+}
+
+let runtimes = HandleTable<Runtime>()
+
+/// The runtime behind a C pointer, or nil (unknown or destroyed).
+func runtime(_ pointer: OpaquePointer?) -> Runtime? {
+    handle(of: pointer).flatMap(runtimes.lookup)
+}
+
+/// The library's logger for C hosts: warnings and above to standard error, more with
+/// SESSIONFLOW_LOG=debug (or trace, info, notice). Never a token (the session redacts).
+func makeLogger() -> Logger {
+    var logger = Logger(label: "sessionflow", factory: { StreamLogHandler.standardError(label: $0) })
+    if let level = getenv("SESSIONFLOW_LOG").flatMap({ Logger.Level(rawValue: String(cString: $0)) }) {
+        logger.logLevel = level
+    } else {
+        logger.logLevel = .warning
+    }
+    return logger
+}
+
+/// The options the host gave, read up to the size it declared (older hosts pass a
+/// shorter struct), over the defaults.
+func readOptions(_ options: UnsafePointer<sf_options>?) -> sf_options? {
+    var result = sf_options()
+    sf_options_init(&result)
+    guard let options else { return result }
+    let declared = options.pointee.size
+    guard declared >= MemoryLayout<Int>.size else { return nil }
+    let count = min(declared, MemoryLayout<sf_options>.size)
+    withUnsafeMutableBytes(of: &result) { target in
+        target.copyMemory(from: UnsafeRawBufferPointer(start: options, count: count))
+    }
+    result.size = MemoryLayout<sf_options>.size
+    return result
+}
+
+func configuration(from options: sf_options) -> SessionConfiguration? {
+    guard options.refresh_margin_ms >= 0, options.refresh_timeout_ms > 0,
+        options.min_backoff_ms > 0, options.max_backoff_ms >= options.min_backoff_ms
+    else { return nil }
+    var configuration = SessionConfiguration()
+    configuration.policy.margin = .milliseconds(options.refresh_margin_ms)
+    configuration.policy.timeout = .milliseconds(options.refresh_timeout_ms)
+    configuration.policy.initialBackoff = .milliseconds(options.min_backoff_ms)
+    configuration.policy.maximumBackoff = .milliseconds(options.max_backoff_ms)
+    configuration.logger = makeLogger()
+    return configuration
+}
+
+@c @implementation
+public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
+    guard let options else { return }
+    options.pointee = sf_options(
+        size: MemoryLayout<sf_options>.size,
+        refresh_margin_ms: 300_000,
+        refresh_timeout_ms: 30_000,
+        min_backoff_ms: 1_000,
+        max_backoff_ms: 30_000,
+        refresh: nil,
+        refresh_userdata: nil)
+}
+
+/// Makes the runtime on `loop` (already running or about to be) and publishes its handle.
+private func makeRuntime(
+    loop: EventLoop, options: sf_options, borrowed: Bool, out: UnsafeMutablePointer<OpaquePointer?>
+) -> Int32 {
+    guard let configuration = configuration(from: options) else { return SF_EINVAL.code }
+    let authority = HostAuthority(refresh: options.refresh, userdata: UserData(pointer: options.refresh_userdata))
+    let session: SessionManager
+    do {
+        session = try SessionManager(
+            loop: loop, authority: authority, store: MemoryCredentialStore(), configuration: configuration)
+    } catch {
+        return errorCode(error)
+    }
+    let runtime = Runtime(loop: loop, session: session, authority: authority, borrowed: borrowed)
+    out.pointee = pointer(for: runtimes.insert(runtime))
+    return SF_OK.code
+}
+
+@c @implementation
+public func sf_runtime_create(
+    _ options: UnsafePointer<sf_options>!, _ out: UnsafeMutablePointer<OpaquePointer?>!
+) -> Int32 {
+    guard let out, let options = readOptions(options), configuration(from: options) != nil else {
+        return SF_EINVAL.code
+    }
+    let loop: EventLoop
+    do {
+        loop = try EventLoop(name: "sessionflow", logger: makeLogger())
+    } catch {
+        return SF_EINVAL.code
+    }
+    let result = makeRuntime(loop: loop, options: options, borrowed: false, out: out)
+    if result != SF_OK.code {
+        _ = try? loop.shutdown()
+    }
+    return result
+}
+
+@c @implementation
+public func sf_runtime_create_on_loop(
+    _ uvLoop: UnsafeMutablePointer<uv_loop_s>!, _ options: UnsafePointer<sf_options>!,
+    _ out: UnsafeMutablePointer<OpaquePointer?>!
+) -> Int32 {
+    guard let uvLoop, let out, let options = readOptions(options), configuration(from: options) != nil else {
+        return SF_EINVAL.code
+    }
+    let loop: EventLoop
+    do {
+        loop = try EventLoop(borrowing: uvLoop, logger: makeLogger())
+    } catch {
+        return SF_EINVAL.code
+    }
+    let result = makeRuntime(loop: loop, options: options, borrowed: true, out: out)
+    if result != SF_OK.code {
+        _ = try? loop.shutdown()
+    }
+    return result
+}
+
+@c @implementation
+public func sf_runtime_destroy(_ runtime: OpaquePointer!) -> Int32 {
+    sf_runtime_destroy_report(runtime, nil)
+}
+
+@c @implementation
+public func sf_runtime_destroy_report(_ pointer: OpaquePointer!, _ unclosed: UnsafeMutablePointer<Int>!) -> Int32 {
+    guard let pointer else { return SF_OK.code }  // destroy(NULL) is a no-op
+    guard let id = handle(of: pointer), let target = runtimes.lookup(id) else { return SF_ECLOSED.code }
+    if target.borrowed {
+        guard target.loop.inEventLoop else { return SF_ETHREAD.code }
+    } else {
+        guard !target.loop.inEventLoop else { return SF_EBUSY.code }
+    }
+    guard target.claimDestruction(), runtimes.remove(id) != nil else { return SF_ECLOSED.code }
+    let report: EventLoop.ShutdownReport
+    do {
+        report = try target.loop.shutdown()
+    } catch {
+        return SF_ESHUTDOWN.code
+    }
+    // Requests the host has not answered can no longer be answered.
+    target.authority.abandonOpenRequests()
+    unclosed?.pointee = report.unclosedSubscriptions
+    return SF_OK.code
+}

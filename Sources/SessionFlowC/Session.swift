@@ -1,0 +1,106 @@
+import CSessionFlow
+import LoopFlow
+import SessionCore
+
+/// The C callback of one token request, carried to the loop thread.
+struct TokenCallback: @unchecked Sendable {
+    let function: sf_token_fn
+    let userdata: UnsafeMutableRawPointer?
+
+    func callAsFunction(_ result: Result<Secret, SessionError>) {
+        switch result {
+        case .success(let token):
+            token.reveal().withCString { function(SF_OK.code, $0, userdata) }
+        case .failure(let error):
+            function(errorCode(error), nil, userdata)
+        }
+    }
+}
+
+/// Looks up the runtime and checks a call that waits for the loop's answer.
+private func synchronous(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
+    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
+    guard runtime.synchronousCallsAllowed else { return SF_ETHREAD.code }
+    do {
+        try body(runtime)
+        return SF_OK.code
+    } catch {
+        return errorCode(error)
+    }
+}
+
+/// Looks up the runtime for a call that only posts work.
+private func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
+    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
+    do {
+        try body(runtime)
+        return SF_OK.code
+    } catch {
+        return errorCode(error)
+    }
+}
+
+@c @implementation
+public func sf_session_sign_in(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
+    guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
+    let sessionTokens = SessionTokens(
+        accessToken: Secret(String(cString: tokens.access_token)),
+        refreshToken: string(tokens.refresh_token).map(Secret.init),
+        expiresIn: .seconds(tokens.expires_in),
+        memberID: string(tokens.member_id))
+    return synchronous(pointer) { runtime throws(SessionError) in
+        try runtime.session.signInAndWait(sessionTokens)
+    }
+}
+
+@c @implementation
+public func sf_session_logout(_ pointer: OpaquePointer!) -> Int32 {
+    synchronous(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait() }
+}
+
+@c @implementation
+public func sf_session_reconfigure(_ pointer: OpaquePointer!) -> Int32 {
+    synchronous(pointer) { runtime throws(SessionError) in try runtime.session.reconfigureAndWait() }
+}
+
+@c @implementation
+public func sf_session_is_logged_in(_ pointer: OpaquePointer!) -> Int32 {
+    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
+    return runtime.session.isLoggedIn() ? 1 : 0
+}
+
+@c @implementation
+public func sf_session_member_id(_ pointer: OpaquePointer!, _ buffer: UnsafeMutablePointer<CChar>!, _ length: Int) -> Int32 {
+    guard let buffer else { return SF_EINVAL.code }
+    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
+    let member = Array((runtime.session.memberID ?? "").utf8)
+    guard length > member.count else { return SF_ERANGE.code }
+    for (index, byte) in member.enumerated() {
+        buffer[index] = CChar(bitPattern: byte)
+    }
+    buffer[member.count] = 0
+    return SF_OK.code
+}
+
+@c @implementation
+public func sf_session_fresh_token(_ pointer: OpaquePointer!, _ callback: sf_token_fn!, _ userdata: UnsafeMutableRawPointer!) -> Int32 {
+    guard let callback else { return SF_EINVAL.code }
+    let answer = TokenCallback(function: callback, userdata: userdata)
+    return posting(pointer) { runtime throws(SessionError) in
+        try runtime.session.freshAccessToken { answer($0) }
+    }
+}
+
+@c @implementation
+public func sf_session_notify_unauthorized(_ pointer: OpaquePointer!, _ accessToken: UnsafePointer<CChar>!) -> Int32 {
+    guard let accessToken else { return SF_EINVAL.code }
+    let token = Secret(String(cString: accessToken))
+    return posting(pointer) { runtime throws(SessionError) in
+        try runtime.session.handleUnauthorized(token: token) { _ in }
+    }
+}
+
+@c @implementation
+public func sf_session_resume(_ pointer: OpaquePointer!) -> Int32 {
+    posting(pointer) { runtime throws(SessionError) in try runtime.session.resume() }
+}
