@@ -199,6 +199,7 @@ void test_destroy_completes_and_releases_open_subscriptions(void) {
 typedef struct event_log {
     atomic_int count;
     int kinds[32];
+    int states[32];
     char members[32][32];
     char reasons[32][64];
     atomic_int releases;
@@ -209,6 +210,7 @@ static void log_event(const sf_event *event, void *userdata) {
     int index = atomic_load(&log->count);
     if (index >= 32) return;
     log->kinds[index] = (int)event->kind;
+    log->states[index] = (int)event->state;
     snprintf(log->members[index], sizeof log->members[index], "%s", event->member_id ? event->member_id : "");
     snprintf(log->reasons[index], sizeof log->reasons[index], "%s", event->reason ? event->reason : "");
     atomic_store(&log->count, index + 1);
@@ -232,12 +234,14 @@ void test_events_carry_kind_member_and_reason(void) {
     sf_tokens tokens = test_tokens("a-1", "r-1", 3600, "member-7");
     CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
     CHECK_CODE(sf_session_logout(runtime), SF_OK);
-    WAIT_FOR(atomic_load(&log->count) >= 2);
-    CHECK_EQ_INT(atomic_load(&log->count), 2);
-    CHECK_EQ_INT(log->kinds[0], SF_EVENT_SIGNED_IN);
-    CHECK(strcmp(log->members[0], "member-7") == 0);
-    CHECK_EQ_INT(log->kinds[1], SF_EVENT_SIGNED_OUT);
-    CHECK(strcmp(log->reasons[1], "userRequested") == 0);
+    WAIT_FOR(atomic_load(&log->count) >= 3);
+    CHECK_EQ_INT(atomic_load(&log->count), 3);
+    CHECK_EQ_INT(log->kinds[0], SF_EVENT_INITIAL_SESSION); /* subscribed right after creating */
+    CHECK_EQ_INT(log->states[0], SF_LOGGED_OUT);
+    CHECK_EQ_INT(log->kinds[1], SF_EVENT_SIGNED_IN);
+    CHECK(strcmp(log->members[1], "member-7") == 0);
+    CHECK_EQ_INT(log->kinds[2], SF_EVENT_SIGNED_OUT);
+    CHECK(strcmp(log->reasons[2], "userRequested") == 0);
     CHECK_CODE(sf_subscription_close(subscription), SF_OK);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
     CHECK_EQ_INT(atomic_load(&log->releases), 1);

@@ -28,6 +28,8 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
     // Loop-confined.
     private(set) var slots = SubscriberSlots<Subscription>()
     private var arrivalBatch: [Subscription] = []
+    /// How many subscriptions got a terminal callback from this flow, ever.
+    private var terminatedTotal = 0
 
     /// Live subscriptions (admitted, not yet closed or completed).
     private let live = Atomic<Int>(0)
@@ -160,6 +162,7 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
             if subscription.terminate(with: error) { terminated += 1 }
             subscription.release()
         }
+        terminatedTotal += terminated
         return terminated
     }
 
@@ -173,6 +176,7 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
     }
 
     func sweepForTeardown() -> Int {
+        let before = terminatedTotal
         lock.withLock { tornDown = true }
         // A last delivery: arrivals that rode on a delivery teardown refused get their
         // first value (or replay) and, if the flow finished, its own terminal callback.
@@ -187,7 +191,10 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
                 if subscription.isClosed { subscription.release() } else { slots.insert(subscription) }
             }
         }
-        return terminateAll(with: nil)
+        terminateAll(with: nil)
+        // Everyone completed here was still open: whether by the flow's own terminal (a
+        // layer finishing its flows at teardown) or by this sweep.
+        return terminatedTotal - before
     }
 
     func subscriptionEnded() {
