@@ -20,8 +20,14 @@ asan | tsan)
     flag=$([ "$mode" = asan ] && echo address || echo thread)
     swift build --product sessionflow --sanitize="$flag" --scratch-path ".build-$mode"
     libdir="$root/.build-$mode/debug"
-    cc="$(dirname "$(readlink -f "$(command -v swift)")")/clang"
+    toolchain="$(dirname "$(readlink -f "$(command -v swift)")")"
+    cc="$toolchain/clang"
     sanitize=(-fsanitize="$flag" -g -fno-omit-frame-pointer)
+    if [ "$mode" = tsan ]; then
+        # The toolchain's TSan runtime intercepts libdispatch: link it and its blocks runtime.
+        swiftlib="$toolchain/../lib/swift/linux"
+        sanitize+=(-L "$swiftlib" -ldispatch -lBlocksRuntime -Wl,-rpath,"$swiftlib")
+    fi
     ;;
 *)
     echo "usage: $0 [plain|asan|tsan]" >&2
@@ -57,3 +63,13 @@ asan) export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1" ;;
 tsan) export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ;;
 esac
 "$out/sessionflow-tests"
+
+if [ "$mode" = plain ]; then
+    echo "== C examples"
+    for example in owned_host borrowed_host; do
+        $cc -std=gnu11 -Wall -Wextra -Werror -I Bindings/include "Bindings/examples/$example.c" \
+            -o "$out/$example" -L "$libdir" -lsessionflow -luv -Wl,-rpath,"$libdir"
+        echo "-- $example"
+        "$out/$example"
+    done
+fi

@@ -1,16 +1,51 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: the Swift tests, then the same tests under ThreadSanitizer.
+# Runs the whole test suite, installing what it needs first:
+#   1. the Swift tests (swift test)
+#   2. the C suite against libsessionflow.so (gcc -Werror), and both C example hosts
+#   3. the Python (ctypes) host's pytest suite
+#   4. the installed, self-contained library used through pkg-config
+#   5. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
+#      ThreadSanitizer (each sanitizer with its own scratch path)
 # Usage: bash scripts/test.sh
 source "$(dirname "$0")/setup.sh"
+
+# The C and Python hosts' tools.
+command -v gcc >/dev/null 2>&1 || apt_install gcc
+command -v g++ >/dev/null 2>&1 || apt_install g++
+python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet pytest
 
 echo "== swift test"
 swift build --build-tests
 swift test --skip-build
 
+echo "== C suite and examples"
+bash Bindings/run-tests.sh plain
+
+echo "== Python host (ctypes)"
+SESSIONFLOW_LIB="$PWD/.build/debug/libsessionflow.so" python3 -m pytest -q Bindings/python/tests
+
+echo "== installed library through pkg-config"
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+bash Bindings/install.sh "$prefix"
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+if ldd "$prefix/lib/libsessionflow.so" | grep -q libswift; then
+    echo "the installed library depends on the Swift runtime: not self-contained" >&2
+    exit 1
+fi
+cc Bindings/examples/owned_host.c $(pkg-config --cflags --libs sessionflow) -o "$prefix/owned_host"
+cc -std=gnu11 Bindings/examples/borrowed_host.c $(pkg-config --cflags --libs sessionflow libuv) -o "$prefix/borrowed_host"
+"$prefix/owned_host" >/dev/null && "$prefix/borrowed_host" >/dev/null
+echo "pkg-config hosts: 2 passed, 0 failed"
+
 echo "== swift test under ThreadSanitizer"
-# Its own scratch path, so it does not overwrite the normal build.
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     swift test --skip-build --sanitize=thread --scratch-path .build-tsan
+
+echo "== C suite under AddressSanitizer"
+bash Bindings/run-tests.sh asan
+echo "== C suite under ThreadSanitizer"
+bash Bindings/run-tests.sh tsan
 
 echo "== all test passes finished"

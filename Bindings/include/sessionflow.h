@@ -180,6 +180,7 @@ typedef struct sf_options {
     int64_t max_backoff_ms;      /* cap of the doubling retry delay (default 30000) */
     sf_refresh_fn refresh;       /* the host's refresher; NULL: refreshes fail with SF_ECONFIG */
     void *refresh_userdata;      /* handed to `refresh`; owned by the host */
+    int64_t min_refresh_interval_ms; /* never refresh sooner than this after a refresh (default 10000) */
 } sf_options;
 
 /* ---- Options -------------------------------------------------------------------- */

@@ -72,13 +72,15 @@ func readOptions(_ options: UnsafePointer<sf_options>?) -> sf_options? {
 
 func configuration(from options: sf_options) -> SessionConfiguration? {
     guard options.refresh_margin_ms >= 0, options.refresh_timeout_ms > 0,
-        options.min_backoff_ms > 0, options.max_backoff_ms >= options.min_backoff_ms
+        options.min_backoff_ms > 0, options.max_backoff_ms >= options.min_backoff_ms,
+        options.min_refresh_interval_ms >= 0
     else { return nil }
     var configuration = SessionConfiguration()
     configuration.policy.margin = .milliseconds(options.refresh_margin_ms)
     configuration.policy.timeout = .milliseconds(options.refresh_timeout_ms)
     configuration.policy.initialBackoff = .milliseconds(options.min_backoff_ms)
     configuration.policy.maximumBackoff = .milliseconds(options.max_backoff_ms)
+    configuration.policy.minimumInterval = .milliseconds(options.min_refresh_interval_ms)
     configuration.logger = makeLogger()
     return configuration
 }
@@ -93,7 +95,8 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         min_backoff_ms: 1_000,
         max_backoff_ms: 30_000,
         refresh: nil,
-        refresh_userdata: nil)
+        refresh_userdata: nil,
+        min_refresh_interval_ms: 10_000)
 }
 
 /// Makes the runtime on `loop` (already running or about to be) and publishes its handle.

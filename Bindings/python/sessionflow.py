@@ -1,0 +1,373 @@
+"""SessionFlow for Python, through ctypes over libsessionflow.so.
+
+Callbacks run on the library's loop thread (a thread Python did not start); ctypes takes
+the GIL for them. Keep a reference to every callback object for as long as the library
+may call it: this module does that for you until the subscription's `release` runs.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import enum
+import os
+import threading
+from typing import Callable, Optional
+
+# ---- Loading -------------------------------------------------------------------------
+
+def _load() -> ctypes.CDLL:
+    path = os.environ.get("SESSIONFLOW_LIB") or ctypes.util.find_library("sessionflow")
+    if not path:
+        raise OSError("libsessionflow not found: set SESSIONFLOW_LIB to its path")
+    return ctypes.CDLL(path)
+
+_lib = _load()
+
+# ---- Types ---------------------------------------------------------------------------
+
+class State(enum.IntEnum):
+    LOGGED_OUT = 0
+    LOGGED_IN = 1
+    SESSION_EXPIRED = 2
+
+
+class EventKind(enum.IntEnum):
+    INITIAL_SESSION = 1
+    SIGNED_IN = 2
+    SIGNED_OUT = 3
+    TOKEN_REFRESHED = 4
+    REFRESH_FAILED = 5
+    SESSION_EXPIRED = 6
+    VALIDATED = 7
+    STORE_ERROR = 8
+
+
+SF_OK = 0
+
+_STATE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)
+_ERROR_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_VOID_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_TOKEN_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_REFRESH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+
+
+class _Observer(ctypes.Structure):
+    _fields_ = [
+        ("on_state", _STATE_FN),
+        ("on_error", _ERROR_FN),
+        ("on_complete", _VOID_FN),
+        ("release", _VOID_FN),
+        ("userdata", ctypes.c_void_p),
+    ]
+
+
+class _Event(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("kind", ctypes.c_int),
+        ("state", ctypes.c_int),
+        ("member_id", ctypes.c_char_p),
+        ("reason", ctypes.c_char_p),
+        ("code", ctypes.c_int),
+        ("attempt", ctypes.c_int),
+        ("retry_in_ms", ctypes.c_int64),
+        ("expires_in_ms", ctypes.c_int64),
+    ]
+
+
+_EVENT_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Event), ctypes.c_void_p)
+
+
+class _EventObserver(ctypes.Structure):
+    _fields_ = [
+        ("on_event", _EVENT_FN),
+        ("on_error", _ERROR_FN),
+        ("on_complete", _VOID_FN),
+        ("release", _VOID_FN),
+        ("userdata", ctypes.c_void_p),
+    ]
+
+
+class _Tokens(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("access_token", ctypes.c_char_p),
+        ("refresh_token", ctypes.c_char_p),
+        ("expires_in", ctypes.c_int64),
+        ("member_id", ctypes.c_char_p),
+    ]
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("refresh_margin_ms", ctypes.c_int64),
+        ("refresh_timeout_ms", ctypes.c_int64),
+        ("min_backoff_ms", ctypes.c_int64),
+        ("max_backoff_ms", ctypes.c_int64),
+        ("refresh", _REFRESH_FN),
+        ("refresh_userdata", ctypes.c_void_p),
+        ("min_refresh_interval_ms", ctypes.c_int64),
+    ]
+
+
+def _declare(name, restype, *argtypes):
+    function = getattr(_lib, name)
+    function.restype = restype
+    function.argtypes = list(argtypes)
+    return function
+
+
+_strerror = _declare("sf_strerror", ctypes.c_char_p, ctypes.c_int)
+_err_name = _declare("sf_err_name", ctypes.c_char_p, ctypes.c_int)
+_version_string = _declare("sf_version_string", ctypes.c_char_p)
+_options_init = _declare("sf_options_init", None, ctypes.POINTER(_Options))
+_create = _declare("sf_runtime_create", ctypes.c_int, ctypes.POINTER(_Options), ctypes.POINTER(ctypes.c_void_p))
+_destroy_report = _declare("sf_runtime_destroy_report", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t))
+_state_get = _declare("sf_session_state_get", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_subscribe_state = _declare(
+    "sf_subscribe_session_state", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Observer), ctypes.POINTER(ctypes.c_uint64))
+_subscribe_events = _declare(
+    "sf_subscribe_events", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_EventObserver), ctypes.POINTER(ctypes.c_uint64))
+_close = _declare("sf_subscription_close", ctypes.c_int, ctypes.c_uint64)
+_sign_in = _declare("sf_session_sign_in", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
+_logout = _declare("sf_session_logout", ctypes.c_int, ctypes.c_void_p)
+_is_logged_in = _declare("sf_session_is_logged_in", ctypes.c_int, ctypes.c_void_p)
+_member_id = _declare("sf_session_member_id", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+_fresh_token = _declare("sf_session_fresh_token", ctypes.c_int, ctypes.c_void_p, _TOKEN_FN, ctypes.c_void_p)
+_succeed = _declare("sf_refresh_request_succeed", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
+_fail = _declare("sf_refresh_request_fail", ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64)
+
+ERRORS = {
+    _err_name(code).decode(): code for code in range(-1, -64, -1) if _err_name(code).decode() != "SF_EUNKNOWN"
+}
+
+
+class SessionFlowError(Exception):
+    """A negative SF_E* code, with its name and text."""
+
+    def __init__(self, code: int, call: str):
+        self.code = code
+        self.name = _err_name(code).decode()
+        super().__init__(f"{call}: {self.name}: {_strerror(code).decode()}")
+
+
+def _check(code: int, call: str) -> int:
+    if code < 0:
+        raise SessionFlowError(code, call)
+    return code
+
+
+def version() -> str:
+    return _version_string().decode()
+
+
+def _tokens(access: str, refresh: Optional[str], expires_in: int, member: Optional[str]) -> _Tokens:
+    return _Tokens(
+        ctypes.sizeof(_Tokens), access.encode(), refresh.encode() if refresh else None, expires_in,
+        member.encode() if member else None)
+
+
+# ---- Subscriptions -------------------------------------------------------------------
+
+# Callback objects kept alive until their subscription's `release` runs.
+_alive: dict[int, object] = {}
+_alive_lock = threading.Lock()
+_next_key = 1
+
+
+def _keep(thing) -> int:
+    global _next_key
+    with _alive_lock:
+        key = _next_key
+        _next_key += 1
+        _alive[key] = thing
+        return key
+
+
+def _drop(key: int) -> None:
+    with _alive_lock:
+        _alive.pop(key, None)
+
+
+class Subscription:
+    """A subscription handle; `close()` from any thread, any number of times."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def close(self) -> bool:
+        """True the first time; False when already closed or completed."""
+        return _close(self.handle) == SF_OK
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Event:
+    def __init__(self, raw: _Event):
+        self.kind = EventKind(raw.kind)
+        self.state = State(raw.state)
+        self.member_id = raw.member_id.decode() if raw.member_id else None
+        self.reason = raw.reason.decode() if raw.reason else None
+        self.code = raw.code
+        self.attempt = raw.attempt
+        self.retry_in_ms = raw.retry_in_ms
+        self.expires_in_ms = raw.expires_in_ms
+
+    def __repr__(self):
+        return f"Event({self.kind.name}, member={self.member_id}, reason={self.reason})"
+
+
+# ---- Runtime -------------------------------------------------------------------------
+
+class RefreshRequest:
+    """A refresh the host performs; complete it once, from any thread."""
+
+    def __init__(self, pointer: int):
+        self._pointer = pointer
+
+    def succeed(self, access: str, refresh: Optional[str], expires_in: int, member: Optional[str] = None) -> int:
+        tokens = _tokens(access, refresh, expires_in, member)
+        return _succeed(self._pointer, ctypes.byref(tokens))
+
+    def fail(self, code: str, retry_after_ms: int = -1) -> int:
+        return _fail(self._pointer, ERRORS[code], retry_after_ms)
+
+
+class Runtime:
+    """A session on the library's own loop thread."""
+
+    def __init__(self, refresher: Optional[Callable[[RefreshRequest, str], None]] = None,
+                 min_refresh_interval_ms: Optional[int] = None):
+        options = _Options()
+        _options_init(ctypes.byref(options))
+        if min_refresh_interval_ms is not None:
+            options.min_refresh_interval_ms = min_refresh_interval_ms
+        self._refresh_fn = None
+        if refresher is not None:
+            def trampoline(request, refresh_token, _userdata):
+                refresher(RefreshRequest(request), refresh_token.decode())
+            self._refresh_fn = _REFRESH_FN(trampoline)
+            options.refresh = self._refresh_fn
+        self._pointer = ctypes.c_void_p()
+        _check(_create(ctypes.byref(options), ctypes.byref(self._pointer)), "sf_runtime_create")
+        self._token_callbacks: dict[int, object] = {}
+
+    # lifecycle
+    def destroy(self) -> int:
+        """Destroys the runtime; returns how many subscriptions were never closed."""
+        unclosed = ctypes.c_size_t()
+        _check(_destroy_report(self._pointer, ctypes.byref(unclosed)), "sf_runtime_destroy")
+        return unclosed.value
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.destroy()
+        except SessionFlowError:
+            pass
+
+    # observing
+    @property
+    def state(self) -> State:
+        out = ctypes.c_int()
+        _check(_state_get(self._pointer, ctypes.byref(out)), "sf_session_state_get")
+        return State(out.value)
+
+    def subscribe_state(self, on_state: Callable[[State], None],
+                        on_complete: Optional[Callable[[], None]] = None,
+                        on_release: Optional[Callable[[], None]] = None) -> Subscription:
+        key = None
+
+        def state_cb(state, _):
+            on_state(State(state))
+
+        def error_cb(code, message, _):
+            pass
+
+        def complete_cb(_):
+            if on_complete:
+                on_complete()
+
+        def release_cb(_):
+            if on_release:
+                on_release()
+            _drop(key)
+
+        callbacks = (_STATE_FN(state_cb), _ERROR_FN(error_cb), _VOID_FN(complete_cb), _VOID_FN(release_cb))
+        key = _keep(callbacks)
+        observer = _Observer(*callbacks, None)
+        handle = ctypes.c_uint64()
+        code = _subscribe_state(self._pointer, ctypes.byref(observer), ctypes.byref(handle))
+        if code < 0:
+            _drop(key)  # a failed subscribe takes no ownership: nothing will be called
+            raise SessionFlowError(code, "sf_subscribe_session_state")
+        return Subscription(handle.value)
+
+    def subscribe_events(self, on_event: Callable[[Event], None],
+                         on_release: Optional[Callable[[], None]] = None) -> Subscription:
+        key = None
+
+        def event_cb(raw, _):
+            on_event(Event(raw.contents))
+
+        def error_cb(code, message, _):
+            pass
+
+        def complete_cb(_):
+            pass
+
+        def release_cb(_):
+            if on_release:
+                on_release()
+            _drop(key)
+
+        callbacks = (_EVENT_FN(event_cb), _ERROR_FN(error_cb), _VOID_FN(complete_cb), _VOID_FN(release_cb))
+        key = _keep(callbacks)
+        observer = _EventObserver(*callbacks, None)
+        handle = ctypes.c_uint64()
+        code = _subscribe_events(self._pointer, ctypes.byref(observer), ctypes.byref(handle))
+        if code < 0:
+            _drop(key)
+            raise SessionFlowError(code, "sf_subscribe_events")
+        return Subscription(handle.value)
+
+    # session
+    def sign_in(self, access: str, refresh: Optional[str], expires_in: int, member: Optional[str] = None) -> None:
+        tokens = _tokens(access, refresh, expires_in, member)
+        _check(_sign_in(self._pointer, ctypes.byref(tokens)), "sf_session_sign_in")
+
+    def logout(self) -> None:
+        _check(_logout(self._pointer), "sf_session_logout")
+
+    def is_logged_in(self) -> bool:
+        return _check(_is_logged_in(self._pointer), "sf_session_is_logged_in") == 1
+
+    def member_id(self) -> str:
+        buffer = ctypes.create_string_buffer(256)
+        _check(_member_id(self._pointer, buffer, len(buffer)), "sf_session_member_id")
+        return buffer.value.decode()
+
+    def fresh_token(self, timeout: float = 10.0) -> str:
+        """Waits for a usable access token (refreshed first if due)."""
+        done = threading.Event()
+        answer: dict = {}
+
+        def token_cb(result, token, _):
+            answer["result"] = result
+            answer["token"] = token.decode() if token else None
+            done.set()
+
+        callback = _TOKEN_FN(token_cb)
+        _check(_fresh_token(self._pointer, callback, None), "sf_session_fresh_token")
+        if not done.wait(timeout):
+            _keep(callback)  # the library may still call it: never free it
+            raise TimeoutError("no token answer")
+        _check(answer["result"], "sf_session_fresh_token (callback)")
+        return answer["token"]

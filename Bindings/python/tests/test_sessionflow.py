@@ -1,0 +1,129 @@
+"""The C API from Python through ctypes: a second, non-Swift host."""
+import threading
+import time
+
+import pytest
+
+import sessionflow as sf
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.001)
+    return condition()
+
+
+@pytest.fixture
+def runtime():
+    rt = sf.Runtime()
+    yield rt
+    try:
+        rt.destroy()
+    except sf.SessionFlowError:
+        pass
+
+
+def test_version_is_reported():
+    assert sf.version().count(".") == 2
+
+
+def test_a_subscriber_gets_the_current_state_first_then_changes_on_another_thread(runtime):
+    states, threads, released = [], set(), threading.Event()
+    subscription = runtime.subscribe_state(
+        lambda s: (states.append(s), threads.add(threading.get_ident())), on_release=released.set)
+    assert wait_for(lambda: states == [sf.State.LOGGED_OUT])
+    runtime.sign_in("access-1", "refresh-1", 3600, "member-9")
+    assert wait_for(lambda: states[-1] == sf.State.LOGGED_IN)
+    assert runtime.state == sf.State.LOGGED_IN
+    assert threading.get_ident() not in threads and len(threads) == 1
+    assert subscription.close() is True
+    assert subscription.close() is False
+    assert released.wait(5)
+    runtime.logout()
+    time.sleep(0.05)
+    assert states == [sf.State.LOGGED_OUT, sf.State.LOGGED_IN]  # nothing after close
+
+
+def test_events_carry_the_member_and_the_reason(runtime):
+    events = []
+    with runtime.subscribe_events(events.append):
+        runtime.sign_in("access-1", "refresh-1", 3600, "member-3")
+        runtime.logout()
+        assert wait_for(lambda: any(e.kind == sf.EventKind.SIGNED_OUT for e in events))
+    kinds = [e.kind for e in events if e.kind != sf.EventKind.INITIAL_SESSION]
+    assert kinds == [sf.EventKind.SIGNED_IN, sf.EventKind.SIGNED_OUT]
+    signed_in = next(e for e in events if e.kind == sf.EventKind.SIGNED_IN)
+    assert signed_in.member_id == "member-3"
+
+
+def test_local_checks_and_member_id(runtime):
+    assert runtime.is_logged_in() is False
+    runtime.sign_in("access-1", "refresh-1", 3600, "member-1")
+    assert runtime.is_logged_in() is True
+    assert runtime.member_id() == "member-1"
+    runtime.logout()
+    assert runtime.member_id() == ""
+
+
+def test_illegal_transitions_raise_estate(runtime):
+    with pytest.raises(sf.SessionFlowError) as error:
+        runtime.logout()
+    assert error.value.name == "SF_ESTATE"
+    runtime.sign_in("access-1", "refresh-1", 3600)
+    with pytest.raises(sf.SessionFlowError) as error:
+        runtime.sign_in("access-2", "refresh-2", 3600)
+    assert error.value.name == "SF_ESTATE"
+
+
+def test_a_python_refresher_serves_one_refresh_for_many_callers():
+    requests = []
+
+    def refresher(request, refresh_token):
+        requests.append(refresh_token)
+        # answered from another thread, later
+        threading.Timer(0.05, lambda: request.succeed("access-2", "refresh-2", 3600)).start()
+
+    rt = sf.Runtime(refresher=refresher)
+    try:
+        rt.sign_in("access-1", "refresh-1", 0)  # due at once
+        tokens = []
+        threads = [threading.Thread(target=lambda: tokens.append(rt.fresh_token())) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert tokens == ["access-2"] * 8
+        assert requests == ["refresh-1"]
+    finally:
+        rt.destroy()
+
+
+def test_a_terminal_refusal_expires_the_session():
+    def refresher(request, refresh_token):
+        assert request.fail("SF_EAUTH") == 0
+        assert request.fail("SF_EAUTH") == sf.ERRORS["SF_ECLOSED"]  # completed twice
+
+    rt = sf.Runtime(refresher=refresher)
+    try:
+        rt.sign_in("access-1", "refresh-1", 0, "m")
+        with pytest.raises(sf.SessionFlowError) as error:
+            rt.fresh_token()
+        assert error.value.name == "SF_EAUTH"
+        assert wait_for(lambda: rt.state == sf.State.SESSION_EXPIRED)
+        assert rt.member_id() == "m"
+    finally:
+        rt.destroy()
+
+
+def test_destroy_completes_and_reports_subscriptions_never_closed():
+    rt = sf.Runtime()
+    completed, released = threading.Event(), threading.Event()
+    rt.subscribe_state(lambda s: None, on_complete=completed.set, on_release=released.set)
+    assert rt.destroy() == 1
+    assert completed.is_set() and released.is_set()
+    with pytest.raises(sf.SessionFlowError) as error:
+        rt.destroy()
+    assert error.value.name == "SF_ECLOSED"
