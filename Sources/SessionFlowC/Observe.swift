@@ -25,6 +25,30 @@ struct EventCallbacks: @unchecked Sendable {
     let observer: sf_event_observer
 }
 
+/// The terminal and release callbacks every observer has, as the closures a flow takes.
+struct TerminalCallbacks: @unchecked Sendable {
+    let onError: (@convention(c) (Int32, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void)?
+    let onComplete: (@convention(c) (UnsafeMutableRawPointer?) -> Void)?
+    let release: (@convention(c) (UnsafeMutableRawPointer?) -> Void)?
+    let userdata: UnsafeMutableRawPointer?
+
+    var errorClosure: @Sendable (any Error) -> Void {
+        { error in
+            let code = (error as? SessionError).map(errorCode) ?? SF_EINVAL.code
+            "\(error)".withCString { onError?(code, $0, userdata) }
+        }
+    }
+
+    var completeClosure: @Sendable () -> Void {
+        { onComplete?(userdata) }
+    }
+
+    /// Runs `removeHandle` first, then the host's release.
+    func releaseClosure(_ removeHandle: @escaping @Sendable () -> Void) -> @Sendable () -> Void {
+        { removeHandle(); release?(userdata) }
+    }
+}
+
 @c @implementation
 public func sf_session_state_get(_ pointer: OpaquePointer!, _ out: UnsafeMutablePointer<sf_session_state>!) -> Int32 {
     guard let out else { return SF_EINVAL.code }
@@ -70,22 +94,17 @@ public func sf_subscribe_session_state(
     guard let observer, let out else { return SF_EINVAL.code }
     guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
     let callbacks = StateCallbacks(observer: observer.pointee)
+    let terminal = TerminalCallbacks(
+        onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
+        release: observer.pointee.release, userdata: observer.pointee.userdata)
     return register(out) { onRelease throws(LoopFlowError) in
         try runtime.session.state.subscribe(
             onState: { state in
                 callbacks.observer.on_state?(state.c, callbacks.observer.userdata)
             },
-            onError: { error in
-                let message = "\(error)"
-                message.withCString { callbacks.observer.on_error?(SF_EINVAL.code, $0, callbacks.observer.userdata) }
-            },
-            onComplete: {
-                callbacks.observer.on_complete?(callbacks.observer.userdata)
-            },
-            onRelease: {
-                onRelease()
-                callbacks.observer.release?(callbacks.observer.userdata)
-            })
+            onError: terminal.errorClosure,
+            onComplete: terminal.completeClosure,
+            onRelease: terminal.releaseClosure(onRelease))
     }
 }
 
@@ -97,23 +116,18 @@ public func sf_subscribe_events(
     guard let observer, let out else { return SF_EINVAL.code }
     guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
     let callbacks = EventCallbacks(observer: observer.pointee)
+    let terminal = TerminalCallbacks(
+        onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
+        release: observer.pointee.release, userdata: observer.pointee.userdata)
     return register(out) { onRelease throws(LoopFlowError) in
         try runtime.session.events.subscribe(
             onEvent: { event in
                 guard let onEvent = callbacks.observer.on_event else { return }
                 withCEvent(event) { onEvent($0, callbacks.observer.userdata) }
             },
-            onError: { error in
-                let message = "\(error)"
-                message.withCString { callbacks.observer.on_error?(SF_EINVAL.code, $0, callbacks.observer.userdata) }
-            },
-            onComplete: {
-                callbacks.observer.on_complete?(callbacks.observer.userdata)
-            },
-            onRelease: {
-                onRelease()
-                callbacks.observer.release?(callbacks.observer.userdata)
-            })
+            onError: terminal.errorClosure,
+            onComplete: terminal.completeClosure,
+            onRelease: terminal.releaseClosure(onRelease))
     }
 }
 

@@ -117,20 +117,21 @@ private func makeRuntime(
     return SF_OK.code
 }
 
-@c @implementation
-public func sf_runtime_create(
-    _ options: UnsafePointer<sf_options>!, _ out: UnsafeMutablePointer<OpaquePointer?>!
+/// Reads the options, makes the loop, then the runtime; a failure leaves nothing behind.
+private func create(
+    _ options: UnsafePointer<sf_options>?, _ out: UnsafeMutablePointer<OpaquePointer?>?, borrowed: Bool,
+    makeLoop: () throws(LoopFlowError) -> EventLoop
 ) -> Int32 {
     guard let out, let options = readOptions(options), configuration(from: options) != nil else {
         return SF_EINVAL.code
     }
     let loop: EventLoop
     do {
-        loop = try EventLoop(name: "sessionflow", logger: makeLogger())
+        loop = try makeLoop()
     } catch {
         return SF_EINVAL.code
     }
-    let result = makeRuntime(loop: loop, options: options, borrowed: false, out: out)
+    let result = makeRuntime(loop: loop, options: options, borrowed: borrowed, out: out)
     if result != SF_OK.code {
         _ = try? loop.shutdown()
     }
@@ -138,24 +139,23 @@ public func sf_runtime_create(
 }
 
 @c @implementation
+public func sf_runtime_create(
+    _ options: UnsafePointer<sf_options>!, _ out: UnsafeMutablePointer<OpaquePointer?>!
+) -> Int32 {
+    create(options, out, borrowed: false) { () throws(LoopFlowError) in
+        try EventLoop(name: "sessionflow", logger: makeLogger())
+    }
+}
+
+@c @implementation
 public func sf_runtime_create_on_loop(
     _ uvLoop: UnsafeMutablePointer<uv_loop_s>!, _ options: UnsafePointer<sf_options>!,
     _ out: UnsafeMutablePointer<OpaquePointer?>!
 ) -> Int32 {
-    guard let uvLoop, let out, let options = readOptions(options), configuration(from: options) != nil else {
-        return SF_EINVAL.code
+    guard let uvLoop else { return SF_EINVAL.code }
+    return create(options, out, borrowed: true) { () throws(LoopFlowError) in
+        try EventLoop(borrowing: uvLoop, logger: makeLogger())
     }
-    let loop: EventLoop
-    do {
-        loop = try EventLoop(borrowing: uvLoop, logger: makeLogger())
-    } catch {
-        return SF_EINVAL.code
-    }
-    let result = makeRuntime(loop: loop, options: options, borrowed: true, out: out)
-    if result != SF_OK.code {
-        _ = try? loop.shutdown()
-    }
-    return result
 }
 
 @c @implementation
