@@ -6,6 +6,7 @@ let package = Package(
     products: [
         .library(name: "LoopFlow", targets: ["LoopFlow"]),
         .library(name: "SessionCore", targets: ["SessionCore"]),
+        .library(name: "SessionFileStore", targets: ["SessionFileStore"]),
         // libsessionflow.so: the C API of Bindings/include/sessionflow.h.
         .library(name: "sessionflow", type: .dynamic, targets: ["SessionFlowC"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
@@ -14,6 +15,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
     ],
     targets: [
         // libuv from the system (Debian: libuv1-dev), found through pkg-config.
@@ -37,6 +39,15 @@ let package = Package(
             dependencies: [
                 "LoopFlow",
                 .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The encrypted, atomic, account-keyed file store.
+        .target(
+            name: "SessionFileStore",
+            dependencies: [
+                "SessionCore",
+                "LoopFlow",
+                .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
         // The C header, seen from Swift.
@@ -68,6 +79,10 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ]
+        ),
+        .testTarget(
+            name: "SessionFileStoreTests",
+            dependencies: ["SessionFileStore", "SessionCore", "LoopFlow"]
         ),
         .testTarget(
             name: "SessionCoreTests",

@@ -126,7 +126,7 @@ final class SessionEngine: @unchecked Sendable {
         switch read {
         case .unavailable:
             awaitingInitialRead = true
-        case .present, .absent:
+        case .present, .absent, .damaged:
             restore(from: read)
         }
         state.value = machine.state
@@ -170,11 +170,17 @@ final class SessionEngine: @unchecked Sendable {
 
     private func start(initialRead: StoreRead) {
         guard !closed else { return }
-        if case .unavailable(let error) = initialRead {
+        switch initialRead {
+        case .unavailable(let error):
             logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
             emit(.storeError(error))
             scheduleStoreRetry()
             return
+        case .damaged(let error):
+            logger.error("credential store was damaged; moved aside, starting logged out", metadata: ["error": "\(error.message)"])
+            emit(.storeError(error))
+        case .present, .absent:
+            break
         }
         emit(.initialSession(machine.state))
         resumeRestoredSession()
@@ -627,6 +633,9 @@ final class SessionEngine: @unchecked Sendable {
                 return
             }
             awaitingInitialRead = false
+            if case .damaged(let error) = read {
+                emit(.storeError(error))
+            }
             if machine.state == .loggedOut, generation == 0 {
                 // Nothing happened meanwhile: the stored session is the starting point.
                 restore(from: read)

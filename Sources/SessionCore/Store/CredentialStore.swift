@@ -36,11 +36,15 @@ public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
     public var description: String { "store error: \(message)" }
 }
 
-/// The three answers to a read. "Unavailable" never logs anyone out.
+/// The answers to a read. "Unavailable" never logs anyone out.
 public enum StoreRead: Sendable, Equatable {
     case present(StoredSession)
     case absent
+    /// Out of reach for now (permissions, I/O, a locked keyring): try again later.
     case unavailable(StoreError)
+    /// What was stored was damaged or tampered with: it was moved aside (never deleted)
+    /// and reads as absent. The session reports it as `storeError`.
+    case damaged(StoreError)
 }
 
 /// Where the session is kept. Called on the session's loop thread; keep each call short

@@ -1,0 +1,275 @@
+import Crypto
+import FoundationEssentials
+import LoopFlow
+import SessionCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The session on disk, encrypted and authenticated (AES-GCM), replaced atomically.
+///
+/// - Directory 0700, files 0600. A write goes to a new temporary file in the same
+///   directory, is fsync'd, renamed over the old file, and the directory fsync'd: a crash
+///   at any moment leaves the old session or the new one, never a mix.
+/// - Encrypted with a 256-bit key: the host's, or a key file created (0600) beside the
+///   store on first use. The file's header is authenticated too.
+/// - Account-keyed: each account (member id) has its own entry; an active-account pointer
+///   says whose session is current. `write` stores under the session's member id and
+///   makes it active; `clear` removes the active entry.
+/// - A read answers present, absent, unavailable (permissions, I/O: try later) or damaged
+///   (bad magic, failed authentication, unreadable content): a damaged file is moved aside
+///   as `<name>.damaged-<time>` — never deleted — and reads as absent.
+///
+/// Calls are serialised by a lock; across processes, see `SessionFileLock`.
+public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
+    /// Where the encryption key comes from.
+    public enum Key: Sendable {
+        /// A key file beside the store, created 0600 with a random key on first use.
+        case keyFile
+        /// A 256-bit key the host keeps (in a keyring, say).
+        case provided(SymmetricKey)
+    }
+
+    public let directory: String
+    public let path: String
+    public let keyPath: String
+    private let keySource: Key
+    private let lock = Lock()
+
+    private static let magic: [UInt8] = Array("SFSTORE".utf8) + [1]
+    private static let defaultAccount = "default"
+
+    /// - Parameters:
+    ///   - directory: created 0700 if missing.
+    ///   - name: the store file's name in it.
+    public init(directory: String, name: String = "session.sfstore", key: Key = .keyFile) {
+        self.directory = directory
+        self.path = directory + "/" + name
+        self.keyPath = directory + "/" + name + ".key"
+        self.keySource = key
+    }
+
+    // MARK: CredentialStore
+
+    public func read() -> StoreRead {
+        lock.withLock {
+            do throws(StoreFailure) {
+                guard let document = try load() else { return .absent }
+                guard let active = document.active, let record = document.accounts[active] else { return .absent }
+                return .present(record.session)
+            } catch {
+                return error.read
+            }
+        }
+    }
+
+    public func write(_ session: StoredSession) throws(StoreError) {
+        try lock.withLock { () throws(StoreError) in
+            do throws(StoreFailure) {
+                // Out of reach → fail (never overwrite other accounts blindly); damaged →
+                // already moved aside, start afresh.
+                var document = try loadForChange() ?? Document()
+                let account = session.memberID ?? Self.defaultAccount
+                document.accounts[account] = Record(session)
+                document.active = account
+                try save(document)
+            } catch {
+                throw error.storeError
+            }
+        }
+    }
+
+    public func clear() throws(StoreError) {
+        try lock.withLock { () throws(StoreError) in
+            do throws(StoreFailure) {
+                guard var document = try loadForChange() else { return }
+                if let active = document.active {
+                    document.accounts.removeValue(forKey: active)
+                }
+                document.active = nil
+                try save(document)
+            } catch {
+                throw error.storeError
+            }
+        }
+    }
+
+    /// The accounts that have an entry (for hosts that switch between accounts).
+    public func accounts() -> [String] {
+        lock.withLock { ((try? load())?.accounts.keys).map { Array($0).sorted() } ?? [] }
+    }
+
+    /// Makes `account`'s stored session the active one. False if it has no entry.
+    @discardableResult
+    public func activate(account: String) throws(StoreError) -> Bool {
+        try lock.withLock { () throws(StoreError) -> Bool in
+            do throws(StoreFailure) {
+                guard var document = try load(), document.accounts[account] != nil else { return false }
+                document.active = account
+                try save(document)
+                return true
+            } catch {
+                throw error.storeError
+            }
+        }
+    }
+
+    // MARK: Format
+
+    /// What the file holds, once decrypted.
+    struct Document: Codable {
+        var version = 1
+        var active: String?
+        var accounts: [String: Record] = [:]
+    }
+
+    struct Record: Codable {
+        var accessToken: String?
+        var refreshToken: String?
+        var expiresAtNanoseconds: Int64?
+        var memberID: String?
+        var externalUserID: String?
+        var expired: Bool
+
+        init(_ session: StoredSession) {
+            accessToken = session.accessToken?.reveal()
+            refreshToken = session.refreshToken?.reveal()
+            expiresAtNanoseconds = session.accessTokenExpiresAt.map { duration in
+                let (seconds, attoseconds) = duration.components
+                return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+            }
+            memberID = session.memberID
+            externalUserID = session.externalUserID
+            expired = session.expired
+        }
+
+        var session: StoredSession {
+            StoredSession(
+                accessToken: accessToken.map(Secret.init), refreshToken: refreshToken.map(Secret.init),
+                accessTokenExpiresAt: expiresAtNanoseconds.map { .nanoseconds($0) },
+                memberID: memberID, externalUserID: externalUserID, expired: expired)
+        }
+    }
+
+    /// Why a load or save failed, and how a read reports it.
+    enum StoreFailure: Error {
+        case unavailable(String)
+        case damaged(String)
+
+        var read: StoreRead {
+            switch self {
+            case .unavailable(let message): .unavailable(StoreError(message))
+            case .damaged(let message): .damaged(StoreError(message))
+            }
+        }
+
+        var storeError: StoreError {
+            switch self {
+            case .unavailable(let message), .damaged(let message): StoreError(message)
+            }
+        }
+    }
+
+    // MARK: Load and save (caller holds the lock)
+
+    /// The document, nil when there is no file. A damaged file is moved aside first.
+    private func load() throws(StoreFailure) -> Document? {
+        let bytes: [UInt8]
+        switch FileIO.readAll(path) {
+        case .missing: return nil
+        case .failed(let reason): throw .unavailable("cannot read \(path): \(reason)")
+        case .read(let content): bytes = content
+        }
+        let key = try encryptionKey(creating: false)
+        do {
+            guard bytes.count > Self.magic.count, Array(bytes.prefix(Self.magic.count)) == Self.magic else {
+                throw DecodeFailure("not a SessionFlow store (bad header)")
+            }
+            guard let key else { throw DecodeFailure("its key file is missing") }
+            let box = try AES.GCM.SealedBox(combined: bytes.dropFirst(Self.magic.count))
+            let plaintext = try AES.GCM.open(box, using: key, authenticating: Self.magic)
+            return try JSONDecoder().decode(Document.self, from: Data(plaintext))
+        } catch {
+            let aside = moveAside()
+            throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
+        }
+    }
+
+    /// Like `load`, but a damaged file counts as nothing to change.
+    private func loadForChange() throws(StoreFailure) -> Document? {
+        do {
+            return try load()
+        } catch .damaged {
+            return nil
+        }
+    }
+
+    private func save(_ document: Document) throws(StoreFailure) {
+        try FileIO.makeDirectory(directory)
+        guard let key = try encryptionKey(creating: true) else {
+            throw .unavailable("no encryption key")
+        }
+        let plaintext: Data
+        do {
+            plaintext = try JSONEncoder().encode(document)
+        } catch {
+            throw .unavailable("cannot encode the session: \(error)")
+        }
+        let sealed: [UInt8]
+        do {
+            let box = try AES.GCM.seal(plaintext, using: key, authenticating: Self.magic)
+            guard let combined = box.combined else { throw DecodeFailure("no combined form") }
+            sealed = Self.magic + Array(combined)
+        } catch {
+            throw .unavailable("cannot encrypt the session: \(describe(error))")
+        }
+        try FileIO.replaceAtomically(path, with: sealed, directory: directory)
+    }
+
+    private func encryptionKey(creating: Bool) throws(StoreFailure) -> SymmetricKey? {
+        if case .provided(let key) = keySource { return key }
+        switch FileIO.readAll(keyPath) {
+        case .read(let bytes):
+            guard bytes.count == 32 else {
+                throw .unavailable("the key file \(keyPath) is not a 256-bit key")
+            }
+            return SymmetricKey(data: bytes)
+        case .failed(let reason):
+            throw .unavailable("cannot read the key file \(keyPath): \(reason)")
+        case .missing:
+            guard creating else { return nil }
+            try FileIO.makeDirectory(directory)
+            let key = SymmetricKey(size: .bits256)
+            let bytes = key.withUnsafeBytes { Array($0) }
+            try FileIO.replaceAtomically(keyPath, with: bytes, directory: directory)
+            return key
+        }
+    }
+
+    /// Renames the store file aside; returns the new name.
+    private func moveAside() -> String {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let aside = "\(path).damaged-\(now.tv_sec)-\(now.tv_nsec)"
+        if rename(path, aside) != 0 {
+            return "(could not move it: \(String(cString: strerror(errno))))"
+        }
+        return aside
+    }
+}
+
+private struct DecodeFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Error text without any content of the file.
+private func describe(_ error: any Error) -> String {
+    switch error {
+    case let failure as DecodeFailure: failure.description
+    case is CryptoKitError: "authentication failed"
+    case is DecodingError: "unreadable content"
+    default: "\(type(of: error))"
+    }
+}

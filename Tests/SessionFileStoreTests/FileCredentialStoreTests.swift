@@ -1,0 +1,277 @@
+import Crypto
+import Foundation
+import LoopFlow
+import SessionCore
+import Testing
+
+@testable import SessionFileStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let sentinelAccess = "SENTINEL-FILE-ACCESS-91c3"
+let sentinelRefresh = "SENTINEL-FILE-REFRESH-5e0a"
+
+/// A fresh directory under /tmp, removed afterwards.
+final class TemporaryDirectory: Sendable {
+    let path: String
+
+    init() {
+        var template = Array("/tmp/sessionflow-store-XXXXXX".utf8CString)
+        path = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)) }
+    }
+
+    deinit {
+        _ = system("rm -rf '\(path)'")
+    }
+
+    var store: String { path + "/store" }
+
+    func files(in directory: String? = nil) -> [String] {
+        guard let dir = opendir(directory ?? store) else { return [] }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names.sorted()
+    }
+}
+
+func mode(_ path: String) -> mode_t {
+    var info = stat()
+    stat(path, &info)
+    return info.st_mode & 0o777
+}
+
+func contents(_ path: String) -> [UInt8] {
+    if case .read(let bytes) = FileIO.readAll(path) { return bytes }
+    return []
+}
+
+func overwrite(_ path: String, with bytes: [UInt8]) {
+    let fd = open(path, O_WRONLY | O_TRUNC)
+    _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+    close(fd)
+}
+
+func session(_ member: String, access: String = sentinelAccess, refresh: String = sentinelRefresh) -> StoredSession {
+    StoredSession(
+        accessToken: Secret(access), refreshToken: Secret(refresh), accessTokenExpiresAt: .seconds(1_900_000_000),
+        memberID: member, externalUserID: "ext-\(member)")
+}
+
+@Suite("FileCredentialStore")
+struct FileCredentialStoreTests {
+    @Test func aWrittenSessionReadsBackAndNothingReadsAsAbsent() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        #expect(store.read() == .absent)
+        try store.write(session("alice"))
+        #expect(store.read() == .present(session("alice")))
+        // a second instance (another process, a restart) reads the same
+        #expect(FileCredentialStore(directory: tmp.store).read() == .present(session("alice")))
+    }
+
+    @Test func theDirectoryIsPrivateAndTheFilesOwnerOnly() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice"))
+        #expect(mode(tmp.store) == 0o700)
+        #expect(mode(store.path) == 0o600)
+        #expect(mode(store.keyPath) == 0o600)
+        // an existing directory that is too open is tightened
+        chmod(tmp.store, 0o755)
+        try store.write(session("bob"))
+        #expect(mode(tmp.store) == 0o700)
+    }
+
+    @Test func theContentIsEncryptedNotPlaintext() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice"))
+        let bytes = contents(store.path)
+        let text = String(decoding: bytes, as: UTF8.self)
+        #expect(!bytes.isEmpty)
+        #expect(!text.contains(sentinelAccess))
+        #expect(!text.contains(sentinelRefresh))
+        #expect(!text.contains("alice"))
+    }
+
+    @Test func aWriteLeavesNoTemporaryFileAndReplacesWhole() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        for n in 0..<20 { try store.write(session("m\(n % 3)", access: "access-\(n)")) }
+        #expect(tmp.files() == ["session.sfstore", "session.sfstore.key"])
+        #expect(store.read() == .present(session("m1", access: "access-19")))
+    }
+
+    @Test func concurrentWritersFromManyStoresAlwaysLeaveADecodableSession() throws {
+        let tmp = TemporaryDirectory()
+        let done = LockedBox(0)
+        let readers = LockedBox<[StoreRead]>([])
+        _ = try FileCredentialStore(directory: tmp.store).write(session("seed"))
+        let threads = (0..<4).map { index in
+            Thread {
+                let store = FileCredentialStore(directory: tmp.store)  // separate instances: no shared lock
+                for n in 0..<25 {
+                    try? store.write(session("writer\(index)", access: "access-\(index)-\(n)"))
+                    readers.withLockedValue { $0.append(store.read()) }
+                }
+                done.withLockedValue { $0 += 1 }
+            }
+        }
+        for thread in threads { thread.start() }
+        while done.withLockedValue({ $0 }) < 4 { usleep(1000) }
+        let reads = readers.withLockedValue { $0 }
+        #expect(reads.count == 100)
+        #expect(reads.allSatisfy { if case .present = $0 { true } else { false } })
+    }
+
+    @Test(arguments: ["flip", "truncate", "garbage", "empty"])
+    func aDamagedFileIsMovedAsideReportedAndReadAsAbsent(damage: String) throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice"))
+        var bytes = contents(store.path)
+        switch damage {
+        case "flip": bytes[bytes.count / 2] ^= 0x40
+        case "truncate": bytes = Array(bytes.prefix(bytes.count - 7))
+        case "garbage": bytes = Array("{\"not\": \"a store\"}".utf8)
+        default: bytes = []
+        }
+        overwrite(store.path, with: bytes)
+        guard case .damaged(let error) = store.read() else {
+            Issue.record("expected .damaged")
+            return
+        }
+        #expect(error.message.contains("moved aside"))
+        #expect(!error.message.contains(sentinelAccess))
+        // moved aside, byte for byte, never deleted
+        let aside = tmp.files().filter { $0.hasPrefix("session.sfstore.damaged-") }
+        #expect(aside.count == 1)
+        #expect(contents(tmp.store + "/" + aside[0]) == bytes)
+        #expect(store.read() == .absent)
+        // and the store works again
+        try store.write(session("bob"))
+        #expect(store.read() == .present(session("bob")))
+    }
+
+    @Test func aMissingKeyFileMakesTheStoreUnreadableSoItIsMovedAside() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice"))
+        unlink(store.keyPath)
+        guard case .damaged = store.read() else {
+            Issue.record("expected .damaged")
+            return
+        }
+        #expect(store.read() == .absent)
+    }
+
+    @Test func aProvidedKeyIsUsedAndNoKeyFileIsWritten() throws {
+        let tmp = TemporaryDirectory()
+        let key = SymmetricKey(size: .bits256)
+        let store = FileCredentialStore(directory: tmp.store, key: .provided(key))
+        try store.write(session("alice"))
+        #expect(tmp.files() == ["session.sfstore"])
+        #expect(FileCredentialStore(directory: tmp.store, key: .provided(key)).read() == .present(session("alice")))
+        // another key cannot read it: it counts as damaged (moved aside, not deleted)
+        let other = FileCredentialStore(directory: tmp.store, key: .provided(SymmetricKey(size: .bits256)))
+        guard case .damaged = other.read() else {
+            Issue.record("expected .damaged")
+            return
+        }
+    }
+
+    @Test func anUnreachableStoreIsUnavailableNotAbsent() throws {
+        let tmp = TemporaryDirectory()
+        // a path through a regular file: ENOTDIR, whoever runs the test (root included)
+        let blocker = tmp.path + "/blocker"
+        overwrite(blocker, with: [])
+        close(open(blocker, O_CREAT | O_WRONLY, 0o600))
+        let store = FileCredentialStore(directory: blocker + "/store")
+        guard case .unavailable = store.read() else {
+            Issue.record("expected .unavailable, got \(store.read())")
+            return
+        }
+        #expect(throws: StoreError.self) { try store.write(session("alice")) }
+    }
+
+    @Test func accountsAreKeyedWithAnActivePointer() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice", access: "a-access"))
+        try store.write(session("bob", access: "b-access"))
+        #expect(store.accounts() == ["alice", "bob"])
+        #expect(store.read() == .present(session("bob", access: "b-access")))
+        #expect(try store.activate(account: "alice"))
+        #expect(store.read() == .present(session("alice", access: "a-access")))
+        #expect(try !store.activate(account: "carol"))
+        try store.clear()
+        #expect(store.read() == .absent)
+        #expect(store.accounts() == ["bob"])
+    }
+}
+
+@Suite("FileCredentialStore with a SessionManager")
+struct FileStoreSessionTests {
+    struct NoAuthority: SessionAuthority {
+        func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+            completion.fail(.transient("offline"))
+        }
+    }
+
+    @Test func aSessionSurvivesARestartAndALogoutDoesToo() async throws {
+        let tmp = TemporaryDirectory()
+        let loop = try EventLoop()
+        defer { _ = try? loop.shutdown() }
+        do {
+            let manager = try SessionManager(
+                loop: loop, authority: NoAuthority(), store: FileCredentialStore(directory: tmp.store))
+            try await manager.signIn(SessionTokens(
+                accessToken: Secret(sentinelAccess), refreshToken: Secret(sentinelRefresh),
+                expiresIn: .seconds(3600), memberID: "alice"))
+            await manager.close()
+        }
+        let restarted = try SessionManager(
+            loop: loop, authority: NoAuthority(), store: FileCredentialStore(directory: tmp.store))
+        #expect(restarted.state.value == .loggedIn)
+        #expect(restarted.memberID == "alice")
+        #expect(try await restarted.freshAccessToken() == Secret(sentinelAccess))
+        try await restarted.logout()
+        await restarted.close()
+        let again = try SessionManager(
+            loop: loop, authority: NoAuthority(), store: FileCredentialStore(directory: tmp.store))
+        #expect(again.state.value == .loggedOut)
+        await again.close()
+    }
+
+    @Test func aDamagedStoreAtStartIsReportedAndStartsLoggedOut() async throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice"))
+        overwrite(store.path, with: Array("garbage".utf8))
+        let loop = try EventLoop()
+        defer { _ = try? loop.shutdown() }
+        let events = LockedBox<[SessionEvent]>([])
+        // Made and subscribed in one loop job: the start events cannot run in between.
+        let (manager, subscription) = try await loop.submit {
+            let manager = try SessionManager(loop: loop, authority: NoAuthority(), store: store)
+            let subscription = try manager.events.subscribe(onEvent: { event in events.withLockedValue { $0.append(event) } })
+            return (manager, subscription)
+        }
+        defer { subscription.close() }
+        #expect(manager.state.value == .loggedOut)
+        for _ in 0..<100 where events.withLockedValue({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) }
+        let first = events.withLockedValue { $0.first }
+        guard case .storeError(let error)? = first else {
+            Issue.record("expected storeError first, got \(String(describing: first))")
+            return
+        }
+        #expect(error.message.contains("moved aside"))
+        await manager.close()
+    }
+}
