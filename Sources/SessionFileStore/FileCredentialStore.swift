@@ -22,7 +22,7 @@ import Glibc
 ///   as `<name>.damaged-<time>` — never deleted — and reads as absent.
 ///
 /// Calls are serialised by a lock; across processes, see `SessionFileLock`.
-public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
+public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendable {
     /// Where the encryption key comes from.
     public enum Key: Sendable {
         /// A key file beside the store, created 0600 with a random key on first use.
@@ -36,6 +36,9 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
     public let keyPath: String
     private let keySource: Key
     private let lock = Lock()
+    /// The cross-process refresh lock: `flock` on `<store>.lock` (guarded by `lock`).
+    public let lockPath: String
+    private var lockFD: Int32 = -1
 
     private static let magic: [UInt8] = Array("SFSTORE".utf8) + [1]
     private static let defaultAccount = "default"
@@ -47,7 +50,35 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
         self.directory = directory
         self.path = directory + "/" + name
         self.keyPath = directory + "/" + name + ".key"
+        self.lockPath = directory + "/" + name + ".lock"
         self.keySource = key
+    }
+
+    deinit {
+        if lockFD >= 0 { close(lockFD) }
+    }
+
+    // MARK: SharedCredentialStore
+
+    public func tryLockRefresh() -> Bool {
+        lock.withLock {
+            if lockFD < 0 {
+                guard (try? FileIO.makeDirectory(directory)) != nil else { return false }
+                lockFD = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+                guard lockFD >= 0 else { return false }
+            }
+            return flock(lockFD, LOCK_EX | LOCK_NB) == 0
+        }
+    }
+
+    public func unlockRefresh() {
+        lock.withLock {
+            if lockFD >= 0 { _ = flock(lockFD, LOCK_UN) }
+        }
+    }
+
+    public func directoryToWatch() -> String? {
+        lock.withLock { (try? FileIO.makeDirectory(directory)) != nil ? directory : nil }
     }
 
     // MARK: CredentialStore

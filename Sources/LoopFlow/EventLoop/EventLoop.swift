@@ -69,6 +69,8 @@ public final class EventLoop: @unchecked Sendable {
     private var adoptedCompactionThreshold = 64
     /// Run on the loop thread at teardown, before subscriptions are completed.
     private var teardownHooks: [@Sendable () -> Void] = []
+    /// Loop-confined: directory watches to stop at teardown.
+    private var watches: [ObjectIdentifier: DirectoryWatch] = [:]
 
     // Loop-confined.
     private var batch: [Job] = []
@@ -322,6 +324,14 @@ public final class EventLoop: @unchecked Sendable {
         }
     }
 
+    func rememberWatch(_ watch: DirectoryWatch) {
+        watches[ObjectIdentifier(watch)] = watch
+    }
+
+    func forgetWatch(_ watch: DirectoryWatch) {
+        watches.removeValue(forKey: ObjectIdentifier(watch))
+    }
+
     // MARK: - Time
 
     /// Monotonic time of this loop's clock (virtual with a `ManualClock`).
@@ -433,6 +443,7 @@ public final class EventLoop: @unchecked Sendable {
                 metadata: ["loop": "\(name)", "unclosed": "\(completed)"])
         }
 
+        for watch in Array(watches.values) { watch.stopOnLoop() }
         timers.stopAll()
         queueLock.withLock {
             uv_close(UnsafeMutableRawPointer(wakeHandle).assumingMemoryBound(to: uv_handle_t.self), eventLoopWakeClosed)

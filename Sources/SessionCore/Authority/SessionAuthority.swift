@@ -65,6 +65,8 @@ public enum RefreshReason: String, Sendable, Hashable, CustomStringConvertible {
     case restore
     /// The fallback after a terminal refresh failure: signing in again by external user id.
     case reauthentication
+    /// Another process sharing the store refreshed; this one adopted its tokens.
+    case sharedStore
 
     public var description: String { rawValue }
 }

@@ -62,6 +62,10 @@ final class SessionEngine: @unchecked Sendable {
         let identity: AttemptIdentity
         var waiters: [TokenCompletion]
         var timeout: LoopTimer?
+        /// Holds the cross-process refresh lock of a shared store.
+        var holdsLock = false
+        /// Looks again for the lock another process holds.
+        var lockRetry: LoopTimer?
 
         init(identity: AttemptIdentity, waiters: [TokenCompletion]) {
             self.identity = identity
@@ -104,6 +108,9 @@ final class SessionEngine: @unchecked Sendable {
     private var storeBehind = false
     private var storeRetryTimer: LoopTimer?
     private var closed = false
+    /// The store other processes share, if it is one.
+    private var shared: (any SharedCredentialStore)? { store as? any SharedCredentialStore }
+    private var storeWatch: DirectoryWatch?
 
     init(
         loop: EventLoop, authority: any SessionAuthority, store: any CredentialStore,
@@ -170,6 +177,14 @@ final class SessionEngine: @unchecked Sendable {
 
     private func start(initialRead: StoreRead) {
         guard !closed else { return }
+        if let directory = shared?.directoryToWatch() {
+            do {
+                storeWatch = try loop.watchDirectoryNow(directory) { [weak self] in self?.storeChanged() }
+            } catch {
+                logger.warning("cannot watch the shared store; other processes' changes will be seen at the next refresh",
+                    metadata: ["error": "\(error.message)"])
+            }
+        }
         switch initialRead {
         case .unavailable(let error):
             logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
@@ -335,6 +350,8 @@ final class SessionEngine: @unchecked Sendable {
     func close() {
         guard !closed else { return }
         let abandoned = beginGeneration()
+        storeWatch?.cancel()
+        storeWatch = nil
         storeRetryTimer?.cancel()
         storeRetryTimer = nil
         // One last try to bring a store that missed a write up to date (a logout the
@@ -369,9 +386,143 @@ final class SessionEngine: @unchecked Sendable {
             return
         }
         let attempt = beginAttempt(reason: reason, refreshToken: refreshToken, waiters: waiters)
+        proceed(attempt)
+    }
+
+    /// Sends the refresh — with a shared store, only under the cross-process lock, and
+    /// only if the store does not already hold tokens another process refreshed.
+    private func proceed(_ attempt: Attempt) {
+        guard self.attempt === attempt, let refreshToken = attempt.refreshToken else { return }
+        attempt.lockRetry = nil
+        if let shared {
+            if adoptRefreshedElsewhere(attempt) { return }
+            if !attempt.holdsLock {
+                guard shared.tryLockRefresh() else {
+                    // Another process is refreshing: look again shortly (the timeout still runs).
+                    let id = attempt.id
+                    attempt.lockRetry = try? loop.scheduleTimer(after: .milliseconds(50)) { [self] in
+                        if let current = self.attempt, current.id == id { proceed(current) }
+                    }
+                    return
+                }
+                attempt.holdsLock = true
+                // Re-read under the lock: the other process may have just finished.
+                if adoptRefreshedElsewhere(attempt) { return }
+            }
+        }
         authority.refresh(
-            RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: reason),
+            RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: attempt.reason),
             completion: refreshCompletion(for: attempt))
+    }
+
+    /// If the shared store holds this session with a refresh token other than the one
+    /// this attempt would send, another process rotated it: adopt its tokens instead of
+    /// sending a stale one, and answer the attempt's waiters.
+    private func adoptRefreshedElsewhere(_ attempt: Attempt) -> Bool {
+        guard case .present(let stored) = store.read(), !stored.expired,
+            stored.memberID == memberID, let access = stored.accessToken, !access.isBlank,
+            let rotated = stored.refreshToken, rotated != attempt.refreshToken
+        else { return false }
+        adopt(stored, access: access)
+        endAttempt(attempt)
+        guard let live else { return true }
+        for waiter in attempt.waiters { waiter(.success(live.accessToken)) }
+        return true
+    }
+
+    /// Takes tokens another process stored (expiry from the stored wall-clock instant).
+    private func adopt(_ stored: StoredSession, access: Secret) {
+        let remaining = max((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock(), .zero)
+        let now = loop.now
+        live = LiveSession(
+            accessToken: access, refreshToken: stored.refreshToken, expiresAt: now + remaining,
+            lifetime: remaining, externalUserID: stored.externalUserID ?? live?.externalUserID, lastRefresh: now)
+        consecutiveFailures = 0
+        backoff?.timer.cancel()
+        backoff = nil
+        publishSnapshot()
+        logger.info("adopted tokens another process refreshed")
+        emit(.tokenRefreshed(expiresIn: remaining, reason: .sharedStore))
+        scheduleProactiveRefresh()
+    }
+
+    /// Frees what an attempt held: its timers and the cross-process lock.
+    private func endAttempt(_ attempt: Attempt) {
+        if self.attempt === attempt { self.attempt = nil }
+        attempt.timeout?.cancel()
+        attempt.lockRetry?.cancel()
+        attempt.lockRetry = nil
+        if attempt.holdsLock {
+            attempt.holdsLock = false
+            shared?.unlockRefresh()
+        }
+    }
+
+    /// Another process changed the shared store: follow it.
+    private func storeChanged() {
+        guard !closed, !awaitingInitialRead else { return }
+        switch store.read() {
+        case .unavailable:
+            return
+        case .damaged(let error):
+            emit(.storeError(error))
+            storeBehind = true
+            writeStore()
+        case .absent:
+            guard machine.state != .loggedOut else { return }
+            // Logged out elsewhere: log out here too (the store is clear; it revoked).
+            followLogout()
+        case .present(let stored):
+            if stored.expired {
+                if machine.state == .loggedIn, stored.memberID == memberID {
+                    expire(reason: "the session expired in another process")
+                }
+                return
+            }
+            guard let access = stored.accessToken, !access.isBlank else { return }
+            switch machine.state {
+            case .loggedIn where stored.memberID == memberID:
+                guard live?.accessToken != access else { return }  // our own write
+                if let attempt, attempt.refreshToken != stored.refreshToken {
+                    _ = adoptRefreshedElsewhere(attempt)
+                } else if attempt == nil {
+                    adopt(stored, access: access)
+                }
+            case .loggedIn:
+                followLogout()
+                followSignIn(stored, access: access)
+            case .loggedOut, .sessionExpired:
+                followSignIn(stored, access: access)
+            }
+        }
+    }
+
+    private func followLogout() {
+        guard (try? machine.apply(.logout)) != nil else { return }
+        live = nil
+        memberID = nil
+        let abandoned = beginGeneration()
+        publish(.loggedOut)
+        emit(.signedOut(reason: .otherProcess))
+        abandoned.fail(SessionError(.sessionEnded, "logged out in another process"))
+    }
+
+    private func followSignIn(_ stored: StoredSession, access: Secret) {
+        guard (try? machine.apply(.signIn)) != nil else { return }
+        let abandoned = beginGeneration()
+        memberID = stored.memberID
+        adoptSignIn(stored, access: access)
+        publish(.loggedIn)
+        emit(.signedIn(memberID: memberID))
+        scheduleProactiveRefresh()
+        abandoned.fail(SessionError(.sessionEnded, "another session was signed in elsewhere"))
+    }
+
+    private func adoptSignIn(_ stored: StoredSession, access: Secret) {
+        let remaining = max((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock(), .zero)
+        live = LiveSession(
+            accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
+            lifetime: remaining, externalUserID: stored.externalUserID)
     }
 
     private func startReauthentication(externalUserID: String, waiters: [TokenCompletion]) {
@@ -427,8 +578,12 @@ final class SessionEngine: @unchecked Sendable {
             }
             return
         }
-        self.attempt = nil
-        attempt.timeout?.cancel()
+        // The cross-process lock is released only after the answer is stored, so that the
+        // next process to take it finds the rotated tokens.
+        let heldLock = attempt.holdsLock
+        attempt.holdsLock = false
+        endAttempt(attempt)
+        defer { if heldLock { shared?.unlockRefresh() } }
         switch answer.result {
         case .success(let grant):
             let token = apply(grant, receivedAt: answer.receivedAt, reason: attempt.reason)
@@ -554,8 +709,7 @@ final class SessionEngine: @unchecked Sendable {
         generation += 1
         var abandoned = AbandonedWaiters()
         if let attempt {
-            self.attempt = nil
-            attempt.timeout?.cancel()
+            endAttempt(attempt)
             abandoned.waiters = attempt.waiters
         }
         proactiveTimer?.cancel()

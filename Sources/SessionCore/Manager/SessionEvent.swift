@@ -4,6 +4,8 @@ public enum SignOutReason: String, Sendable, Hashable, CustomStringConvertible {
     case userRequested
     /// `reconfigure()` after expiry.
     case reconfigured
+    /// Another process sharing the store logged out (or signed in as someone else).
+    case otherProcess
     public var description: String { rawValue }
 }
 

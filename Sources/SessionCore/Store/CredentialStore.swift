@@ -54,3 +54,15 @@ public protocol CredentialStore: AnyObject, Sendable {
     func write(_ session: StoredSession) throws(StoreError)
     func clear() throws(StoreError)
 }
+
+/// A store that several processes share: they refresh one at a time (a cross-process
+/// lock) and follow each other's changes (a directory watch).
+public protocol SharedCredentialStore: CredentialStore {
+    /// Takes the cross-process refresh lock if it is free; never waits.
+    func tryLockRefresh() -> Bool
+    /// Releases the refresh lock taken by `tryLockRefresh`.
+    func unlockRefresh()
+    /// Makes sure the store's directory exists and returns it, for a directory watch
+    /// (nil: no watch).
+    func directoryToWatch() -> String?
+}
