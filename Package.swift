@@ -7,6 +7,7 @@ let package = Package(
         .library(name: "LoopFlow", targets: ["LoopFlow"]),
         .library(name: "SessionCore", targets: ["SessionCore"]),
         .library(name: "SessionFileStore", targets: ["SessionFileStore"]),
+        .library(name: "SessionOAuth", targets: ["SessionOAuth"]),
         // libsessionflow.so: the C API of Bindings/include/sessionflow.h.
         .library(name: "sessionflow", type: .dynamic, targets: ["SessionFlowC"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
@@ -50,6 +51,11 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
+        // The OAuth 2.0 authority (RFC 6749 refresh, 7009 revocation, 7662 introspection).
+        .target(
+            name: "SessionOAuth",
+            dependencies: ["SessionCore"]
+        ),
         // The C header, seen from Swift.
         .systemLibrary(name: "CSessionFlow"),
         // The C ABI: one thin file per area, each function checked against the header.
@@ -76,6 +82,14 @@ let package = Package(
             dependencies: [
                 "LoopFlow",
                 "CLibUV",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "SessionOAuthTests",
+            dependencies: [
+                "SessionOAuth", "SessionFileStore", "SessionCore", "LoopFlow",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ]

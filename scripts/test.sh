@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, installing what it needs first:
-#   1. the Swift tests (swift test)
+#   1. the Swift tests (swift test), the OAuth ones against a real Authlib server on loopback
 #   2. the C suite against libsessionflow.so (gcc -Werror), and both C example hosts
 #   3. the Python (ctypes) host's pytest suite
 #   4. the installed, self-contained library used through pkg-config
@@ -13,6 +13,8 @@ source "$(dirname "$0")/setup.sh"
 command -v gcc >/dev/null 2>&1 || apt_install gcc
 command -v g++ >/dev/null 2>&1 || apt_install g++
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet pytest
+# The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
+python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask
 
 echo "== swift test"
 swift build --build-tests

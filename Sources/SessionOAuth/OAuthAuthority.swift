@@ -1,0 +1,245 @@
+import Foundation
+import SessionCore
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// Where and as whom the OAuth 2.0 authority talks.
+public struct OAuthConfiguration: Sendable {
+    /// The token endpoint (RFC 6749 §3.2).
+    public var tokenEndpoint: URL
+    public var clientID: String
+    /// For a confidential client (sent as `client_secret_post`); nil for a public client.
+    public var clientSecret: Secret?
+    /// Requested on refresh; nil keeps the grant's scope.
+    public var scope: String?
+    /// RFC 7009 revocation endpoint, for logout.
+    public var revocationEndpoint: URL?
+    /// RFC 7662 introspection endpoint, for `resume()`.
+    public var introspectionEndpoint: URL?
+    /// Lifetime assumed when a response has no `expires_in`.
+    public var defaultLifetime: Duration = .seconds(3600)
+    /// Per-request timeout of the HTTP client (the session has its own on every refresh).
+    public var requestTimeout: Duration = .seconds(20)
+
+    public init(tokenEndpoint: URL, clientID: String, clientSecret: Secret? = nil) {
+        self.tokenEndpoint = tokenEndpoint
+        self.clientID = clientID
+        self.clientSecret = clientSecret
+    }
+}
+
+/// The built-in OAuth 2.0 authority over `URLSession`: the refresh_token grant (RFC 6749
+/// §6), revocation (RFC 7009) and introspection (RFC 7662). Answers arrive on the HTTP
+/// client's threads and hop to the session's loop through the completion.
+///
+/// Errors (RFC 6749 §5.2): `invalid_grant` is terminal (the session expires);
+/// `invalid_client`, `unauthorized_client`, `unsupported_grant_type`, `invalid_scope`,
+/// `invalid_request` and other 4xx are configuration errors (never retried automatically);
+/// 408, 429, 5xx, network failures, timeouts and unreadable bodies are transient
+/// (429/503 honour `Retry-After`).
+public final class OAuthAuthority: SessionAuthority {
+    public let configuration: OAuthConfiguration
+    private let session: URLSession
+
+    public init(_ configuration: OAuthConfiguration) {
+        self.configuration = configuration
+        let urlConfiguration = URLSessionConfiguration.ephemeral
+        urlConfiguration.timeoutIntervalForRequest = configuration.requestTimeout.seconds
+        urlConfiguration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        urlConfiguration.httpCookieStorage = nil
+        urlConfiguration.urlCache = nil
+        self.session = URLSession(configuration: urlConfiguration)
+    }
+
+    // MARK: SessionAuthority
+
+    public func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+        var form = [("grant_type", "refresh_token"), ("refresh_token", request.refreshToken.reveal())]
+        if let scope = configuration.scope { form.append(("scope", scope)) }
+        post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken]) { [configuration] outcome in
+            completion.complete(outcome.flatMap { response in
+                TokenResponse.grant(from: response, defaultLifetime: configuration.defaultLifetime)
+            })
+        }
+    }
+
+    public var canRevoke: Bool { configuration.revocationEndpoint != nil }
+
+    public func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>) {
+        guard let endpoint = configuration.revocationEndpoint, let token = refreshToken ?? accessToken else {
+            completion.succeed(())
+            return
+        }
+        let hint = refreshToken != nil ? "refresh_token" : "access_token"
+        post(endpoint, form: [("token", token.reveal()), ("token_type_hint", hint)], secrets: [token]) { outcome in
+            // RFC 7009 §2.2: 200 whether or not the token was valid.
+            completion.complete(outcome.flatMap { response in
+                response.status == 200 ? .success(()) : .failure(TokenResponse.error(from: response))
+            })
+        }
+    }
+
+    public var canValidate: Bool { configuration.introspectionEndpoint != nil }
+
+    public func validate(accessToken: Secret, completion: AuthorityCompletion<Bool>) {
+        guard let endpoint = configuration.introspectionEndpoint else {
+            completion.fail(.configuration("unsupported", "no introspection endpoint"))
+            return
+        }
+        post(endpoint, form: [("token", accessToken.reveal()), ("token_type_hint", "access_token")],
+             secrets: [accessToken]) { outcome in
+            completion.complete(outcome.flatMap { response in
+                guard response.status == 200 else { return .failure(TokenResponse.error(from: response)) }
+                guard let object = response.json, let active = object["active"] as? Bool else {
+                    return .failure(.transient("the introspection answer is not the JSON RFC 7662 describes"))
+                }
+                return .success(active)
+            })
+        }
+    }
+
+    // MARK: HTTP
+
+    /// One form POST; the outcome carries status, headers and body, or a transient error.
+    private func post(
+        _ url: URL, form: [(String, String)], secrets: [Secret],
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+    ) {
+        var fields = form
+        fields.append(("client_id", configuration.clientID))
+        if let secret = configuration.clientSecret { fields.append(("client_secret", secret.reveal())) }
+        var request = URLRequest(url: url)
+        request.httpMethod = "POST"
+        request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
+        request.setValue("application/json", forHTTPHeaderField: "Accept")
+        request.httpBody = Data(FormEncoding.encode(fields).utf8)
+        let redactions = secrets + [configuration.clientSecret].compactMap { $0 }
+        let task = session.dataTask(with: request) { data, response, error in
+            if let error {
+                done(.failure(.transient("network: \(Redaction.scrub(error.localizedDescription, redactions))")))
+                return
+            }
+            guard let http = response as? HTTPURLResponse else {
+                done(.failure(.transient("no HTTP response")))
+                return
+            }
+            done(.success(HTTPAnswer(
+                status: http.statusCode, retryAfter: RetryAfter.parse(http.value(forHTTPHeaderField: "Retry-After")),
+                body: data ?? Data(), redactions: redactions)))
+        }
+        task.resume()
+    }
+}
+
+/// What the server answered.
+struct HTTPAnswer: Sendable {
+    let status: Int
+    let retryAfter: Duration?
+    let body: Data
+    let redactions: [Secret]
+
+    var json: [String: Any]? {
+        (try? JSONSerialization.jsonObject(with: body)) as? [String: Any]
+    }
+}
+
+enum TokenResponse {
+    /// A 200 with the fields RFC 6749 §5.1 requires, or the error it stands for.
+    static func grant(from answer: HTTPAnswer, defaultLifetime: Duration) -> Result<TokenGrant, AuthorityError> {
+        guard answer.status == 200 else { return .failure(error(from: answer)) }
+        guard let object = answer.json else {
+            return .failure(.transient("the token answer is not JSON"))
+        }
+        guard let access = object["access_token"] as? String, !access.isEmpty else {
+            return .failure(.transient("the token answer has no access_token"))
+        }
+        if let type = object["token_type"] as? String, type.lowercased() != "bearer" {
+            return .failure(.configuration("unsupported_token_type", "token_type \(type) is not Bearer"))
+        }
+        let lifetime: Duration
+        switch object["expires_in"] {
+        case let seconds as Int: lifetime = .seconds(max(seconds, 0))
+        case let seconds as Double: lifetime = .milliseconds(Int64(max(seconds, 0) * 1000))
+        case let text as String where Int(text) != nil: lifetime = .seconds(max(Int(text)!, 0))
+        default: lifetime = defaultLifetime
+        }
+        let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : Secret($0) }
+        return .success(TokenGrant(accessToken: Secret(access), refreshToken: refresh, expiresIn: lifetime))
+    }
+
+    /// The error an unsuccessful answer stands for (RFC 6749 §5.2).
+    static func error(from answer: HTTPAnswer) -> AuthorityError {
+        let object = answer.json
+        let code = object?["error"] as? String
+        let description = (object?["error_description"] as? String).map { Redaction.scrub($0, answer.redactions) }
+        let message = ["HTTP \(answer.status)", code, description].compactMap { $0 }.joined(separator: ": ")
+        switch (answer.status, code) {
+        case (_, "invalid_grant"):
+            return AuthorityError(.terminal, code: code, message: message)
+        case (408, _), (429, _), (500...599, _):
+            return AuthorityError(.transient, code: code ?? "\(answer.status)", message: message, retryAfter: answer.retryAfter)
+        case (_, "temporarily_unavailable"):
+            return AuthorityError(.transient, code: code, message: message, retryAfter: answer.retryAfter)
+        case (400...499, _):
+            return AuthorityError(.configuration, code: code ?? "\(answer.status)", message: message)
+        default:
+            return AuthorityError(.transient, code: code ?? "\(answer.status)", message: message)
+        }
+    }
+}
+
+/// `application/x-www-form-urlencoded`.
+enum FormEncoding {
+    static func encode(_ fields: [(String, String)]) -> String {
+        fields.map { "\(escape($0.0))=\(escape($0.1))" }.joined(separator: "&")
+    }
+
+    private static let unreserved = Set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._*".utf8)
+
+    static func escape(_ text: String) -> String {
+        var out = ""
+        for byte in text.utf8 {
+            if unreserved.contains(byte) {
+                out.append(Character(UnicodeScalar(byte)))
+            } else if byte == UInt8(ascii: " ") {
+                out.append("+")
+            } else {
+                out += String(format: "%%%02X", byte)
+            }
+        }
+        return out
+    }
+}
+
+/// `Retry-After`: delay-seconds or an HTTP-date.
+enum RetryAfter {
+    static func parse(_ value: String?) -> Duration? {
+        guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
+        if let seconds = Int(value) { return .seconds(max(seconds, 0)) }
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+        guard let date = formatter.date(from: value) else { return nil }
+        return .milliseconds(Int64(max(date.timeIntervalSinceNow, 0) * 1000))
+    }
+}
+
+/// Never let a token the request carried come back in a message.
+enum Redaction {
+    static func scrub(_ text: String, _ secrets: [Secret]) -> String {
+        secrets.reduce(text) { text, secret in
+            let value = secret.reveal()
+            return value.isEmpty ? text : text.replacingOccurrences(of: value, with: "<redacted>")
+        }
+    }
+}
+
+extension Duration {
+    var seconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+}

@@ -1,0 +1,208 @@
+import Foundation
+import InMemoryLogging
+import Logging
+import LoopFlow
+import SessionCore
+import Testing
+
+@testable import SessionOAuth
+
+/// A session on a real loop, against the real server, with its logs captured.
+final class LiveSession: @unchecked Sendable {
+    let loop: EventLoop
+    let manager: SessionManager
+    let store: MemoryCredentialStore
+    let logs = InMemoryLogHandler()
+    let events = LockedBox<[SessionEvent]>([])
+    let subscription: FlowSubscription
+
+    init(_ server: OAuthServer, introspection: Bool = false, configure: (inout SessionConfiguration) -> Void = { _ in }) async throws {
+        loop = try EventLoop(name: "oauth-test")
+        store = MemoryCredentialStore()
+        var handler = logs
+        handler.logLevel = .trace
+        var configuration = SessionConfiguration()
+        configuration.logger = Logger(label: "oauth-test", factory: { _ in handler })
+        configuration.policy.minimumInterval = .milliseconds(300)
+        configure(&configuration)
+        let authority = OAuthAuthority(server.configuration(introspection: introspection))
+        let loop = self.loop
+        let store = self.store
+        let events = self.events
+        let made = configuration
+        (manager, subscription) = try await loop.submit {
+            let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: made)
+            let subscription = try manager.events.subscribe(onEvent: { event in events.withLockedValue { $0.append(event) } })
+            return (manager, subscription)
+        }
+    }
+
+    func stop() async {
+        subscription.close()
+        await manager.close()
+        _ = try? loop.shutdown()
+    }
+
+    var recorded: [SessionEvent] { events.withLockedValue { $0 } }
+
+    /// Every log line and event this session produced.
+    var output: String {
+        logs.entries.map { "\($0.message) \($0.metadata)" }.joined(separator: "\n")
+            + recorded.map(\.description).joined(separator: "\n")
+    }
+}
+
+@Suite("OAuth 2.0 authority against a real Authlib server", .serialized)
+struct OAuthAuthorityTests {
+    @Test func proactiveRefreshRotatesTheRefreshToken() async throws {
+        let server = try OAuthServer(expiresIn: 2)
+        let session = try await LiveSession(server)
+        let tokens = try await server.signIn()
+        try await session.manager.signIn(tokens)
+        // 2 s tokens are refreshed at half-life, each time with the rotated refresh token
+        #expect(try await within(8) { try await server.stats()["refresh_grants"]! >= 2 })
+        let refreshed = session.recorded.filter { if case .tokenRefreshed(_, .proactive) = $0 { true } else { false } }
+        #expect(refreshed.count >= 2)
+        #expect(session.store.session?.refreshToken != tokens.refreshToken)
+        let token = try await session.manager.freshAccessToken()
+        #expect(try await server.me(token) == 200)
+        // the first refresh token was rotated away: the server refuses it now
+        #expect(try await server.refreshError(tokens.refreshToken!) == "invalid_grant")
+        #expect(session.manager.state.value == .loggedIn)
+        let output = session.output
+        #expect(!output.contains(tokens.accessToken.reveal()) && !output.contains(tokens.refreshToken!.reveal()))
+        #expect(!output.contains(token.reveal()))
+        await session.stop()
+    }
+
+    @Test func a401IsAnsweredByCompareAndRefresh() async throws {
+        let server = try OAuthServer(expiresIn: 1)
+        let session = try await LiveSession(server)
+        var tokens = try await server.signIn()
+        tokens.expiresIn = .seconds(3600)  // the session believes it lives long: only a 401 tells
+        try await session.manager.signIn(tokens)
+        try await Task.sleep(for: .milliseconds(1500))
+        #expect(try await server.me(tokens.accessToken) == 401)
+        let fresh = try await session.manager.handleUnauthorized(token: tokens.accessToken)
+        #expect(fresh != tokens.accessToken)
+        #expect(try await server.me(fresh) == 200)
+        // a second report with the old token does not refresh again
+        let again = try await session.manager.handleUnauthorized(token: tokens.accessToken)
+        #expect(again == fresh)
+        #expect(try await server.stats()["refresh_grants"] == 1)
+        await session.stop()
+    }
+
+    @Test func logoutRevokesTheRefreshToken() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let session = try await LiveSession(server)
+        let tokens = try await server.signIn()
+        try await session.manager.signIn(tokens)
+        try await session.manager.logout()
+        #expect(try await within(5) { try await server.stats()["revocations"] == 1 })
+        #expect(try await server.refreshError(tokens.refreshToken!) == "invalid_grant")
+        #expect(session.store.session == nil)
+        await session.stop()
+    }
+
+    @Test func invalidGrantAfterRevocationExpiresTheSession() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let session = try await LiveSession(server)
+        let tokens = try await server.signIn()
+        try await session.manager.signIn(tokens)
+        try await server.revokeEverything(of: "alice")
+        let error = await #expect(throws: SessionError.self) {
+            try await session.manager.handleUnauthorized(token: tokens.accessToken)
+        }
+        #expect(error?.code == .sessionExpired)
+        #expect(session.manager.state.value == .sessionExpired)
+        #expect(await within(2) { session.recorded.contains { if case .sessionExpired = $0 { true } else { false } } })
+        #expect(session.manager.memberID == "alice")
+        await session.stop()
+    }
+
+    @Test func resumeIntrospectsAndARevokedTokenEndsTheSession() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let session = try await LiveSession(server, introspection: true)
+        try await session.manager.signIn(try await server.signIn())
+        try session.manager.resume()
+        #expect(await within(5) { session.recorded.contains(.validated) })
+        #expect(try await server.stats()["introspections"] == 1)
+        try await server.revokeEverything(of: "alice")
+        try session.manager.resume()
+        #expect(await within(5) { session.manager.state.value == .sessionExpired })
+        await session.stop()
+    }
+
+    @Test func transientServerTroubleKeepsTheSession() async throws {
+        // Nothing listens on this port: connection refused is transient
+        var configuration = OAuthConfiguration(tokenEndpoint: URL(string: "http://127.0.0.1:9/token")!, clientID: "c")
+        configuration.requestTimeout = .seconds(2)
+        let authority = OAuthAuthority(configuration)
+        let loop = try EventLoop()
+        let manager = try SessionManager(loop: loop, authority: authority)
+        try await manager.signIn(SessionTokens(
+            accessToken: Secret("a"), refreshToken: Secret("r"), expiresIn: .zero, memberID: "m"))
+        let error = await #expect(throws: SessionError.self) { try await manager.freshAccessToken() }
+        #expect(error?.code == .transient)
+        #expect(manager.state.value == .loggedIn)
+        await manager.close()
+        try loop.shutdown()
+    }
+}
+
+@Suite("OAuth response mapping (RFC 6749 §5.2)")
+struct OAuthMappingTests {
+    func answer(_ status: Int, _ body: String, retryAfter: Duration? = nil) -> HTTPAnswer {
+        HTTPAnswer(status: status, retryAfter: retryAfter, body: Data(body.utf8), redactions: [Secret("SENTINEL-R")])
+    }
+
+    @Test func errorsMapToTerminalConfigurationOrTransient() {
+        #expect(TokenResponse.error(from: answer(400, #"{"error":"invalid_grant"}"#)).kind == .terminal)
+        for code in ["invalid_client", "unauthorized_client", "unsupported_grant_type", "invalid_scope", "invalid_request"] {
+            #expect(TokenResponse.error(from: answer(400, "{\"error\":\"\(code)\"}")).kind == .configuration)
+        }
+        #expect(TokenResponse.error(from: answer(401, #"{"error":"invalid_client"}"#)).kind == .configuration)
+        #expect(TokenResponse.error(from: answer(500, "<html>oops</html>")).kind == .transient)
+        let limited = TokenResponse.error(from: answer(429, "", retryAfter: .seconds(20)))
+        #expect(limited.kind == .transient && limited.retryAfter == .seconds(20))
+        #expect(TokenResponse.error(from: answer(503, "", retryAfter: .seconds(5))).retryAfter == .seconds(5))
+    }
+
+    @Test func aTokenAnswerNeedsItsFieldsAndKeepsTheRefreshTokenWhenNoneComes() throws {
+        let grant = try TokenResponse.grant(
+            from: answer(200, #"{"access_token":"A","token_type":"Bearer","expires_in":60}"#),
+            defaultLifetime: .seconds(3600)).get()
+        #expect(grant.accessToken == Secret("A") && grant.refreshToken == nil && grant.expiresIn == .seconds(60))
+        #expect(try TokenResponse.grant(from: answer(200, #"{"access_token":"A"}"#), defaultLifetime: .seconds(99)).get().expiresIn == .seconds(99))
+        #expect(try TokenResponse.grant(from: answer(200, #"{"access_token":"A","expires_in":-5}"#), defaultLifetime: .seconds(9)).get().expiresIn == .zero)
+        guard case .failure(let missing) = TokenResponse.grant(from: answer(200, #"{"token_type":"Bearer"}"#), defaultLifetime: .seconds(1)) else {
+            Issue.record("a grant without access_token was accepted")
+            return
+        }
+        #expect(missing.kind == .transient)
+        guard case .failure(let html) = TokenResponse.grant(from: answer(200, "<html/>"), defaultLifetime: .seconds(1)) else {
+            Issue.record("HTML was accepted")
+            return
+        }
+        #expect(html.kind == .transient)
+    }
+
+    @Test func aServerEchoingTheTokenDoesNotLeakIt() {
+        let error = TokenResponse.error(from: answer(400, #"{"error":"invalid_grant","error_description":"token SENTINEL-R is dead"}"#))
+        #expect(!error.description.contains("SENTINEL-R"))
+        #expect(error.description.contains("<redacted>"))
+    }
+
+    @Test func retryAfterReadsSecondsAndHTTPDates() {
+        #expect(RetryAfter.parse("20") == .seconds(20))
+        #expect(RetryAfter.parse(nil) == nil)
+        #expect(RetryAfter.parse("soon") == nil)
+        let later = RetryAfter.parse("Wed, 21 Oct 2099 07:28:00 GMT")
+        #expect(later != nil && later! > .seconds(1000))
+    }
+
+    @Test func formFieldsAreEncoded() {
+        #expect(FormEncoding.encode([("a b", "c&d=e/+")]) == "a+b=c%26d%3De%2F%2B")
+    }
+}
