@@ -12,6 +12,7 @@ let package = Package(
         .library(name: "sessionflow", type: .dynamic, targets: ["SessionFlowC"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
         .executable(name: "loopflow-bench", targets: ["LoopFlowBench"]),
+        .executable(name: "session-probe", targets: ["SessionProbe"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
@@ -72,6 +73,14 @@ let package = Package(
         .executableTarget(
             name: "LoopFlowDemo",
             dependencies: ["LoopFlow"]
+        ),
+        // A second process for the multi-process tests.
+        .executableTarget(
+            name: "SessionProbe",
+            dependencies: [
+                "LoopFlow", "SessionCore", "SessionFileStore", "SessionOAuth",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
         ),
         .executableTarget(
             name: "LoopFlowBench",

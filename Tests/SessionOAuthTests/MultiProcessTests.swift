@@ -1,0 +1,69 @@
+import Foundation
+import LoopFlow
+import SessionCore
+import SessionFileStore
+import Testing
+
+/// The session-probe executable, built beside this test binary.
+func probePath() -> String {
+    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    return URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("session-probe").path
+}
+
+/// Runs a probe process; returns what it printed.
+func runProbe(store: String, server: OAuthServer) throws -> Process {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: probePath())
+    process.arguments = [store, server.base.appendingPathComponent("oauth/token").absoluteString, "sessionflow-public"]
+    process.standardOutput = Pipe()
+    process.standardError = Pipe()
+    try process.run()
+    return process
+}
+
+func output(of process: Process) -> String {
+    let data = (process.standardOutput as! Pipe).fileHandleForReading.readDataToEndOfFile()
+    let errors = (process.standardError as! Pipe).fileHandleForReading.readDataToEndOfFile()
+    return String(decoding: data + errors, as: UTF8.self)
+}
+
+@Suite("Two processes, one store", .serialized)
+struct MultiProcessTests {
+    @Test func twoProcessesNeedingATokenMakeOneRefreshAndBothEndWithTheRotatedToken() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let directory = FileManager.default.temporaryDirectory
+            .appendingPathComponent("sessionflow-mp-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // A stored session whose access token has expired: each process refreshes at start
+        let tokens = try await server.signIn()
+        try FileCredentialStore(directory: directory).write(StoredSession(
+            accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,
+            accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: "alice"))
+
+        let first = try runProbe(store: directory, server: server)
+        let second = try runProbe(store: directory, server: server)
+        let outputs = [output(of: first), output(of: second)]
+        first.waitUntilExit()
+        second.waitUntilExit()
+
+        // Exactly one refresh reached the server...
+        #expect(try await server.stats()["refresh_grants"] == 1)
+        // ...and both processes ended with the same, rotated token
+        let digests = outputs.compactMap { text in
+            text.split(separator: "\n").first { $0.hasPrefix("TOKEN-SHA256 ") }.map(String.init)
+        }
+        #expect(digests.count == 2, "\(outputs)")
+        #expect(Set(digests).count == 1)
+        #expect(outputs.allSatisfy { $0.contains("STATE loggedIn") })
+        guard case .present(let stored) = FileCredentialStore(directory: directory).read() else {
+            Issue.record("the store lost the session")
+            return
+        }
+        #expect(stored.refreshToken != tokens.refreshToken)
+        // No token in what either process printed
+        for text in outputs {
+            #expect(!text.contains(tokens.accessToken.reveal()) && !text.contains(tokens.refreshToken!.reveal()))
+            #expect(!text.contains(stored.refreshToken!.reveal()))
+        }
+    }
+}
