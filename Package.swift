@@ -67,6 +67,8 @@ let package = Package(
                 "CLibUV",
                 "LoopFlow",
                 "SessionCore",
+                "SessionFileStore",
+                "SessionOAuth",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

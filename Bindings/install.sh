@@ -25,7 +25,7 @@ includedir=\${prefix}/include
 Name: sessionflow
 Description: An authenticated session that keeps itself alive, observable from C on a libuv loop
 Version: $version
-Requires.private: libuv
+Requires.private: libuv libcurl
 Libs: -L\${libdir} -lsessionflow -Wl,-rpath,\${libdir}
 Cflags: -I\${includedir}
 PC

@@ -15,10 +15,11 @@ apt_install() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# libuv (the loop) and pkg-config (how SwiftPM finds it).
-if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libuv; then
-    echo "setup: installing libuv1-dev and pkg-config"
-    apt_install libuv1-dev pkg-config
+# libuv (the loop), pkg-config (how SwiftPM finds it), and libcurl's development files
+# (the self-contained library links Foundation's networking statically, which needs -lcurl).
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libuv || ! pkg-config --exists libcurl; then
+    echo "setup: installing libuv1-dev, libcurl4-openssl-dev and pkg-config"
+    apt_install libuv1-dev libcurl4-openssl-dev pkg-config
 fi
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

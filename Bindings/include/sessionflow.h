@@ -181,6 +181,17 @@ typedef struct sf_options {
     sf_refresh_fn refresh;       /* the host's refresher; NULL: refreshes fail with SF_ECONFIG */
     void *refresh_userdata;      /* handed to `refresh`; owned by the host */
     int64_t min_refresh_interval_ms; /* never refresh sooner than this after a refresh (default 10000) */
+    /* The built-in OAuth 2.0 authority (used when `refresh` is NULL and token_endpoint is
+     * set). Strings are copied; NULL means "not used". */
+    const char *token_endpoint;         /* RFC 6749 token endpoint (refresh_token grant) */
+    const char *client_id;              /* required with token_endpoint */
+    const char *client_secret;          /* confidential clients (client_secret_post); NULL: public */
+    const char *scope;                  /* requested on refresh; NULL keeps the grant's */
+    const char *revocation_endpoint;    /* RFC 7009, used on logout */
+    const char *introspection_endpoint; /* RFC 7662, used by sf_session_resume */
+    /* The encrypted file store (AES-GCM, 0700/0600, key file beside it), shared safely by
+     * several processes; NULL: the session lives in memory only. */
+    const char *store_directory;
 } sf_options;
 
 /* ---- Options -------------------------------------------------------------------- */

@@ -108,6 +108,13 @@ class _Options(ctypes.Structure):
         ("refresh", _REFRESH_FN),
         ("refresh_userdata", ctypes.c_void_p),
         ("min_refresh_interval_ms", ctypes.c_int64),
+        ("token_endpoint", ctypes.c_char_p),
+        ("client_id", ctypes.c_char_p),
+        ("client_secret", ctypes.c_char_p),
+        ("scope", ctypes.c_char_p),
+        ("revocation_endpoint", ctypes.c_char_p),
+        ("introspection_endpoint", ctypes.c_char_p),
+        ("store_directory", ctypes.c_char_p),
     ]
 
 
@@ -242,11 +249,16 @@ class Runtime:
     """A session on the library's own loop thread."""
 
     def __init__(self, refresher: Optional[Callable[[RefreshRequest, str], None]] = None,
-                 min_refresh_interval_ms: Optional[int] = None):
+                 min_refresh_interval_ms: Optional[int] = None,
+                 token_endpoint: Optional[str] = None, client_id: Optional[str] = None,
+                 revocation_endpoint: Optional[str] = None, store_directory: Optional[str] = None):
         options = _Options()
         _options_init(ctypes.byref(options))
         if min_refresh_interval_ms is not None:
             options.min_refresh_interval_ms = min_refresh_interval_ms
+        # ctypes keeps these bytes alive with the struct; the library copies them.
+        self._strings = [s.encode() if s else None for s in (token_endpoint, client_id, revocation_endpoint, store_directory)]
+        options.token_endpoint, options.client_id, options.revocation_endpoint, options.store_directory = self._strings
         self._refresh_fn = None
         if refresher is not None:
             def trampoline(request, refresh_token, _userdata):

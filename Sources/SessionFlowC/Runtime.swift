@@ -4,6 +4,9 @@ import Logging
 import LoopFlow
 import SessionCore
 import Synchronization
+import SessionFileStore
+import SessionOAuth
+import Foundation
 
 #if canImport(Glibc)
 import Glibc
@@ -13,11 +16,12 @@ import Glibc
 final class Runtime: Sendable {
     let loop: EventLoop
     let session: SessionManager
-    let authority: HostAuthority
+    /// The host's refresher, when it supplied one.
+    let authority: HostAuthority?
     let borrowed: Bool
     private let destroyed = Atomic<Bool>(false)
 
-    init(loop: EventLoop, session: SessionManager, authority: HostAuthority, borrowed: Bool) {
+    init(loop: EventLoop, session: SessionManager, authority: HostAuthority?, borrowed: Bool) {
         self.loop = loop
         self.session = session
         self.authority = authority
@@ -85,6 +89,29 @@ func configuration(from options: sf_options) -> SessionConfiguration? {
     return configuration
 }
 
+/// The host's refresher if it gave one; else the built-in OAuth 2.0 authority if it named
+/// a token endpoint; else a refresher that answers "not configured". Nil: unusable options.
+func authority(from options: sf_options) -> (any SessionAuthority)? {
+    if options.refresh != nil || options.token_endpoint == nil {
+        return HostAuthority(refresh: options.refresh, userdata: UserData(pointer: options.refresh_userdata))
+    }
+    guard let endpoint = string(options.token_endpoint).flatMap(URL.init(string:)), endpoint.scheme != nil,
+        let clientID = string(options.client_id), !clientID.isEmpty
+    else { return nil }
+    var oauth = OAuthConfiguration(
+        tokenEndpoint: endpoint, clientID: clientID, clientSecret: string(options.client_secret).map(Secret.init))
+    oauth.scope = string(options.scope)
+    if let revocation = string(options.revocation_endpoint) {
+        guard let url = URL(string: revocation), url.scheme != nil else { return nil }
+        oauth.revocationEndpoint = url
+    }
+    if let introspection = string(options.introspection_endpoint) {
+        guard let url = URL(string: introspection), url.scheme != nil else { return nil }
+        oauth.introspectionEndpoint = url
+    }
+    return OAuthAuthority(oauth)
+}
+
 @c @implementation
 public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
     guard let options else { return }
@@ -96,23 +123,33 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         max_backoff_ms: 30_000,
         refresh: nil,
         refresh_userdata: nil,
-        min_refresh_interval_ms: 10_000)
+        min_refresh_interval_ms: 10_000,
+        token_endpoint: nil,
+        client_id: nil,
+        client_secret: nil,
+        scope: nil,
+        revocation_endpoint: nil,
+        introspection_endpoint: nil,
+        store_directory: nil)
 }
 
 /// Makes the runtime on `loop` (already running or about to be) and publishes its handle.
 private func makeRuntime(
     loop: EventLoop, options: sf_options, borrowed: Bool, out: UnsafeMutablePointer<OpaquePointer?>
 ) -> Int32 {
-    guard let configuration = configuration(from: options) else { return SF_EINVAL.code }
-    let authority = HostAuthority(refresh: options.refresh, userdata: UserData(pointer: options.refresh_userdata))
+    guard let configuration = configuration(from: options), let authority = authority(from: options) else {
+        return SF_EINVAL.code
+    }
+    let store: any CredentialStore = string(options.store_directory).map { FileCredentialStore(directory: $0) }
+        ?? MemoryCredentialStore()
     let session: SessionManager
     do {
-        session = try SessionManager(
-            loop: loop, authority: authority, store: MemoryCredentialStore(), configuration: configuration)
+        session = try SessionManager(loop: loop, authority: authority, store: store, configuration: configuration)
     } catch {
         return errorCode(error)
     }
-    let runtime = Runtime(loop: loop, session: session, authority: authority, borrowed: borrowed)
+    let host = authority as? HostAuthority
+    let runtime = Runtime(loop: loop, session: session, authority: host, borrowed: borrowed)
     out.pointee = pointer(for: runtimes.insert(runtime))
     return SF_OK.code
 }
@@ -180,7 +217,7 @@ public func sf_runtime_destroy_report(_ pointer: OpaquePointer!, _ unclosed: Uns
         return SF_ESHUTDOWN.code
     }
     // Requests the host has not answered can no longer be answered.
-    target.authority.abandonOpenRequests()
+    target.authority?.abandonOpenRequests()
     unclosed?.pointee = report.unclosedSubscriptions
     return SF_OK.code
 }

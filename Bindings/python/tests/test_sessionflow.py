@@ -127,3 +127,79 @@ def test_destroy_completes_and_reports_subscriptions_never_closed():
     with pytest.raises(sf.SessionFlowError) as error:
         rt.destroy()
     assert error.value.name == "SF_ECLOSED"
+
+
+# ---- The built-in OAuth 2.0 authority and the file store, configured through sf_options
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "Tests", "Fixtures", "oauth_server.py")
+
+
+@pytest.fixture
+def oauth_server():
+    pytest.importorskip("authlib")
+    process = subprocess.Popen([sys.executable, FIXTURE, "--expires-in", "1"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    port = int(process.stdout.readline().split()[1])
+    yield f"http://127.0.0.1:{port}"
+    process.kill()
+    process.wait()
+
+
+def post(url, **form):
+    data = urllib.parse.urlencode(form).encode()
+    try:
+        with urllib.request.urlopen(url, data) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        return json.load(error)
+
+
+def test_oauth_and_the_file_store_through_sf_options(oauth_server):
+    tokens = post(f"{oauth_server}/oauth/token", grant_type="password", username="alice",
+                  password="correct horse", client_id="sessionflow-public")
+    with tempfile.TemporaryDirectory() as home:
+        store = os.path.join(home, "store")
+        rt = sf.Runtime(token_endpoint=f"{oauth_server}/oauth/token", client_id="sessionflow-public",
+                        revocation_endpoint=f"{oauth_server}/oauth/revoke", store_directory=store,
+                        min_refresh_interval_ms=100)
+        try:
+            rt.sign_in(tokens["access_token"], tokens["refresh_token"], tokens["expires_in"], "alice")
+            time.sleep(1.2)  # the 1-second token expired: the library refreshes through the server
+            fresh = rt.fresh_token()
+            assert fresh != tokens["access_token"]
+            # the old refresh token was rotated away
+            assert post(f"{oauth_server}/oauth/token", grant_type="refresh_token",
+                        refresh_token=tokens["refresh_token"], client_id="sessionflow-public")["error"] == "invalid_grant"
+            # stored encrypted, owner-only
+            assert stat.S_IMODE(os.stat(store).st_mode) == 0o700
+            path = os.path.join(store, "session.sfstore")
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            content = open(path, "rb").read()
+            assert fresh.encode() not in content and b"alice" not in content
+            rt.logout()
+        finally:
+            rt.destroy()
+        # a new runtime on the same store starts logged out after that logout
+        again = sf.Runtime(store_directory=store)
+        try:
+            assert again.state == sf.State.LOGGED_OUT
+        finally:
+            again.destroy()
+
+
+def test_unusable_oauth_options_are_einval():
+    with pytest.raises(sf.SessionFlowError) as error:
+        sf.Runtime(token_endpoint="not a url", client_id="x")
+    assert error.value.name == "SF_EINVAL"
+    with pytest.raises(sf.SessionFlowError) as error:
+        sf.Runtime(token_endpoint="http://127.0.0.1:9/token")  # no client id
+    assert error.value.name == "SF_EINVAL"
