@@ -13,11 +13,13 @@ let package = Package(
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
         .executable(name: "loopflow-bench", targets: ["LoopFlowBench"]),
         .executable(name: "session-probe", targets: ["SessionProbe"]),
+        .executable(name: "watch-session", targets: ["WatchSession"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
     ],
     targets: [
         // libuv from the system (Debian: libuv1-dev), found through pkg-config.
@@ -76,6 +78,14 @@ let package = Package(
             name: "LoopFlowDemo",
             dependencies: ["LoopFlow"]
         ),
+        // The CLI that shows a session live (and plays the demo).
+        .executableTarget(
+            name: "WatchSession",
+            dependencies: [
+                "LoopFlow", "SessionCore", "SessionFileStore", "SessionOAuth",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         // A second process for the multi-process tests.
         .executableTarget(
             name: "SessionProbe",
@@ -104,6 +114,10 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ]
+        ),
+        .testTarget(
+            name: "WatchSessionTests",
+            dependencies: ["WatchSession"]
         ),
         .testTarget(
             name: "SessionFileStoreTests",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the demo. Usage: bash scripts/demo.sh
+# Runs the demo: watch-session on its embedded demo authority (about a minute).
+# Usage: bash scripts/demo.sh [watch-session options, e.g. --speed 5 or --json]
 source "$(dirname "$0")/setup.sh"
-swift build --product loopflow-demo
-exec .build/debug/loopflow-demo "$@"
+swift build --product watch-session
+exec .build/debug/watch-session "$@"

@@ -13,6 +13,9 @@ final class SessionEngine: @unchecked Sendable {
     struct Snapshot: Sendable {
         var hasAccessToken = false
         var memberID: String?
+        /// Loop-clock instants, for status displays.
+        var expiresAt: Duration?
+        var nextRefreshAt: Duration?
     }
 
     /// The tokens of a signed-in session.
@@ -540,6 +543,7 @@ final class SessionEngine: @unchecked Sendable {
         self.attempt = attempt
         proactiveTimer?.cancel()
         proactiveTimer = nil
+        proactiveDue = nil
         backoff?.timer.cancel()
         backoff = nil
         let timeout = policy.timeout
@@ -686,6 +690,8 @@ final class SessionEngine: @unchecked Sendable {
         let delay = policy.proactiveDelay(
             now: loop.now, expiresAt: live.expiresAt, lifetime: live.lifetime, lastRefresh: live.lastRefresh,
             unitRandom: configuration.random())
+        proactiveDue = loop.now + delay
+        defer { publishSnapshot() }
         proactiveTimer = try? loop.scheduleTimer(after: delay) { [self] in
             proactiveTimer = nil
             guard attempt == nil, backoff == nil, machine.state == .loggedIn else { return }
@@ -700,6 +706,7 @@ final class SessionEngine: @unchecked Sendable {
             startRefresh(reason: .retry, waiters: [])
         }) else { return }
         backoff = (timer, loop.now + delay)
+        publishSnapshot()
     }
 
     /// A new generation: the refresh in flight (if any) is abandoned and its waiters told
@@ -838,9 +845,14 @@ final class SessionEngine: @unchecked Sendable {
     }
 
     private func publishSnapshot() {
-        let current = Snapshot(hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID)
+        let current = Snapshot(
+            hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
+            expiresAt: live?.expiresAt, nextRefreshAt: backoff?.due ?? proactiveDue)
         snapshot.withLockedValue { $0 = current }
     }
+
+    /// When the proactive timer is due (loop clock), for status displays.
+    private var proactiveDue: Duration?
 
     private func emit(_ event: SessionEvent) {
         logger.debug("session event", metadata: ["event": "\(event)"])

@@ -49,6 +49,14 @@ public final class SessionManager: Sendable {
         engine.snapshot.withLockedValue { $0.hasAccessToken }
     }
 
+    /// How long the access token has left and when the next refresh is due (a retry after
+    /// a failure, or the proactive one), for status displays. Any thread.
+    public var timing: (expiresIn: Duration?, nextRefreshIn: Duration?) {
+        let snapshot = engine.snapshot.withLockedValue { $0 }
+        let now = loop.now
+        return (snapshot.expiresAt.map { $0 - now }, snapshot.nextRefreshAt.map { max($0 - now, .zero) })
+    }
+
     /// Who is signed in (kept through SESSION_EXPIRED; cleared by logout and reconfigure).
     public var memberID: String? {
         engine.snapshot.withLockedValue { $0.memberID }
