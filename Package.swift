@@ -117,7 +117,7 @@ let package = Package(
         ),
         .testTarget(
             name: "WatchSessionTests",
-            dependencies: ["WatchSession"]
+            dependencies: ["WatchSession", "SessionCore", "SessionFileStore"]
         ),
         .testTarget(
             name: "SessionFileStoreTests",

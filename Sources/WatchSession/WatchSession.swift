@@ -3,6 +3,7 @@ import Foundation
 import LoopFlow
 import SessionCore
 import SessionFileStore
+import SessionOAuth
 
 @main
 struct WatchSession: AsyncParsableCommand {
@@ -19,6 +20,13 @@ struct WatchSession: AsyncParsableCommand {
               watch-session --speed 10         the demo, ten times faster
               watch-session --json             one JSON object per event (NDJSON), for scripts
               watch-session --scenario offline-start
+              watch-session --store ~/.config/app/session
+                                               follow the session other processes keep there
+              watch-session --store DIR --token-endpoint https://auth.example.com/oauth/token \\
+                            --client-id my-app --refresh-token-file token.txt
+                                               drive a real OAuth 2.0 server (token from a file or '-' for stdin)
+
+            Keys on a terminal: l logout, r refresh now, u simulate a 401, q quit. Ctrl-C exits (130).
             """)
 
     @Option(help: "Compress time by this factor (the demo's clock runs N times faster).")
@@ -30,16 +38,71 @@ struct WatchSession: AsyncParsableCommand {
     @Flag(help: "Print one JSON object per event (NDJSON) instead of lines for people.")
     var json = false
 
+    @Option(help: "Watch the encrypted file store in this directory (other processes' changes appear live).")
+    var store: String?
+
+    @Option(help: "OAuth 2.0 token endpoint to refresh with (http or https URL).")
+    var tokenEndpoint: String?
+
+    @Option(name: .customLong("client-id"), help: "OAuth 2.0 client id (with --token-endpoint).")
+    var clientID: String?
+
+    @Option(help: "File holding a refresh token to sign in with ('-': standard input). Never on the command line.")
+    var refreshTokenFile: String?
+
     func validate() throws {
         guard speed > 0, speed <= 1000 else {
             throw ValidationError("--speed must be above 0 and at most 1000, got \(speed)")
+        }
+        if let tokenEndpoint {
+            guard let url = URL(string: tokenEndpoint), let scheme = url.scheme?.lowercased(),
+                scheme == "http" || scheme == "https", url.host != nil
+            else { throw ValidationError("--token-endpoint is not an http(s) URL: \(tokenEndpoint)") }
+            guard clientID?.isEmpty == false else { throw ValidationError("--token-endpoint needs --client-id") }
+        }
+        if refreshTokenFile != nil && tokenEndpoint == nil {
+            throw ValidationError("--refresh-token-file needs --token-endpoint")
+        }
+        if let store {
+            var isDirectory: ObjCBool = false
+            if FileManager.default.fileExists(atPath: store, isDirectory: &isDirectory), !isDirectory.boolValue {
+                throw ValidationError("--store is not a directory: \(store)")
+            }
         }
     }
 
     func run() async throws {
         let presenter = Presenter(json: json)
-        let outcome = try await Demo(scenario: scenario, speed: speed, presenter: presenter).play()
-        presenter.note(outcome)
+        guard store != nil || tokenEndpoint != nil else {
+            let outcome = try await Demo(scenario: scenario, speed: speed, presenter: presenter).play()
+            presenter.note(outcome)
+            return
+        }
+        let oauth = tokenEndpoint.flatMap(URL.init(string:)).map {
+            OAuthConfiguration(tokenEndpoint: $0, clientID: clientID ?? "")
+        }
+        let refreshToken = try refreshTokenFile.map(readRefreshToken)
+        let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
+        let ending = try await LiveWatch(
+            storeDirectory: store, oauth: oauth, refreshToken: refreshToken, presenter: presenter, keys: keys
+        ).run()
+        switch ending {
+        case .quit:
+            return
+        case .interrupted:
+            throw ExitCode(130)
+        case .failed(let message):
+            FileHandle.standardError.write(Data("watch-session: \(message)\n".utf8))
+            throw ExitCode(1)
+        }
+    }
+
+    private func readRefreshToken(_ path: String) throws -> Secret {
+        let data = path == "-" ? FileHandle.standardInput.readDataToEndOfFile() : FileManager.default.contents(atPath: path)
+        guard let data else { throw ValidationError("cannot read --refresh-token-file \(path)") }
+        let token = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !token.isEmpty else { throw ValidationError("--refresh-token-file \(path) is empty") }
+        return Secret(token)
     }
 }
 

@@ -67,3 +67,43 @@ struct MultiProcessTests {
         }
     }
 }
+
+@Suite("watch-session against the Authlib server", .serialized)
+struct WatchSessionOAuthTests {
+    @Test func aRefreshTokenFromStdinDrivesARealServerAndIsNeverPrinted() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let tokens = try await server.signIn()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ws-oauth-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("watch-session")
+        process.arguments = [
+            "--json", "--store", directory, "--token-endpoint", server.base.appendingPathComponent("oauth/token").absoluteString,
+            "--client-id", "sessionflow-public", "--refresh-token-file", "-",
+        ]
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        try process.run()
+        input.fileHandleForWriting.write(Data((tokens.refreshToken!.reveal() + "\n").utf8))
+        try input.fileHandleForWriting.close()
+        #expect(try await within(10) { try await server.stats()["refresh_grants"] == 1 })
+        try await Task.sleep(for: .milliseconds(300))
+        kill(process.processIdentifier, SIGINT)
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 130)
+        #expect(text.contains("\"event\":\"signedIn\""))
+        #expect(text.contains("\"state\":\"loggedIn\""))
+        #expect(!text.contains(tokens.refreshToken!.reveal()) && !text.contains(tokens.accessToken.reveal()))
+        // the session it made is in the store, with the rotated refresh token
+        guard case .present(let stored) = FileCredentialStore(directory: directory).read() else {
+            Issue.record("nothing stored")
+            return
+        }
+        #expect(stored.refreshToken != tokens.refreshToken)
+        #expect(!text.contains(stored.refreshToken!.reveal()))
+    }
+}

@@ -30,7 +30,7 @@ func objects(_ ndjson: String) throws -> [[String: Any]] {
 @Suite("watch-session", .serialized)
 struct WatchSessionTests {
     @Test func theDemoStoryPlaysEventByEventAndExitsZero() throws {
-        let run = try watchSession(["--json", "--speed", "20"])
+        let run = try watchSession(["--json", "--speed", "10"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let trail = lines.map { line -> String in
@@ -62,7 +62,7 @@ struct WatchSessionTests {
     }
 
     @Test func theHumanFormatHighlightsStatesAndSaysTheSessionExpired() throws {
-        let run = try watchSession(["--speed", "40"])
+        let run = try watchSession(["--speed", "20"])
         #expect(run.status == 0)
         #expect(run.stdout.contains("STATE → loggedIn"))
         #expect(run.stdout.contains("retrying in"))
@@ -72,7 +72,7 @@ struct WatchSessionTests {
     }
 
     @Test func anOfflineStartLogsNobodyOut() throws {
-        let run = try watchSession(["--json", "--speed", "20", "--scenario", "offline-start"])
+        let run = try watchSession(["--json", "--speed", "10", "--scenario", "offline-start"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let states = lines.compactMap { $0["kind"] as? String == "state" ? $0["state"] as? String : nil }
@@ -98,4 +98,105 @@ struct WatchSessionTests {
         #expect(help.stdout.contains("Examples:"))
         #expect(help.stdout.contains("--json"))
     }
+}
+
+import SessionCore
+import SessionFileStore
+
+func binary(_ name: String) -> String {
+    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    return URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent(name).path
+}
+
+func temporaryStore() -> String {
+    FileManager.default.temporaryDirectory.appendingPathComponent("watch-store-\(UUID().uuidString)").path
+}
+
+let storedAccess = "SENTINEL-WATCH-ACCESS-77"
+let storedRefresh = "SENTINEL-WATCH-REFRESH-88"
+
+func storedSession(member: String = "carol") -> StoredSession {
+    StoredSession(
+        accessToken: Secret(storedAccess), refreshToken: Secret(storedRefresh),
+        accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: member)
+}
+
+@Suite("watch-session, real use", .serialized)
+struct WatchSessionLiveTests {
+    @Test func aStoreChangedByAnotherProcessShowsUpLiveAndCtrlCExits130() async throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary("watch-session"))
+        process.arguments = ["--store", directory, "--json"]
+        let out = Pipe()
+        process.standardOutput = out
+        let collected = LockedText()
+        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
+        try process.run()
+        #expect(await waitFor { collected.text.contains("\"state\":\"loggedOut\"") })
+        // Another process (this test) signs in through the store...
+        try FileCredentialStore(directory: directory).write(storedSession())
+        #expect(await waitFor { collected.text.contains("\"event\":\"signedIn\"") })
+        #expect(collected.text.contains("\"state\":\"loggedIn\""))
+        // ...and logs out
+        try FileCredentialStore(directory: directory).clear()
+        #expect(await waitFor { collected.text.contains("otherProcess") })
+        // Ctrl-C: a clean exit with 130
+        kill(process.processIdentifier, SIGINT)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 130)
+        #expect(!collected.text.contains(storedAccess) && !collected.text.contains(storedRefresh))
+    }
+
+    @Test func keysOnATerminalLogOutAndQuit() throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileCredentialStore(directory: directory).write(storedSession())
+        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Fixtures/pty_drive.py").path
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", fixture, "keys:", "lq", "STATE → loggedOut", "--", binary("watch-session"), "--store", directory]
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(screen)")
+        #expect(screen.contains("STATE → loggedIn"))
+        #expect(screen.contains("STATE → loggedOut"))
+        #expect(screen.contains("signed out (userRequested)"))
+        #expect(FileCredentialStore(directory: directory).read() == .absent)
+        #expect(!screen.contains(storedAccess) && !screen.contains(storedRefresh))
+    }
+
+    @Test func aBadURLOrStoreGetsOneClearLine() throws {
+        let url = try watchSession(["--token-endpoint", "not a url", "--client-id", "x"])
+        #expect(url.status != 0)
+        #expect(url.stderr.contains("--token-endpoint is not an http(s) URL"))
+        let noClient = try watchSession(["--token-endpoint", "https://auth.example.com/token"])
+        #expect(noClient.status != 0 && noClient.stderr.contains("needs --client-id"))
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("not-a-dir-\(UUID().uuidString)").path
+        _ = FileManager.default.createFile(atPath: file, contents: Data())
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let store = try watchSession(["--store", file])
+        #expect(store.status != 0 && store.stderr.contains("--store is not a directory"))
+    }
+}
+
+final class LockedText: @unchecked Sendable {
+    private let lock = NSLock()
+    private var data = Data()
+    func append(_ chunk: Data) { lock.withLock { data.append(chunk) } }
+    var text: String { lock.withLock { String(decoding: data, as: UTF8.self) } }
+}
+
+func waitFor(_ seconds: Double = 5, _ condition: () -> Bool) async -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return condition()
 }

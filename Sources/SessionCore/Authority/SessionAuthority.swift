@@ -77,6 +77,12 @@ public struct RefreshRequest: Sendable, CustomStringConvertible {
     public let memberID: String?
     public let reason: RefreshReason
 
+    public init(refreshToken: Secret, memberID: String?, reason: RefreshReason) {
+        self.refreshToken = refreshToken
+        self.memberID = memberID
+        self.reason = reason
+    }
+
     public var description: String {
         "RefreshRequest(refreshToken: <redacted>, memberID: \(memberID ?? "nil"), reason: \(reason))"
     }
@@ -96,6 +102,15 @@ public final class AuthorityCompletion<Output: Sendable>: Sendable {
     ) {
         self.clock = clock
         self.deliver = deliver
+    }
+
+    /// A completion that is not tied to a session: `handle` gets the answer on whatever
+    /// thread completes it. For one-off exchanges (a tool trading a refresh token for a
+    /// first access token).
+    public static func standalone(
+        _ handle: @escaping @Sendable (Result<Output, AuthorityError>) -> Void
+    ) -> AuthorityCompletion<Output> {
+        AuthorityCompletion(clock: { .zero }) { result, _ in handle(result) }
     }
 
     /// Whether it was completed already.

@@ -300,6 +300,20 @@ final class SessionEngine: @unchecked Sendable {
         startRefresh(reason: .onDemand, waiters: [completion])
     }
 
+    /// Refreshes now, whatever the margin says (joins a refresh already in flight; a
+    /// scheduled retry is brought forward).
+    func refreshNow(_ completion: @escaping TokenCompletion) {
+        guard live != nil, machine.state == .loggedIn, !closed else {
+            completion(.failure(notUsableError()))
+            return
+        }
+        if let attempt {
+            attempt.waiters.append(completion)
+            return
+        }
+        startRefresh(reason: .onDemand, waiters: [completion])
+    }
+
     /// A request failed with 401 using `token`: refresh only if it is still the current
     /// token (compare-and-refresh); otherwise hand back the current one.
     func handleUnauthorized(token: Secret, _ completion: @escaping TokenCompletion) {

@@ -90,6 +90,11 @@ public final class SessionManager: Sendable {
         try post { engine in engine.freshAccessToken(completion) }
     }
 
+    /// Refreshes now, whatever the margin says (shares a refresh already in flight).
+    public func refreshNow() async throws(SessionError) -> Secret {
+        try await awaitToken { engine, completion in engine.refreshNow(completion) }
+    }
+
     /// A request failed with 401 using `token`. If it is still the current token, it is
     /// refreshed (once, shared by every caller); otherwise the current one is returned.
     /// Retry your request once with the answer — a token fresh from such a refresh that is

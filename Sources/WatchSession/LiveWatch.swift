@@ -1,0 +1,154 @@
+import Foundation
+import LoopFlow
+import SessionCore
+import SessionFileStore
+import SessionOAuth
+
+/// Watching a real session: a file store other processes use, and/or a real OAuth 2.0
+/// server. Runs until `q`, Ctrl-C (exit 130) or SIGTERM.
+struct LiveWatch {
+    let storeDirectory: String?
+    let oauth: OAuthConfiguration?
+    let refreshToken: Secret?
+    let presenter: Presenter
+    let keys: Bool
+
+    enum Ending: Sendable {
+        case quit
+        case interrupted
+        case failed(String)
+    }
+
+    /// Refreshes fail as a configuration matter: this process only watches.
+    struct WatchOnly: SessionAuthority {
+        func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+            completion.fail(.configuration("watch_only", "no token endpoint given (--token-endpoint): watching only"))
+        }
+    }
+
+    func run() async throws -> Ending {
+        let authority: any SessionAuthority = oauth.map { OAuthAuthority($0) } ?? WatchOnly()
+        let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0) } ?? MemoryCredentialStore()
+        if case .unavailable(let error) = store.read() {
+            return .failed("cannot read the store: \(error.message)")
+        }
+        var configuration = SessionConfiguration()
+        configuration.logger.logLevel = .critical
+        let settings = configuration
+        let presenter = self.presenter
+        let loop = try EventLoop(name: "watch-session")
+        let (manager, subscriptions) = try await loop.submit {
+            let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: settings)
+            let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
+            let events = try manager.events.subscribe(onEvent: { presenter.event($0) })
+            return (manager, [states, events])
+        }
+        let ticker = try loop.scheduleTimer(after: .milliseconds(250), repeating: .milliseconds(250)) {
+            let timing = manager.timing
+            presenter.status(expiresIn: timing.expiresIn, nextRefreshIn: timing.nextRefreshIn)
+        }
+
+        // A refresh token given on the side: exchange it for a session.
+        if let refreshToken, manager.state.value != .loggedIn {
+            do {
+                let grant = try await firstGrant(authority, refreshToken)
+                try await manager.signIn(SessionTokens(
+                    accessToken: grant.accessToken, refreshToken: grant.refreshToken ?? refreshToken,
+                    expiresIn: grant.expiresIn, memberID: grant.memberID))
+            } catch {
+                presenter.note("sign-in with the refresh token failed: \(error)")
+            }
+        }
+
+        let ending = AsyncStream<Ending>.makeStream()
+        let signals = Signals { ending.continuation.yield(.interrupted) }
+        let keyboard = keys ? Keyboard { key in
+            switch key {
+            case "q": ending.continuation.yield(.quit)
+            case "l":
+                Task { do { try await manager.logout() } catch { presenter.note("logout: \(error)") } }
+            case "r":
+                Task { do { _ = try await manager.refreshNow() } catch { presenter.note("refresh: \(error)") } }
+            case "u":
+                Task {
+                    do {
+                        let token = try await manager.freshAccessToken()
+                        _ = try await manager.handleUnauthorized(token: token)
+                    } catch {
+                        presenter.note("401: \(error)")
+                    }
+                }
+            default: break
+            }
+        } : nil
+        if keys { presenter.note("keys: l logout · r refresh now · u simulate a 401 · q quit") }
+
+        var result = Ending.quit
+        for await reason in ending.stream {
+            result = reason
+            break
+        }
+        keyboard?.stop()
+        signals.stop()
+        ticker.cancel()
+        for subscription in subscriptions { subscription.close() }
+        await manager.close()  // writes a store that fell behind
+        try loop.shutdown()
+        return result
+    }
+
+    private func firstGrant(_ authority: any SessionAuthority, _ token: Secret) async throws -> TokenGrant {
+        let result: Result<TokenGrant, AuthorityError> = await withCheckedContinuation { continuation in
+            // The completion needs a clock; this one-off exchange does not go through a session.
+            let completion = AuthorityCompletion<TokenGrant>.standalone { continuation.resume(returning: $0) }
+            authority.refresh(RefreshRequest(refreshToken: token, memberID: nil, reason: .onDemand), completion: completion)
+        }
+        return try result.get()
+    }
+}
+
+/// SIGINT and SIGTERM, handled instead of killing the process.
+final class Signals: @unchecked Sendable {
+    private var sources: [any DispatchSourceSignal] = []
+
+    init(_ handler: @escaping @Sendable () -> Void) {
+        for number in [SIGINT, SIGTERM] {
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler(handler: handler)
+            source.resume()
+            sources.append(source)
+        }
+    }
+
+    func stop() {
+        for source in sources { source.cancel() }
+    }
+}
+
+/// Single key presses from a terminal (raw mode, no echo), restored on stop.
+final class Keyboard: @unchecked Sendable {
+    private var saved = termios()
+    private let lock = NSLock()
+    private var stopped = false
+
+    init(_ onKey: @escaping @Sendable (Character) -> Void) {
+        tcgetattr(STDIN_FILENO, &saved)
+        var raw = saved
+        raw.c_lflag &= ~tcflag_t(ICANON | ECHO)
+        tcsetattr(STDIN_FILENO, TCSANOW, &raw)
+        let thread = Thread { [self] in
+            var byte: UInt8 = 0
+            while read(STDIN_FILENO, &byte, 1) == 1 {
+                if lock.withLock({ stopped }) { return }
+                onKey(Character(UnicodeScalar(byte)))
+            }
+        }
+        thread.start()
+    }
+
+    func stop() {
+        lock.withLock { stopped = true }
+        tcsetattr(STDIN_FILENO, TCSANOW, &saved)
+    }
+}
