@@ -111,6 +111,44 @@ enum Scenario: String, CaseIterable, ExpressibleByArgument {
     case story
     /// The network is down when the app starts with a stored session: nobody is logged out.
     case offlineStart = "offline-start"
+    /// Twenty requests get a 401 with the same token at once: one refresh serves them all.
+    case unauthorizedStorm = "401-storm"
+    /// The user logs out while a refresh is on the wire: its late answer changes nothing.
+    case logoutDuringRefresh = "logout-during-refresh"
+}
+
+extension Demo {
+    /// Twenty concurrent 401s with the same token → one refresh; a straggler with the old
+    /// token gets the new one without a refresh.
+    func unauthorizedStorm(_ manager: SessionManager) async throws {
+        try await Task.sleep(for: Duration.seconds(1).compressed(by: speed))
+        let token = try await manager.freshAccessToken()
+        presenter.note("20 requests come back 401 with the same token")
+        let answers = try await withThrowingTaskGroup(of: Secret.self) { group in
+            for _ in 0..<20 {
+                group.addTask { try await manager.handleUnauthorized(token: token) }
+            }
+            return try await group.reduce(into: Set<Secret>()) { $0.insert($1) }
+        }
+        presenter.note("all 20 got \(answers.count == 1 ? "the same new token" : "\(answers.count) tokens") from one refresh")
+        _ = try await manager.handleUnauthorized(token: token)
+        presenter.note("a late 401 with the old token: handed the current one, no refresh")
+        try await Task.sleep(for: Duration.seconds(1).compressed(by: speed))
+        try await manager.logout()
+        try await Task.sleep(for: .milliseconds(100))  // let the last state reach the screen
+    }
+
+    /// A refresh is on the wire (3 s to answer) when the user logs out.
+    func logoutDuringRefresh(_ manager: SessionManager, authority: DemoAuthority) async throws {
+        try await Task.sleep(for: Duration.seconds(1).compressed(by: speed))
+        let waiting = Task { try? await manager.refreshNow() }
+        try await Task.sleep(for: Duration.milliseconds(500).compressed(by: speed))
+        presenter.note("logging out while the refresh is on the wire")
+        try await manager.logout()
+        _ = await waiting.value
+        try await Task.sleep(for: Duration.seconds(3).compressed(by: speed))
+        presenter.note("the refresh answered after the logout: discarded, nothing stored, still \(manager.state.value)")
+    }
 }
 
 /// One demo run: an in-process authority, a temporary store, a session, and what it says.
@@ -140,6 +178,10 @@ struct Demo {
         case .story:
             plan = [.grant, .grant, .transient("503 Service Unavailable"), .silent,
                     .transient("503 Service Unavailable"), .grant, .terminal("the refresh token was revoked")]
+        case .unauthorizedStorm:
+            plan = [.grant, .terminal("the refresh token was revoked")]
+        case .logoutDuringRefresh:
+            plan = [.grant]
         case .offlineStart:
             plan = [.transient("network unreachable"), .transient("network unreachable"), .grant,
                     .terminal("the refresh token was revoked")]
@@ -147,21 +189,25 @@ struct Demo {
                 accessToken: DemoAuthority.token("access"), refreshToken: DemoAuthority.token("refresh"),
                 accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(1), memberID: "demo-user"))
         }
-        let authority = DemoAuthority(plan: plan, lifetime: lifetime, latency: latency)
+        // Logging out during a refresh needs a refresh that takes a while to answer.
+        let authority = DemoAuthority(
+            plan: plan, lifetime: lifetime,
+            latency: scenario == .logoutDuringRefresh ? Duration.seconds(3).compressed(by: speed) : latency)
 
         let loop = try EventLoop(name: "watch-session")
         let settings = configuration
         let finished = AsyncStream<String>.makeStream()
         let (manager, subscriptions) = try await loop.submit {
             let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: settings)
-            let states = try manager.subscribeToSessionState(onState: { state in
-                presenter.state(state)
-                if state == .sessionExpired {
+            let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
+            // The expiry event comes after the state change: the story ends on it.
+            let events = try manager.events.subscribe(onEvent: { event in
+                presenter.event(event)
+                if case .sessionExpired = event {
                     presenter.note("Your session has expired. Please sign in again.")
                     finished.continuation.yield("demo finished: the session expired")
                 }
             })
-            let events = try manager.events.subscribe(onEvent: { presenter.event($0) })
             return (manager, [states, events])
         }
         let ticker = try loop.scheduleTimer(after: .milliseconds(200), repeating: .milliseconds(200)) {
@@ -169,10 +215,20 @@ struct Demo {
             presenter.status(expiresIn: timing.expiresIn, nextRefreshIn: timing.nextRefreshIn)
         }
 
-        if scenario == .story {
+        if scenario != .offlineStart {
             try await manager.signIn(SessionTokens(
                 accessToken: DemoAuthority.token("access"), refreshToken: DemoAuthority.token("refresh"),
                 expiresIn: lifetime, memberID: "demo-user"))
+        }
+        switch scenario {
+        case .unauthorizedStorm:
+            try await unauthorizedStorm(manager)
+            finished.continuation.yield("demo finished: one refresh answered twenty 401s")
+        case .logoutDuringRefresh:
+            try await logoutDuringRefresh(manager, authority: authority)
+            finished.continuation.yield("demo finished: the late answer changed nothing")
+        case .story, .offlineStart:
+            break
         }
         var outcome = "demo finished"
         for await line in finished.stream {

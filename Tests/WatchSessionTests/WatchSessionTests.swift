@@ -81,6 +81,25 @@ struct WatchSessionTests {
         #expect(!run.stdout.contains("demo-token"))
     }
 
+    @Test func a401StormIsServedByOneRefresh() throws {
+        let run = try watchSession(["--json", "--speed", "10", "--scenario", "401-storm"])
+        #expect(run.status == 0)
+        let refreshed = try objects(run.stdout).filter { $0["event"] as? String == "tokenRefreshed" }
+        #expect(refreshed.count == 1)
+        #expect(refreshed.first?["reason"] as? String == "unauthorized")
+        #expect(run.stdout.contains("all 20 got the same new token from one refresh"))
+    }
+
+    @Test func aRefreshAnsweringAfterLogoutChangesNothing() throws {
+        let run = try watchSession(["--json", "--speed", "10", "--scenario", "logout-during-refresh"])
+        #expect(run.status == 0)
+        let lines = try objects(run.stdout)
+        let signedOut = lines.firstIndex { $0["event"] as? String == "signedOut" }
+        #expect(signedOut != nil)
+        #expect(!lines.contains { $0["event"] as? String == "tokenRefreshed" })
+        #expect(lines.last { $0["kind"] as? String == "state" }?["state"] as? String == "loggedOut")
+    }
+
     @Test func badInputGetsOneClearLineAndANonZeroExit() throws {
         let speed = try watchSession(["--speed", "0"])
         #expect(speed.status != 0)
