@@ -170,12 +170,17 @@ final class SessionEngine: @unchecked Sendable {
         } else if let access = stored.accessToken, !access.isBlank {
             machine = SessionStateMachine(state: .loggedIn)
             memberID = stored.memberID
-            let remaining = (stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock()
-            live = LiveSession(
-                accessToken: access, refreshToken: stored.refreshToken,
-                expiresAt: loop.now + max(remaining, .zero), lifetime: max(remaining, .zero),
-                externalUserID: stored.externalUserID)
+            live = liveSession(from: stored, access: access)
         }
+    }
+
+    /// A stored session in memory: its expiry moves from the wall clock (stored) to the
+    /// monotonic loop clock (used).
+    private func liveSession(from stored: StoredSession, access: Secret, lastRefresh: Duration? = nil) -> LiveSession {
+        let remaining = max((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock(), .zero)
+        return LiveSession(
+            accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
+            lifetime: remaining, externalUserID: stored.externalUserID ?? live?.externalUserID, lastRefresh: lastRefresh)
     }
 
     private func start(initialRead: StoreRead) {
@@ -449,17 +454,14 @@ final class SessionEngine: @unchecked Sendable {
 
     /// Takes tokens another process stored (expiry from the stored wall-clock instant).
     private func adopt(_ stored: StoredSession, access: Secret) {
-        let remaining = max((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock(), .zero)
-        let now = loop.now
-        live = LiveSession(
-            accessToken: access, refreshToken: stored.refreshToken, expiresAt: now + remaining,
-            lifetime: remaining, externalUserID: stored.externalUserID ?? live?.externalUserID, lastRefresh: now)
+        let adopted = liveSession(from: stored, access: access, lastRefresh: loop.now)
+        live = adopted
         consecutiveFailures = 0
         backoff?.timer.cancel()
         backoff = nil
         publishSnapshot()
         logger.info("adopted tokens another process refreshed")
-        emit(.tokenRefreshed(expiresIn: remaining, reason: .sharedStore))
+        emit(.tokenRefreshed(expiresIn: adopted.lifetime, reason: .sharedStore))
         scheduleProactiveRefresh()
     }
 
@@ -536,10 +538,7 @@ final class SessionEngine: @unchecked Sendable {
     }
 
     private func adoptSignIn(_ stored: StoredSession, access: Secret) {
-        let remaining = max((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock(), .zero)
-        live = LiveSession(
-            accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
-            lifetime: remaining, externalUserID: stored.externalUserID)
+        live = liveSession(from: stored, access: access)
     }
 
     private func startReauthentication(externalUserID: String, waiters: [TokenCompletion]) {
