@@ -101,7 +101,8 @@ final class Presenter: @unchecked Sendable {
     }
 
     static func seconds(_ duration: Duration) -> String {
-        String(format: "%.1f s", max(duration.timeInterval, 0))
+        let value = max(duration.timeInterval, 0)
+        return value < 1 ? String(format: "%.0f ms", value * 1000) : String(format: "%.1f s", value)
     }
 
     static func name(of event: SessionEvent) -> String {
