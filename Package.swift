@@ -94,9 +94,15 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
+        // The raw libuv floor the benchmark compares against (C, in the same process).
+        .target(
+            name: "CBaseline",
+            dependencies: ["CLibUV"],
+            linkerSettings: [.linkedLibrary("uv"), .linkedLibrary("pthread")]
+        ),
         .executableTarget(
             name: "LoopFlowBench",
-            dependencies: ["LoopFlow"]
+            dependencies: ["LoopFlow", "CBaseline"]
         ),
         .testTarget(
             name: "LoopFlowTests",

@@ -40,6 +40,10 @@ cc -std=gnu11 Bindings/examples/borrowed_host.c $(pkg-config --cflags --libs ses
 "$prefix/owned_host" >/dev/null && "$prefix/borrowed_host" >/dev/null
 echo "pkg-config hosts: 2 passed, 0 failed"
 
+echo "== benchmark smoke run (tiny sizes, release; the figures are not checked, only that it runs)"
+swift build -c release --product loopflow-bench
+.build/release/loopflow-bench --smoke
+
 echo "== swift test under ThreadSanitizer"
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \

@@ -1,6 +1,14 @@
-// Rough LoopFlow figures: one cross-thread set→callback hop, and one fan-out callback.
-// Run with: swift run -c release loopflow-bench
-// (The full benchmark with a raw libuv C baseline in the same run is a later issue.)
+// LoopFlow against the raw libuv floor (CBaseline), measured in the same run.
+//
+//   swift run -c release loopflow-bench            full sizes
+//   swift run -c release loopflow-bench --smoke    tiny sizes (the test suite runs this so it cannot rot)
+//   ... --json                                     one JSON object instead of the table
+//
+// Figures: cross-thread set→callback latency (paced, one in flight: p50/p99/p99.9) and fan-out
+// ns per callback (time from the first to the last subscriber of one update). The rest of the
+// benchmark issue (set rate, subscribe+close rate, memory, allocations, single-flight, peers) is
+// still to come.
+import CBaseline
 import LoopFlow
 import Synchronization
 
@@ -8,79 +16,166 @@ import Synchronization
 import Glibc
 #endif
 
-func nanosecondsNow() -> UInt64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+let arguments = CommandLine.arguments
+let smoke = arguments.contains("--smoke")
+let json = arguments.contains("--json")
+let samples = smoke ? 200 : 20_000
+let fanOutSizes = smoke ? [1, 100] : [1, 100, 10_000, 1_000_000]
+let fanOutUpdates = smoke ? 5 : 50
+
+func percentile(_ sorted: [UInt64], _ p: Double) -> Double {
+    Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))])
 }
 
-func percentile(_ sorted: [UInt64], _ p: Double) -> UInt64 {
-    sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
-}
-
-/// Loop-thread scratch state read back on the main thread after a happens-before edge.
+/// Loop-thread scratch state read back after a happens-before edge.
 final class Box<T>: @unchecked Sendable {
     var value: T
     init(_ value: T) { self.value = value }
 }
 
-/// What the loop thread publishes and the measuring thread spins on.
 final class Published: Sendable {
     let value = Atomic<Int>(0)
+    let fanOut = Mutex<Double>(0)
 }
 
-let arguments = CommandLine.arguments
-let samples = arguments.count > 1 ? Int(arguments[1]) ?? 20_000 : 20_000
+struct Row {
+    let name: String
+    let ours: Double
+    let floor: Double
+    let unit: String
+    var ratio: Double { floor > 0 ? ours / floor : .nan }
+}
 
-let loop = try EventLoop(name: "bench")
+var rows: [Row] = []
 
-// 1. Cross-thread hop: this thread sets, the loop thread's callback publishes, we spin.
-do {
+// MARK: latency
+
+func loopFlowLatencies() throws -> [UInt64] {
+    let loop = try EventLoop(name: "bench")
+    defer { _ = try? loop.shutdown() }
     let flow = MutableStateFlow(0, on: loop)
     let published = Published()
     let subscription = try flow.subscribe(onState: { published.value.store($0, ordering: .releasing) })
+    defer { subscription.close() }
+    while published.value.load(ordering: .acquiring) != 0 {}
     var latencies: [UInt64] = []
     latencies.reserveCapacity(samples)
     for i in 1...samples {
-        let start = nanosecondsNow()
+        let start = bl_now_ns()
         flow.value = i
         while published.value.load(ordering: .acquiring) != i {}
-        latencies.append(nanosecondsNow() - start)
+        latencies.append(bl_now_ns() - start)
     }
-    subscription.close()
-    latencies.sort()
-    print("set→callback hop (foreign thread → loop thread), \(samples) paced samples:")
-    print("  p50 \(percentile(latencies, 0.5)) ns, p99 \(percentile(latencies, 0.99)) ns")
+    return latencies.sorted()
 }
 
-// 2. Fan-out: time between the first and the last subscriber's callback of one update.
-for subscribers in [100, 10_000] {
+func baselineLatencies() -> [UInt64] {
+    let runtime = bl_create(1)!
+    defer { bl_destroy(runtime) }
+    var latencies: [UInt64] = []
+    latencies.reserveCapacity(samples)
+    for i in 1...samples {
+        let start = bl_now_ns()
+        bl_set(runtime, Int64(i))
+        while bl_published(runtime) != Int64(i) {}
+        latencies.append(bl_now_ns() - start)
+    }
+    return latencies.sorted()
+}
+
+// Interleave the two so that machine noise hits both alike.
+var ours: [UInt64] = []
+var floor: [UInt64] = []
+for _ in 0..<2 {
+    ours += try loopFlowLatencies()
+    floor += baselineLatencies()
+}
+ours.sort()
+floor.sort()
+for (label, p) in [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)] {
+    rows.append(Row(name: "set→callback latency \(label)", ours: percentile(ours, p), floor: percentile(floor, p), unit: "ns"))
+}
+
+// MARK: fan-out
+
+func loopFlowFanOut(_ subscribers: Int) throws -> Double {
+    let loop = try EventLoop(name: "bench")
+    defer { _ = try? loop.shutdown() }
     let flow = MutableStateFlow(0, on: loop)
     let first = Box<UInt64>(0)
-    let perCallback = Box<[Double]>([])
-    let done = Published()
+    let published = Published()
     var subscriptions: [FlowSubscription] = []
+    subscriptions.reserveCapacity(subscribers)
     for index in 0..<subscribers {
         let isFirst = index == 0
         let isLast = index == subscribers - 1
         subscriptions.append(try flow.subscribe(onState: { value in
-            if isFirst { first.value = nanosecondsNow() }
+            if isFirst { first.value = bl_now_ns() }
             if isLast {
-                if value > 0 {
-                    perCallback.value.append(Double(nanosecondsNow() - first.value) / Double(subscribers - 1))
+                if subscribers > 1 {
+                    let perCallback = Double(bl_now_ns() - first.value) / Double(subscribers - 1)
+                    published.fanOut.withLock { $0 = perCallback }
                 }
-                done.value.store(value, ordering: .releasing)
+                published.value.store(value, ordering: .releasing)
             }
         }))
     }
-    let updates = 200
-    for update in 1...updates {
+    while published.value.load(ordering: .acquiring) != 0 {}
+    var measured: [Double] = []
+    for update in 1...fanOutUpdates {
         flow.value = update
-        while done.value.load(ordering: .acquiring) != update {}
+        while published.value.load(ordering: .acquiring) != update {}
+        measured.append(published.fanOut.withLock { $0 })
     }
     for subscription in subscriptions { subscription.close() }
-    let sorted = perCallback.value.sorted()
-    print("fan-out, \(subscribers) subscribers, \(updates) updates: median \(sorted[sorted.count / 2]) ns per callback")
+    return measured.sorted()[measured.count / 2]
 }
 
-try loop.shutdown()
+func baselineFanOut(_ subscribers: Int) -> Double {
+    let runtime = bl_create(Int32(subscribers))!
+    defer { bl_destroy(runtime) }
+    var measured: [Double] = []
+    for update in 1...fanOutUpdates {
+        bl_set(runtime, Int64(update))
+        while bl_published(runtime) != Int64(update) {}
+        measured.append(bl_last_fanout_ns_per_callback(runtime))
+    }
+    return measured.sorted()[measured.count / 2]
+}
+
+for subscribers in fanOutSizes where subscribers > 1 {
+    rows.append(Row(
+        name: "fan-out per callback, \(subscribers) subscribers",
+        ours: try loopFlowFanOut(subscribers), floor: baselineFanOut(subscribers), unit: "ns"))
+}
+
+// MARK: report
+
+if json {
+    let items = rows.map {
+        "{\"name\":\"\($0.name)\",\"sessionflow\":\($0.ours),\"baseline\":\($0.floor),\"unit\":\"\($0.unit)\",\"ratio\":\($0.ratio)}"
+    }
+    print("[" + items.joined(separator: ",") + "]")
+} else {
+    func pad(_ text: String, _ width: Int) -> String {
+        text.count >= width ? text : text + String(repeating: " ", count: width - text.count)
+    }
+    print(pad("measure", 44) + pad("SessionFlow", 14) + pad("raw libuv", 14) + "ratio")
+    /// `value` with `decimals` digits after the point (no Foundation here).
+    func fixed(_ value: Double, _ decimals: Int) -> String {
+        guard value.isFinite else { return "n/a" }
+        var scale = 1.0
+        for _ in 0..<decimals { scale *= 10 }
+        let scaled = Int64((value * scale).rounded())
+        let whole = scaled / Int64(scale)
+        let fraction = abs(scaled % Int64(scale))
+        guard decimals > 0 else { return "\(whole)" }
+        let digits = String(fraction)
+        return "\(whole)." + String(repeating: "0", count: decimals - digits.count) + digits
+    }
+    for row in rows {
+        let ours = fixed(row.ours, row.ours < 100 ? 1 : 0) + " " + row.unit
+        let floor = fixed(row.floor, row.floor < 100 ? 1 : 0) + " " + row.unit
+        print(pad(row.name, 44) + pad(ours, 14) + pad(floor, 14) + fixed(row.ratio, 2) + "×")
+    }
+}
