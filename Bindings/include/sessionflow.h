@@ -17,8 +17,9 @@
  *  3. sf_subscription_close is safe from any thread, any number of times. When it
  *     returns, no callback of that subscription is running or will start — except when
  *     called from inside that subscription's own callback: that callback finishes and
- *     nothing follows. The one way to deadlock: closing from a thread that the running
- *     callback is itself waiting for.
+ *     nothing follows. (Off the loop thread it waits for the loop to finish calling that
+ *     flow's subscribers, if it is.) The one way to deadlock: closing from a thread that a
+ *     running callback of the same flow (state or events) is itself waiting for.
  *  4. `release(userdata)` runs exactly once for every successful subscribe, on the loop
  *     thread, after that subscription's last callback. A subscribe that fails takes no
  *     ownership: nothing is called, the host keeps its userdata.

@@ -78,8 +78,15 @@ public final class EventLoop: @unchecked Sendable {
     private var report = ShutdownReport(unclosedSubscriptions: 0)
 
     private let loopThread = Atomic<UInt>(0)
-    /// Threads that `close()` a subscription whose callback is running wait here.
+    /// Threads that `close()` a subscription while the loop calls its flow's subscribers
+    /// wait here for that walk to end.
     let closeMonitor = CloseMonitor()
+    /// The flow (its `FlowCore`'s identity) whose subscribers the loop thread is calling, or 0.
+    let walking = Atomic<UInt>(0)
+    /// Walks finished so far (a waiter waits for the walk it saw, not for later ones).
+    let walksFinished = Atomic<UInt64>(0)
+    /// Threads waiting in `close()` for a walk to end.
+    let walkWaiters = Atomic<Int>(0)
     /// Successful subscribes minus closes and completions, across every flow of this loop.
     let openSubscriptions = Atomic<Int>(0)
     /// How many times the wake-up callback ran (coalescing is observable in tests).
@@ -294,6 +301,41 @@ public final class EventLoop: @unchecked Sendable {
             batchIndex += 1
         }
         batch.removeAll(keepingCapacity: true)
+    }
+
+    // MARK: - Walks (the close contract)
+
+    /// Loop thread: the subscribers of `owner` are about to be called. One sequentially
+    /// consistent store per walk; each callback then only loads its subscription's gate.
+    @inline(__always)
+    func beginWalk(_ owner: ObjectIdentifier) {
+        walking.store(UInt(bitPattern: owner), ordering: .sequentiallyConsistent)
+    }
+
+    /// Loop thread: the walk is over; wake the threads waiting in `close()`, if any.
+    @inline(__always)
+    func endWalk() {
+        walksFinished.add(1, ordering: .releasing)
+        walking.store(0, ordering: .sequentiallyConsistent)
+        if walkWaiters.load(ordering: .sequentiallyConsistent) > 0 {
+            closeMonitor.lock.withLock {}
+            closeMonitor.condition.broadcast()
+        }
+    }
+
+    /// Any thread but the loop's: returns once the loop is not walking `owner`'s subscribers
+    /// (or has finished the walk it was in when this was called).
+    func waitWhileWalking(_ owner: ObjectIdentifier) {
+        let id = UInt(bitPattern: owner)
+        guard walking.load(ordering: .sequentiallyConsistent) == id else { return }
+        let walk = walksFinished.load(ordering: .acquiring)
+        closeMonitor.lock.lock()
+        walkWaiters.add(1, ordering: .sequentiallyConsistent)
+        while walking.load(ordering: .sequentiallyConsistent) == id && walksFinished.load(ordering: .acquiring) == walk {
+            closeMonitor.condition.wait(closeMonitor.lock)
+        }
+        walkWaiters.subtract(1, ordering: .sequentiallyConsistent)
+        closeMonitor.lock.unlock()
     }
 
     // MARK: - Subscription owners

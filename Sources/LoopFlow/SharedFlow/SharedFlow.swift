@@ -121,6 +121,8 @@ extension SharedFlow: DeliverySource {
 
         // Newcomers first get their replay, then the live events from their start on.
         core.registerArrivals()
+        loop.beginWalk(ObjectIdentifier(core))
+        defer { loop.endWalk() }
         core.forEachNewcomer { subscription in
             for event in subscription.takeBacklog() {
                 subscription.deliver(event)
@@ -232,9 +234,8 @@ final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sen
 
     @inline(__always)
     func deliver(_ event: Event) {
-        if enter() {
+        if isOpen {
             onEvent(event)
-            exit()
         }
     }
 }

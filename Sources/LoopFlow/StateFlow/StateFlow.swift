@@ -75,17 +75,20 @@ extension StateFlow: DeliverySource {
         lock.unlock()
 
         core.registerArrivals()
+        loop.beginWalk(ObjectIdentifier(core))
+        defer { loop.endWalk() }
         if epoch == 0 || lastBroadcast != value {
             // A new value: everyone registered gets it, newcomers included.
             epoch &+= 1
             lastBroadcast = value
-            let count = core.slots.count
-            var index = 0
-            while index < count {
-                let subscription = core.slots[index]
-                subscription.seenEpoch = epoch
-                subscription.deliver(value)
-                index += 1
+            // The slots do not change during a walk (arrivals register before it, removals
+            // happen in retire jobs), so the buffer can be walked without retaining each one.
+            let epoch = self.epoch
+            core.slots.elements.withUnsafeBufferPointer { subscriptions in
+                for subscription in subscriptions {
+                    subscription.seenEpoch = epoch
+                    subscription.deliver(value)
+                }
             }
         } else {
             // The value everyone already has: only newcomers get it.
@@ -204,9 +207,8 @@ final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sen
 
     @inline(__always)
     func deliver(_ value: Value) {
-        if enter() {
+        if isOpen {
             onState(value)
-            exit()
         }
     }
 }

@@ -153,7 +153,8 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
     }
 
     /// Terminal callback to every registered subscription still open, then release for
-    /// all of them. Returns how many got the terminal callback.
+    /// all of them. Returns how many got the terminal callback. Call inside a walk of this
+    /// flow (closers wait for it).
     @discardableResult
     private func terminateAll(with error: (any Error)?) -> Int {
         loop.assertInEventLoop()
@@ -191,7 +192,9 @@ final class FlowCore<Subscription: FlowSubscription>: SubscriptionOwner, @unchec
                 if subscription.isClosed { subscription.release() } else { slots.insert(subscription) }
             }
         }
+        loop.beginWalk(ObjectIdentifier(self))
         terminateAll(with: nil)
+        loop.endWalk()
         // Everyone completed here was still open: whether by the flow's own terminal (a
         // layer finishing its flows at teardown) or by this sweep.
         return terminatedTotal - before

@@ -7,13 +7,15 @@ import Synchronization
 ///   never while a library lock is held;
 /// - `close()` is safe from any thread, any number of times. When it returns, no callback
 ///   of this subscription is running or will start — except when called from inside this
-///   subscription's own callback: that callback finishes and nothing follows it;
+///   subscription's own callback: that callback finishes and nothing follows it. (Off the
+///   loop thread it waits for the loop to finish the walk over this flow's subscribers it
+///   may be in: one flag check per callback instead of a lock or two atomic updates.);
 /// - `onRelease` runs exactly once, on the loop thread, after the last callback;
 /// - `onError` / `onComplete` are terminal: at most one of them, once.
 ///
-/// The one way to deadlock: calling `close()` from a thread that the running callback is
-/// itself waiting for (the callback blocks on that thread, the thread blocks in `close()`
-/// until the callback returns).
+/// The one way to deadlock: calling `close()` from a thread that a running callback of the
+/// same flow is itself waiting for (the callback blocks on that thread, the thread blocks
+/// in `close()` until the walk over the flow's subscribers ends).
 ///
 /// Dropping the handle does not close the subscription (as with a Kotlin
 /// `FlowSubscription`): it stays open until `close()` or loop teardown, which reports it
@@ -26,11 +28,9 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
     let loop: EventLoop
     let owner: any SubscriptionOwner
 
-    // Gate word: who may run a callback. Only the loop thread sets `running`; any thread
-    // may set `closed`; a closer that must wait sets `waiting`.
-    private static let running: UInt32 = 1
+    // Closed by `close()` (any thread) or by a terminal callback (loop thread). The loop
+    // checks it before each callback; a closer then waits for the walk it may have raced.
     private static let closed: UInt32 = 2
-    private static let waiting: UInt32 = 4
     private let gate = Atomic<UInt32>(0)
 
     private let onError: (@Sendable (any Error) -> Void)?
@@ -65,13 +65,14 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
     /// Ends the subscription. Returns `true` if this call closed it, `false` if it was
     /// already closed (by an earlier `close()` or a terminal callback).
     ///
-    /// Threading: any thread. Blocks while a callback of this subscription runs on the
-    /// loop thread (unless called from that callback).
+    /// Threading: any thread. Off the loop thread, it returns only once the loop is not in
+    /// the middle of calling this flow's subscribers, so no callback of this subscription
+    /// is running; the loop sees the closed gate before any later callback.
     @discardableResult
     public func close() -> Bool {
-        let previous = gate.bitwiseOr(Self.closed, ordering: .acquiringAndReleasing).oldValue
-        if previous & Self.running != 0 && !loop.inEventLoop {
-            waitUntilNotRunning()
+        let previous = gate.bitwiseOr(Self.closed, ordering: .sequentiallyConsistent).oldValue
+        if !loop.inEventLoop {
+            loop.waitWhileWalking(ObjectIdentifier(owner))
         }
         guard previous & Self.closed == 0 else { return false }
         ended()
@@ -83,16 +84,6 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
         return true
     }
 
-    private func waitUntilNotRunning() {
-        let monitor = loop.closeMonitor
-        monitor.lock.lock()
-        gate.bitwiseOr(Self.waiting, ordering: .acquiringAndReleasing)
-        while gate.load(ordering: .acquiring) & Self.running != 0 {
-            monitor.condition.wait(monitor.lock)
-        }
-        monitor.lock.unlock()
-    }
-
     private func ended() {
         loop.openSubscriptions.subtract(1, ordering: .relaxed)
         owner.subscriptionEnded()
@@ -100,36 +91,26 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
 
     // MARK: Loop thread
 
-    /// Claims the right to run one callback. False once closed.
+    /// Whether the next callback may run. Loop thread, inside a walk: a sequentially
+    /// consistent load (a plain load on x86) pairs with the walk's store and the closer's
+    /// read-modify-write, so a closer either sees the walk or the walk sees it closed.
     @inline(__always)
-    final func enter() -> Bool {
-        gate.compareExchange(expected: 0, desired: Self.running, ordering: .acquiringAndReleasing).exchanged
-    }
-
-    /// Ends a callback claimed by `enter()`, waking any thread waiting in `close()`.
-    @inline(__always)
-    final func exit() {
-        let previous = gate.bitwiseAnd(~(Self.running | Self.waiting), ordering: .acquiringAndReleasing).oldValue
-        if previous & Self.waiting != 0 {
-            let monitor = loop.closeMonitor
-            monitor.lock.withLock {}
-            monitor.condition.broadcast()
-        }
+    final var isOpen: Bool {
+        gate.load(ordering: .sequentiallyConsistent) & Self.closed == 0
     }
 
     /// Delivers the terminal callback (error if given, else complete) unless the
-    /// subscription is already closed. Returns whether it delivered. The caller retires it.
+    /// subscription is already closed. Returns whether it delivered. Call inside a walk;
+    /// the caller retires it.
     final func terminate(with error: (any Error)?) -> Bool {
-        guard gate.compareExchange(
-            expected: 0, desired: Self.closed | Self.running, ordering: .acquiringAndReleasing
-        ).exchanged else { return false }
+        guard gate.compareExchange(expected: 0, desired: Self.closed, ordering: .sequentiallyConsistent).exchanged
+        else { return false }
         ended()
         if let error {
             onError?(error)
         } else {
             onComplete?()
         }
-        exit()
         return true
     }
 
