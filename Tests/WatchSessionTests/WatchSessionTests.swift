@@ -190,6 +190,29 @@ struct WatchSessionLiveTests {
         #expect(!screen.contains(storedAccess) && !screen.contains(storedRefresh))
     }
 
+    @Test(arguments: ["r", "u"])
+    func refreshAndSimulated401KeysReachTheAuthority(key: String) throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileCredentialStore(directory: directory).write(storedSession())
+        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Fixtures/pty_drive.py").path
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        // Watching only (no token endpoint): the refresh the key asks for is refused as a
+        // configuration matter, and that refusal is what shows the key reached the session.
+        process.arguments = ["python3", fixture, "keys:", key + "q", "refresh failed", "--", binary("watch-session"), "--store", directory]
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(screen)")
+        #expect(screen.contains("refresh failed"), "\(screen)")
+        #expect(screen.contains("watching only"))
+        #expect(!screen.contains(storedAccess) && !screen.contains(storedRefresh))
+    }
+
     @Test func aBadURLOrStoreGetsOneClearLine() throws {
         let url = try watchSession(["--token-endpoint", "not a url", "--client-id", "x"])
         #expect(url.status != 0)
