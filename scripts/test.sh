@@ -43,6 +43,7 @@ echo "pkg-config hosts: 2 passed, 0 failed"
 echo "== benchmark smoke run (tiny sizes, release; the figures are not checked, only that it runs)"
 swift build -c release --product loopflow-bench
 .build/release/loopflow-bench --smoke
+.build/release/loopflow-bench --smoke --json | python3 -c "import json, sys; rows = json.load(sys.stdin); print(f'benchmark json: {len(rows)} rows')"
 
 echo "== swift test under ThreadSanitizer"
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan

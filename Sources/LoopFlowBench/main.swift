@@ -4,10 +4,10 @@
 //   swift run -c release loopflow-bench --smoke    tiny sizes (the test suite runs this so it cannot rot)
 //   ... --json                                     one JSON object instead of the table
 //
-// Figures: cross-thread set→callback latency (paced, one in flight: p50/p99/p99.9) and fan-out
-// ns per callback (time from the first to the last subscriber of one update). The rest of the
-// benchmark issue (set rate, subscribe+close rate, memory, allocations, single-flight, peers) is
-// still to come.
+// Figures: cross-thread set→callback latency (paced, one in flight: p50/p99/p99.9), fan-out
+// ns per callback (time from the first to the last subscriber of one update), foreign-thread set
+// rate with 1 and 4 producers (one observer attached), subscribe+close rate (absolute: no C
+// equivalent). Still to come: memory and allocations per update, single-flight, the peers.
 import CBaseline
 import LoopFlow
 import Synchronization
@@ -44,6 +44,7 @@ struct Row {
     let floor: Double
     let unit: String
     var ratio: Double { floor > 0 ? ours / floor : .nan }
+
 }
 
 var rows: [Row] = []
@@ -149,11 +150,88 @@ for subscribers in fanOutSizes where subscribers > 1 {
         ours: try loopFlowFanOut(subscribers), floor: baselineFanOut(subscribers), unit: "ns"))
 }
 
+// MARK: set rate (conflated; never slowed by observers)
+
+/// Sets per second from `producers` threads for `seconds`, with one observer attached.
+func setRate(producers: Int, seconds: Double, set: @escaping @Sendable (Int) -> Void) -> Double {
+    let stop = Published()
+    let counts = Mutex<[Int]>(Array(repeating: 0, count: producers))
+    var threads: [pthread_t] = []
+    final class Work: @unchecked Sendable {
+        let body: () -> Void
+        init(_ body: @escaping () -> Void) { self.body = body }
+    }
+    for index in 0..<producers {
+        let work = Work {
+            var n = 0
+            while stop.value.load(ordering: .relaxed) == 0 {
+                n += 1
+                set(index * 1_000_000_000 + n)
+            }
+            counts.withLock { $0[index] = n }
+        }
+        var thread = pthread_t()
+        pthread_create(&thread, nil, { raw in
+            Unmanaged<Work>.fromOpaque(raw!).takeRetainedValue().body()
+            return nil
+        }, Unmanaged.passRetained(work).toOpaque())
+        threads.append(thread)
+    }
+    let start = bl_now_ns()
+    while Double(bl_now_ns() - start) < seconds * 1e9 { usleep(1000) }
+    stop.value.store(1, ordering: .relaxed)
+    for thread in threads { pthread_join(thread, nil) }
+    let elapsed = Double(bl_now_ns() - start) / 1e9
+    return Double(counts.withLock { $0.reduce(0, +) }) / elapsed
+}
+
+let rateSeconds = smoke ? 0.05 : 0.5
+for producers in [1, 4] {
+    let loop = try EventLoop(name: "bench")
+    let flow = MutableStateFlow(0, on: loop)
+    let subscription = try flow.subscribe(onState: { _ in })
+    let ours = setRate(producers: producers, seconds: rateSeconds) { flow.value = $0 }
+    subscription.close()
+    _ = try? loop.shutdown()
+    nonisolated(unsafe) let runtime = bl_create(1)!  // the C floor is thread-safe for bl_set
+    let floor = setRate(producers: producers, seconds: rateSeconds) { bl_set(runtime, Int64($0)) }
+    bl_destroy(runtime)
+    rows.append(Row(name: "set rate, \(producers) producer thread(s)", ours: ours / 1e6, floor: floor / 1e6, unit: "M/s"))
+}
+
+// MARK: subscribe + close (no C equivalent: the target is absolute, ≥ 20 M/s on the loop thread)
+
+let pairs = smoke ? 1_000 : 200_000
+do {
+    let loop = try EventLoop(name: "bench")
+    let flow = MutableStateFlow(0, on: loop)
+    let onLoop = try await loop.submit { () -> Double in
+        let start = bl_now_ns()
+        for _ in 0..<pairs {
+            let subscription = try flow.subscribe(onState: { _ in })
+            subscription.close()
+        }
+        return Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
+    }
+    let start = bl_now_ns()
+    for _ in 0..<pairs {
+        let subscription = try flow.subscribe(onState: { _ in })
+        subscription.close()
+    }
+    let foreign = Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
+    try await loop.submit {}
+    _ = try? loop.shutdown()
+    rows.append(Row(name: "subscribe+close on the loop thread", ours: onLoop / 1e6, floor: .nan, unit: "M/s"))
+    rows.append(Row(name: "subscribe+close from a foreign thread", ours: foreign / 1e6, floor: .nan, unit: "M/s"))
+}
+
 // MARK: report
 
 if json {
+    func number(_ value: Double) -> String { value.isFinite ? "\(value)" : "null" }
     let items = rows.map {
-        "{\"name\":\"\($0.name)\",\"sessionflow\":\($0.ours),\"baseline\":\($0.floor),\"unit\":\"\($0.unit)\",\"ratio\":\($0.ratio)}"
+        "{\"name\":\"\($0.name)\",\"sessionflow\":\(number($0.ours)),\"baseline\":\(number($0.floor)),"
+            + "\"unit\":\"\($0.unit)\",\"ratio\":\(number($0.ratio))}"
     }
     print("[" + items.joined(separator: ",") + "]")
 } else {
@@ -175,7 +253,8 @@ if json {
     }
     for row in rows {
         let ours = fixed(row.ours, row.ours < 100 ? 1 : 0) + " " + row.unit
-        let floor = fixed(row.floor, row.floor < 100 ? 1 : 0) + " " + row.unit
-        print(pad(row.name, 44) + pad(ours, 14) + pad(floor, 14) + fixed(row.ratio, 2) + "×")
+        let floor = row.floor.isFinite ? fixed(row.floor, row.floor < 100 ? 1 : 0) + " " + row.unit : "—"
+        let ratio = row.ratio.isFinite ? fixed(row.ratio, 2) + "×" : "—"
+        print(pad(row.name, 44) + pad(ours, 14) + pad(floor, 14) + ratio)
     }
 }
