@@ -39,6 +39,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// The cross-process refresh lock: `flock` on `<store>.lock` (guarded by `lock`).
     public let lockPath: String
     private var lockFD: Int32 = -1
+    private var lockHeld = false  // guarded by `lock`
 
     private static let magic: [UInt8] = Array("SFSTORE".utf8) + [1]
     private static let defaultAccount = "default"
@@ -62,17 +63,23 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     public func tryLockRefresh() -> Bool {
         lock.withLock {
+            // flock belongs to the open file description: this instance's own second try
+            // would succeed, so two sessions sharing one instance are kept apart here.
+            guard !lockHeld else { return false }
             if lockFD < 0 {
                 guard (try? FileIO.makeDirectory(directory)) != nil else { return false }
                 lockFD = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
                 guard lockFD >= 0 else { return false }
             }
-            return flock(lockFD, LOCK_EX | LOCK_NB) == 0
+            lockHeld = flock(lockFD, LOCK_EX | LOCK_NB) == 0
+            return lockHeld
         }
     }
 
     public func unlockRefresh() {
         lock.withLock {
+            guard lockHeld else { return }
+            lockHeld = false
             if lockFD >= 0 { _ = flock(lockFD, LOCK_UN) }
         }
     }

@@ -479,7 +479,9 @@ final class SessionEngine: @unchecked Sendable {
 
     /// Another process changed the shared store: follow it.
     private func storeChanged() {
-        guard !closed, !awaitingInitialRead else { return }
+        // While the store misses one of our writes (or our logout's clear), it is behind us:
+        // what it says is older than what we know, and following it would undo our change.
+        guard !closed, !awaitingInitialRead, !storeBehind else { return }
         switch store.read() {
         case .unavailable:
             return

@@ -1,0 +1,56 @@
+import Foundation
+import LoopFlow
+import SessionCore
+import Testing
+
+@testable import SessionFileStore
+
+/// A shared file store whose clear() can be made to fail (disk full, say).
+final class FlakyShared: SharedCredentialStore, @unchecked Sendable {
+    let inner: FileCredentialStore
+    let failClear = LockedBox(false)
+    init(_ inner: FileCredentialStore) { self.inner = inner }
+    func read() -> StoreRead { inner.read() }
+    func write(_ s: StoredSession) throws(StoreError) { try inner.write(s) }
+    func clear() throws(StoreError) {
+        if failClear.withLockedValue({ $0 }) { throw StoreError("injected ENOSPC") }
+        try inner.clear()
+    }
+    func tryLockRefresh() -> Bool { inner.tryLockRefresh() }
+    func unlockRefresh() { inner.unlockRefresh() }
+    func directoryToWatch() -> String? { inner.directoryToWatch() }
+}
+
+@Suite("Shared store regressions found in review", .serialized)
+struct SharedStoreRegressionTests {
+    @Test func aLogoutWhoseClearFailedIsNotUndoneByTheStoreWatch() async throws {
+        let tmp = TemporaryDirectory()
+        let loop = try EventLoop(name: "r3")
+        let store = FlakyShared(FileCredentialStore(directory: tmp.store))
+        let manager = try await loop.submit {
+            try SessionManager(loop: loop, authority: RotatingAuthority(), store: store)
+        }
+        try await manager.signIn(SessionTokens(
+            accessToken: Secret("a1"), refreshToken: Secret("r1"), expiresIn: .seconds(3600), memberID: "alice"))
+        try await Task.sleep(for: .milliseconds(200))
+        store.failClear.withLockedValue { $0 = true }
+        try await manager.logout()
+        #expect(manager.state.value == .loggedOut)
+        // Any directory entry change (a temp file, another process's lock file...)
+        _ = FileManager.default.createFile(atPath: tmp.store + "/unrelated", contents: Data())
+        try await Task.sleep(for: .milliseconds(400))
+        #expect(manager.state.value == .loggedOut, "the logout was undone")
+        await manager.close()
+        _ = try? loop.shutdown()
+    }
+
+    @Test func oneStoreInstanceStillExcludesASecondRefresher() {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        #expect(store.tryLockRefresh())
+        #expect(!store.tryLockRefresh(), "flock is per open file description: same instance re-acquires")
+        store.unlockRefresh()
+        #expect(store.tryLockRefresh())
+        store.unlockRefresh()
+    }
+}
