@@ -172,17 +172,8 @@ struct WatchSessionLiveTests {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileCredentialStore(directory: directory).write(storedSession())
-        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("Fixtures/pty_drive.py").path
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", fixture, "keys:", "lq", "STATE → loggedOut", "--", binary("watch-session"), "--store", directory]
-        let out = Pipe()
-        process.standardOutput = out
-        try process.run()
-        let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(screen)")
+        let (status, screen) = try onTerminal(keys: "lq", after: "STATE → loggedOut", store: directory)
+        #expect(status == 0, "\(screen)")
         #expect(screen.contains("STATE → loggedIn"))
         #expect(screen.contains("STATE → loggedOut"))
         #expect(screen.contains("signed out (userRequested)"))
@@ -195,19 +186,10 @@ struct WatchSessionLiveTests {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileCredentialStore(directory: directory).write(storedSession())
-        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("Fixtures/pty_drive.py").path
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         // Watching only (no token endpoint): the refresh the key asks for is refused as a
         // configuration matter, and that refusal is what shows the key reached the session.
-        process.arguments = ["python3", fixture, "keys:", key + "q", "refresh failed", "--", binary("watch-session"), "--store", directory]
-        let out = Pipe()
-        process.standardOutput = out
-        try process.run()
-        let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(screen)")
+        let (status, screen) = try onTerminal(keys: key + "q", after: "refresh failed", store: directory)
+        #expect(status == 0, "\(screen)")
         #expect(screen.contains("refresh failed"), "\(screen)")
         #expect(screen.contains("watching only"))
         #expect(!screen.contains(storedAccess) && !screen.contains(storedRefresh))
@@ -225,6 +207,22 @@ struct WatchSessionLiveTests {
         let store = try watchSession(["--store", file])
         #expect(store.status != 0 && store.stderr.contains("--store is not a directory"))
     }
+}
+
+/// Runs `watch-session --store DIR` in a pseudo-terminal (Tests/Fixtures/pty_drive.py), waits
+/// for its key help, types `keys` (each after `after` appears), and returns what it showed.
+func onTerminal(keys: String, after: String, store directory: String) throws -> (status: Int32, screen: String) {
+    let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures/pty_drive.py").path
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = ["python3", fixture, "keys:", keys, after, "--", binary("watch-session"), "--store", directory]
+    let out = Pipe()
+    process.standardOutput = out
+    try process.run()
+    let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    return (process.terminationStatus, screen)
 }
 
 final class LockedText: @unchecked Sendable {
