@@ -12,6 +12,7 @@ let package = Package(
         .library(name: "sessionflow", type: .dynamic, targets: ["SessionFlowC"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
         .executable(name: "loopflow-bench", targets: ["LoopFlowBench"]),
+        .executable(name: "loopflow-allocs", targets: ["LoopFlowAllocs"]),
         .executable(name: "session-probe", targets: ["SessionProbe"]),
         .executable(name: "watch-session", targets: ["WatchSession"]),
     ],
@@ -20,6 +21,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        // Benchmark only: a peer to measure against, and the malloc counter.
+        .package(url: "https://github.com/OpenCombine/OpenCombine", from: "0.14.0"),
+        .package(url: "https://github.com/ordo-one/malloc-interposer", from: "1.6.1"),
     ],
     targets: [
         // libuv from the system (Debian: libuv1-dev), found through pkg-config.
@@ -98,11 +102,25 @@ let package = Package(
         .target(
             name: "CBaseline",
             dependencies: ["CLibUV"],
-            linkerSettings: [.linkedLibrary("uv"), .linkedLibrary("pthread")]
+            // sessionflow.h only for its types: the library itself is loaded with dlopen.
+            cSettings: [.headerSearchPath("../../Bindings/include")],
+            linkerSettings: [.linkedLibrary("uv"), .linkedLibrary("pthread"), .linkedLibrary("dl")]
         ),
         .executableTarget(
             name: "LoopFlowBench",
-            dependencies: ["LoopFlow", "CBaseline"]
+            dependencies: [
+                "LoopFlow", "SessionCore", "CBaseline",
+                .product(name: "OpenCombine", package: "OpenCombine"),
+                .product(name: "OpenCombineDispatch", package: "OpenCombine"),
+            ]
+        ),
+        // Counts allocations per update; loopflow-bench runs it with the interposer preloaded.
+        .executableTarget(
+            name: "LoopFlowAllocs",
+            dependencies: [
+                "LoopFlow", "CBaseline",
+                .product(name: "MallocInterposerSwift", package: "malloc-interposer"),
+            ]
         ),
         .testTarget(
             name: "LoopFlowTests",

@@ -1,6 +1,7 @@
 #define _DEFAULT_SOURCE
 #include "cbaseline.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -100,4 +101,13 @@ int64_t bl_published(bl_runtime *rt) {
 
 double bl_last_fanout_ns_per_callback(bl_runtime *rt) {
     return atomic_load(&rt->fanout_ns);
+}
+
+void bl_trim_heap(void) {
+    malloc_trim(0);
+}
+
+void bl_heap_probe(void) {
+    void *volatile block = malloc(32);
+    free(block);
 }

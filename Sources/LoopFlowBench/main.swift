@@ -1,16 +1,19 @@
-// LoopFlow against the raw libuv floor (CBaseline), measured in the same run.
+// SessionFlow against the raw libuv floor (CBaseline, C in this package) and the Swift peers
+// a user would pick instead, measured in one run; every figure printed with its ratio to the
+// floor of the same run.
 //
-//   swift run -c release loopflow-bench            full sizes
-//   swift run -c release loopflow-bench --smoke    tiny sizes (the test suite runs this so it cannot rot)
-//   ... --json                                     one JSON object instead of the table
+//   swift build -c release --product sessionflow --product loopflow-bench --product loopflow-allocs
+//   .build/release/loopflow-bench               full sizes (a few minutes)
+//   .build/release/loopflow-bench --smoke       tiny sizes (the test suite runs this so it cannot rot)
+//   ... --json                                  one JSON array instead of the table
+//   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
+//                                               memory allocations singleflight
+//   ... --sessionflow-lib PATH                  the libsessionflow.so for the C fan-out
+//                                               (default: beside this executable)
 //
-// Figures: cross-thread set→callback latency (paced, one in flight: p50/p99/p99.9), fan-out
-// ns per callback (time from the first to the last subscriber of one update), foreign-thread set
-// rate with 1 and 4 producers (one observer attached), subscribe+close rate (absolute: no C
-// equivalent). Still to come: memory and allocations per update, single-flight, the peers.
+// Progress and skipped measurements go to stderr; stdout carries only the report.
 import CBaseline
 import LoopFlow
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -19,242 +22,107 @@ import Glibc
 let arguments = CommandLine.arguments
 let smoke = arguments.contains("--smoke")
 let json = arguments.contains("--json")
-let samples = smoke ? 200 : 20_000
+
+func option(_ name: String) -> String? {
+    guard let index = arguments.firstIndex(of: name), index + 1 < arguments.count else { return nil }
+    return arguments[index + 1]
+}
+
+let sections = ["latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight"]
+let only = option("--only").map { Set($0.split(separator: ",").map(String.init)) } ?? Set(sections)
+if let unknown = only.subtracting(sections).first {
+    note("loopflow-bench: unknown section '\(unknown)' (known: \(sections.joined(separator: ", ")))")
+    exit(64)
+}
+let directory = executableDirectory()
+let sessionFlowLibrary = option("--sessionflow-lib") ?? directory + "/libsessionflow.so"
+
+let latencySamples = smoke ? 200 : 40_000
+let latencyRounds = smoke ? 1 : 8
 let fanOutSizes = smoke ? [1, 100] : [1, 100, 10_000, 1_000_000]
-let fanOutUpdates = smoke ? 5 : 50
-
-func percentile(_ sorted: [UInt64], _ p: Double) -> Double {
-    Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))])
-}
-
-/// Loop-thread scratch state read back after a happens-before edge.
-final class Box<T>: @unchecked Sendable {
-    var value: T
-    init(_ value: T) { self.value = value }
-}
-
-final class Published: Sendable {
-    let value = Atomic<Int>(0)
-    let fanOut = Mutex<Double>(0)
-}
-
-struct Row {
-    let name: String
-    let ours: Double
-    let floor: Double
-    let unit: String
-    var ratio: Double { floor > 0 ? ours / floor : .nan }
-
-}
+let fanOutUpdates = smoke ? 5 : 41
+let rateSeconds = smoke ? 0.05 : 0.5
+let pairs = smoke ? 1_000 : 1_000_000
+let memorySubscriptions = smoke ? 10_000 : 1_000_000
+let allocationUpdates = smoke ? 200 : 20_000
+let callers = smoke ? 100 : 10_000
 
 var rows: [Row] = []
 
-// MARK: latency
-
-func loopFlowLatencies() throws -> [UInt64] {
-    let loop = try EventLoop(name: "bench")
-    defer { _ = try? loop.shutdown() }
-    let flow = MutableStateFlow(0, on: loop)
-    let published = Published()
-    let subscription = try flow.subscribe(onState: { published.value.store($0, ordering: .releasing) })
-    defer { subscription.close() }
-    while published.value.load(ordering: .acquiring) != 0 {}
-    var latencies: [UInt64] = []
-    latencies.reserveCapacity(samples)
-    for i in 1...samples {
-        let start = bl_now_ns()
-        flow.value = i
-        while published.value.load(ordering: .acquiring) != i {}
-        latencies.append(bl_now_ns() - start)
+if only.contains("latency") {
+    note("latency…")
+    // Interleaved rounds: machine noise hits every contender and the floor alike.
+    var ours: [UInt64] = [], combine: [UInt64] = [], stream: [UInt64] = [], floor: [UInt64] = []
+    let perRound = latencySamples / latencyRounds
+    for _ in 0..<latencyRounds {
+        ours += try loopFlowLatencies(perRound)
+        floor += baselineLatencies(perRound)
+        combine += combineLatencies(perRound)
+        floor += baselineLatencies(perRound)
+        stream += asyncStreamLatencies(perRound)
+        floor += baselineLatencies(perRound)
     }
-    return latencies.sorted()
-}
-
-func baselineLatencies() -> [UInt64] {
-    let runtime = bl_create(1)!
-    defer { bl_destroy(runtime) }
-    var latencies: [UInt64] = []
-    latencies.reserveCapacity(samples)
-    for i in 1...samples {
-        let start = bl_now_ns()
-        bl_set(runtime, Int64(i))
-        while bl_published(runtime) != Int64(i) {}
-        latencies.append(bl_now_ns() - start)
-    }
-    return latencies.sorted()
-}
-
-// Interleave the two so that machine noise hits both alike.
-var ours: [UInt64] = []
-var floor: [UInt64] = []
-for _ in 0..<2 {
-    ours += try loopFlowLatencies()
-    floor += baselineLatencies()
-}
-ours.sort()
-floor.sort()
-for (label, p) in [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)] {
-    rows.append(Row(name: "set→callback latency \(label)", ours: percentile(ours, p), floor: percentile(floor, p), unit: "ns"))
-}
-
-// MARK: fan-out
-
-func loopFlowFanOut(_ subscribers: Int) throws -> Double {
-    let loop = try EventLoop(name: "bench")
-    defer { _ = try? loop.shutdown() }
-    let flow = MutableStateFlow(0, on: loop)
-    let first = Box<UInt64>(0)
-    let published = Published()
-    var subscriptions: [FlowSubscription] = []
-    subscriptions.reserveCapacity(subscribers)
-    for index in 0..<subscribers {
-        let isFirst = index == 0
-        let isLast = index == subscribers - 1
-        subscriptions.append(try flow.subscribe(onState: { value in
-            if isFirst { first.value = bl_now_ns() }
-            if isLast {
-                if subscribers > 1 {
-                    let perCallback = Double(bl_now_ns() - first.value) / Double(subscribers - 1)
-                    published.fanOut.withLock { $0 = perCallback }
-                }
-                published.value.store(value, ordering: .releasing)
-            }
-        }))
-    }
-    while published.value.load(ordering: .acquiring) != 0 {}
-    var measured: [Double] = []
-    for update in 1...fanOutUpdates {
-        flow.value = update
-        while published.value.load(ordering: .acquiring) != update {}
-        measured.append(published.fanOut.withLock { $0 })
-    }
-    for subscription in subscriptions { subscription.close() }
-    return measured.sorted()[measured.count / 2]
-}
-
-func baselineFanOut(_ subscribers: Int) -> Double {
-    let runtime = bl_create(Int32(subscribers))!
-    defer { bl_destroy(runtime) }
-    var measured: [Double] = []
-    for update in 1...fanOutUpdates {
-        bl_set(runtime, Int64(update))
-        while bl_published(runtime) != Int64(update) {}
-        measured.append(bl_last_fanout_ns_per_callback(runtime))
-    }
-    return measured.sorted()[measured.count / 2]
-}
-
-for subscribers in fanOutSizes where subscribers > 1 {
-    rows.append(Row(
-        name: "fan-out per callback, \(subscribers) subscribers",
-        ours: try loopFlowFanOut(subscribers), floor: baselineFanOut(subscribers), unit: "ns"))
-}
-
-// MARK: set rate (conflated; never slowed by observers)
-
-/// Sets per second from `producers` threads for `seconds`, with one observer attached.
-func setRate(producers: Int, seconds: Double, set: @escaping @Sendable (Int) -> Void) -> Double {
-    let stop = Published()
-    let counts = Mutex<[Int]>(Array(repeating: 0, count: producers))
-    var threads: [pthread_t] = []
-    final class Work: @unchecked Sendable {
-        let body: () -> Void
-        init(_ body: @escaping () -> Void) { self.body = body }
-    }
-    for index in 0..<producers {
-        let work = Work {
-            var n = 0
-            while stop.value.load(ordering: .relaxed) == 0 {
-                n += 1
-                set(index * 1_000_000_000 + n)
-            }
-            counts.withLock { $0[index] = n }
+    floor.sort()
+    for (label, samples, target) in [
+        ("set→callback", ours, true),
+        ("OpenCombine CurrentValueSubject + receive(on: DispatchQueue)", combine, false),
+        ("AsyncStream(.bufferingNewest(1)) + consumer task", stream, false),
+    ] {
+        let sorted = samples.sorted()
+        for (name, p) in [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)] {
+            rows.append(Row(
+                name: "\(label) latency \(name)", ours: percentile(sorted, p), floor: percentile(floor, p),
+                unit: "ns", target: target && p < 0.999 ? .ratioAtMost(2) : nil))
         }
-        var thread = pthread_t()
-        pthread_create(&thread, nil, { raw in
-            Unmanaged<Work>.fromOpaque(raw!).takeRetainedValue().body()
-            return nil
-        }, Unmanaged.passRetained(work).toOpaque())
-        threads.append(thread)
-    }
-    let start = bl_now_ns()
-    while Double(bl_now_ns() - start) < seconds * 1e9 { usleep(1000) }
-    stop.value.store(1, ordering: .relaxed)
-    for thread in threads { pthread_join(thread, nil) }
-    let elapsed = Double(bl_now_ns() - start) / 1e9
-    return Double(counts.withLock { $0.reduce(0, +) }) / elapsed
-}
-
-let rateSeconds = smoke ? 0.05 : 0.5
-for producers in [1, 4] {
-    let loop = try EventLoop(name: "bench")
-    let flow = MutableStateFlow(0, on: loop)
-    let subscription = try flow.subscribe(onState: { _ in })
-    let ours = setRate(producers: producers, seconds: rateSeconds) { flow.value = $0 }
-    subscription.close()
-    _ = try? loop.shutdown()
-    nonisolated(unsafe) let runtime = bl_create(1)!  // the C floor is thread-safe for bl_set
-    let floor = setRate(producers: producers, seconds: rateSeconds) { bl_set(runtime, Int64($0)) }
-    bl_destroy(runtime)
-    rows.append(Row(name: "set rate, \(producers) producer thread(s)", ours: ours / 1e6, floor: floor / 1e6, unit: "M/s"))
-}
-
-// MARK: subscribe + close (no C equivalent: the target is absolute, ≥ 20 M/s on the loop thread)
-
-let pairs = smoke ? 1_000 : 200_000
-do {
-    let loop = try EventLoop(name: "bench")
-    let flow = MutableStateFlow(0, on: loop)
-    let onLoop = try await loop.submit { () -> Double in
-        let start = bl_now_ns()
-        for _ in 0..<pairs {
-            let subscription = try flow.subscribe(onState: { _ in })
-            subscription.close()
-        }
-        return Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
-    }
-    let start = bl_now_ns()
-    for _ in 0..<pairs {
-        let subscription = try flow.subscribe(onState: { _ in })
-        subscription.close()
-    }
-    let foreign = Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
-    try await loop.submit {}
-    _ = try? loop.shutdown()
-    rows.append(Row(name: "subscribe+close on the loop thread", ours: onLoop / 1e6, floor: .nan, unit: "M/s"))
-    rows.append(Row(name: "subscribe+close from a foreign thread", ours: foreign / 1e6, floor: .nan, unit: "M/s"))
-}
-
-// MARK: report
-
-if json {
-    func number(_ value: Double) -> String { value.isFinite ? "\(value)" : "null" }
-    let items = rows.map {
-        "{\"name\":\"\($0.name)\",\"sessionflow\":\(number($0.ours)),\"baseline\":\(number($0.floor)),"
-            + "\"unit\":\"\($0.unit)\",\"ratio\":\(number($0.ratio))}"
-    }
-    print("[" + items.joined(separator: ",") + "]")
-} else {
-    func pad(_ text: String, _ width: Int) -> String {
-        text.count >= width ? text : text + String(repeating: " ", count: width - text.count)
-    }
-    print(pad("measure", 44) + pad("SessionFlow", 14) + pad("raw libuv", 14) + "ratio")
-    /// `value` with `decimals` digits after the point (no Foundation here).
-    func fixed(_ value: Double, _ decimals: Int) -> String {
-        guard value.isFinite else { return "n/a" }
-        var scale = 1.0
-        for _ in 0..<decimals { scale *= 10 }
-        let scaled = Int64((value * scale).rounded())
-        let whole = scaled / Int64(scale)
-        let fraction = abs(scaled % Int64(scale))
-        guard decimals > 0 else { return "\(whole)" }
-        let digits = String(fraction)
-        return "\(whole)." + String(repeating: "0", count: decimals - digits.count) + digits
-    }
-    for row in rows {
-        let ours = fixed(row.ours, row.ours < 100 ? 1 : 0) + " " + row.unit
-        let floor = row.floor.isFinite ? fixed(row.floor, row.floor < 100 ? 1 : 0) + " " + row.unit : "—"
-        let ratio = row.ratio.isFinite ? fixed(row.ratio, 2) + "×" : "—"
-        print(pad(row.name, 44) + pad(ours, 14) + pad(floor, 14) + ratio)
     }
 }
+
+if only.contains("fanout") {
+    for subscribers in fanOutSizes {
+        note("fan-out, \(subscribers) subscribers…")
+        let floor = baselineFanOut(subscribers, updates: fanOutUpdates)
+        let label = "fan-out per callback, \(subscribers) subscriber\(subscribers == 1 ? "" : "s")"
+        rows.append(Row(
+            name: label, ours: try loopFlowFanOut(subscribers, updates: fanOutUpdates), floor: floor, unit: "ns",
+            target: .ratioAtMost(2)))
+        rows.append(Row(
+            name: "  … from C through libsessionflow",
+            ours: sessionFlowCFanOut(subscribers, updates: fanOutUpdates, library: sessionFlowLibrary),
+            floor: floor, unit: "ns", target: .ratioAtMost(2)))
+        rows.append(Row(
+            name: "  … OpenCombine CurrentValueSubject (sync sinks)",
+            ours: combineFanOut(subscribers, updates: fanOutUpdates), floor: floor, unit: "ns"))
+        rows.append(Row(
+            name: "  … AsyncStream(.bufferingNewest(1)), a task each",
+            ours: await asyncStreamFanOut(subscribers, updates: fanOutUpdates), floor: floor, unit: "ns"))
+    }
+}
+
+if only.contains("setrate") {
+    note("set rate…")
+    for producers in [1, 4] {
+        rows.append(try setRateRow(producers: producers, seconds: rateSeconds))
+    }
+}
+
+if only.contains("subscribe") {
+    note("subscribe+close…")
+    rows += try await subscribeCloseRows(pairs: pairs)
+}
+
+if only.contains("memory") {
+    note("bytes per subscription…")
+    rows.append(try bytesPerSubscriptionRow(count: memorySubscriptions))
+}
+
+if only.contains("allocations") {
+    note("allocations per update…")
+    rows += allocationRows(updates: allocationUpdates, sizes: [1, 100], directory: directory)
+}
+
+if only.contains("singleflight") {
+    note("token single-flight…")
+    rows += try await singleFlightRows(callers: callers, roundTrip: .milliseconds(2))
+}
+
+report(rows, json: json)

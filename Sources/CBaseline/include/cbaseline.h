@@ -3,6 +3,7 @@
  * array of function pointers. No flows, no subscriptions, no safety — just the floor. */
 #ifndef SESSIONFLOW_CBASELINE_H
 #define SESSIONFLOW_CBASELINE_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct bl_runtime bl_runtime;
@@ -17,6 +18,17 @@ void bl_set(bl_runtime *runtime, int64_t value);
 int64_t bl_published(bl_runtime *runtime);
 /* Nanoseconds between the first and the last callback of the last delivery, per callback. */
 double bl_last_fanout_ns_per_callback(bl_runtime *runtime);
+/* The fan-out of libsessionflow's C API: loads the library at `path` (dlopen), subscribes
+ * `subscribers` C observers to the session state of a new runtime, then alternates sign-in
+ * and logout `updates` times; per_update[i] receives the ns per callback of update i
+ * (measured between subscriber 0 and the last, as bl_runtime does). Returns 0, or -1 with
+ * a message in `error`. */
+int bl_sessionflow_fanout(const char *path, int subscribers, int updates, double *per_update,
+                          char *error, size_t error_length);
+/* Gives the free heap back to the system (malloc_trim), before an RSS reading. */
+void bl_trim_heap(void);
+/* One malloc and one free that no compiler removes (checks an allocation counter is live). */
+void bl_heap_probe(void);
 /* Monotonic nanoseconds. */
 uint64_t bl_now_ns(void);
 #endif

@@ -1,0 +1,230 @@
+// LoopFlow's own figures against the raw libuv floor (CBaseline), interleaved in one run.
+import CBaseline
+import LoopFlow
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// MARK: latency: set on a foreign thread → callback on the loop thread (paced, one in flight)
+
+func loopFlowLatencies(_ samples: Int) throws -> [UInt64] {
+    let loop = try EventLoop(name: "bench")
+    defer { _ = try? loop.shutdown() }
+    let flow = MutableStateFlow(0, on: loop)
+    let published = Published()
+    let subscription = try flow.subscribe(onState: { published.value.store($0, ordering: .releasing) })
+    defer { subscription.close() }
+    published.waitFor(value: 0)
+    var latencies: [UInt64] = []
+    latencies.reserveCapacity(samples)
+    for i in 1...samples {
+        let start = bl_now_ns()
+        flow.value = i
+        published.waitFor(value: i)
+        latencies.append(bl_now_ns() - start)
+    }
+    return latencies
+}
+
+func baselineLatencies(_ samples: Int) -> [UInt64] {
+    let runtime = bl_create(1)!
+    defer { bl_destroy(runtime) }
+    var latencies: [UInt64] = []
+    latencies.reserveCapacity(samples)
+    for i in 1...samples {
+        let start = bl_now_ns()
+        bl_set(runtime, Int64(i))
+        while bl_published(runtime) != Int64(i) {}
+        latencies.append(bl_now_ns() - start)
+    }
+    return latencies
+}
+
+/// Latency percentiles of `measure` and the floor, interleaved in `rounds` so that machine
+/// noise hits both alike.
+func latencyRows(
+    _ label: String, samples: Int, rounds: Int, target: Bool,
+    _ measure: (Int) throws -> [UInt64]
+) rethrows -> [Row] {
+    var ours: [UInt64] = []
+    var floor: [UInt64] = []
+    for _ in 0..<rounds {
+        ours += try measure(samples / rounds)
+        floor += baselineLatencies(samples / rounds)
+    }
+    ours.sort()
+    floor.sort()
+    return [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)].map { name, p in
+        Row(
+            name: "\(label) latency \(name)", ours: percentile(ours, p), floor: percentile(floor, p), unit: "ns",
+            target: target && p < 0.999 ? .ratioAtMost(2) : nil)
+    }
+}
+
+// MARK: fan-out: ns per callback, from subscriber 0 (a probe) to the last of `subscribers` more
+
+/// Median ns per callback over `updates` updates, `subscribers` subscribers after a probe.
+func loopFlowFanOut(_ subscribers: Int, updates: Int) throws -> Double {
+    let loop = try EventLoop(name: "bench")
+    defer { _ = try? loop.shutdown() }
+    let flow = MutableStateFlow(0, on: loop)
+    let first = Box<UInt64>(0)
+    let published = Published()
+    var subscriptions: [FlowSubscription] = []
+    subscriptions.reserveCapacity(subscribers + 1)
+    let total = subscribers + 1
+    for index in 0..<total {
+        let isFirst = index == 0
+        let isLast = index == total - 1
+        subscriptions.append(try flow.subscribe(onState: { value in
+            if isFirst { first.value = bl_now_ns() }
+            if isLast {
+                published.fanOut.withLock { $0 = Double(bl_now_ns() - first.value) / Double(total - 1) }
+                published.value.store(value, ordering: .releasing)
+            }
+        }))
+    }
+    published.waitFor(value: 0)
+    var measured: [Double] = []
+    for update in 1...updates {
+        flow.value = update
+        published.waitFor(value: update)
+        measured.append(published.fanOut.withLock { $0 })
+    }
+    for subscription in subscriptions { subscription.close() }
+    return median(measured)
+}
+
+func baselineFanOut(_ subscribers: Int, updates: Int) -> Double {
+    let runtime = bl_create(Int32(subscribers + 1))!
+    defer { bl_destroy(runtime) }
+    var measured: [Double] = []
+    for update in 1...updates {
+        bl_set(runtime, Int64(update))
+        while bl_published(runtime) != Int64(update) {}
+        measured.append(bl_last_fanout_ns_per_callback(runtime))
+    }
+    return median(measured)
+}
+
+/// The same through libsessionflow's C API, from C (nan with a note when the library is absent).
+func sessionFlowCFanOut(_ subscribers: Int, updates: Int, library: String) -> Double {
+    var perUpdate = [Double](repeating: 0, count: updates)
+    var error = [CChar](repeating: 0, count: 512)
+    let rc = bl_sessionflow_fanout(library, Int32(subscribers + 1), Int32(updates), &perUpdate, &error, error.count)
+    guard rc == 0 else {
+        note("C fan-out through libsessionflow skipped: \(string(fromC: error))")
+        return .nan
+    }
+    return median(perUpdate)
+}
+
+// MARK: set rate from foreign threads (conflated; never slowed by observers)
+
+/// Sets per second from `producers` threads for `seconds`.
+func setRate(producers: Int, seconds: Double, set: @escaping @Sendable (Int) -> Void) -> Double {
+    let stop = Atomic<Bool>(false)
+    let counts = Mutex<[Int]>(Array(repeating: 0, count: producers))
+    let threads = (0..<producers).map { index in
+        startThread {
+            var n = 0
+            while !stop.load(ordering: .relaxed) {
+                n += 1
+                set(index * 1_000_000_000 + n)
+            }
+            counts.withLock { $0[index] = n }
+        }
+    }
+    let start = bl_now_ns()
+    while Double(bl_now_ns() - start) < seconds * 1e9 { usleep(1000) }
+    stop.store(true, ordering: .relaxed)
+    for thread in threads { pthread_join(thread, nil) }
+    let elapsed = Double(bl_now_ns() - start) / 1e9
+    return Double(counts.withLock { $0.reduce(0, +) }) / elapsed
+}
+
+/// Set rate with one observer attached, ours and the floor's.
+func setRateRow(producers: Int, seconds: Double) throws -> Row {
+    let loop = try EventLoop(name: "bench")
+    let flow = MutableStateFlow(0, on: loop)
+    let subscription = try flow.subscribe(onState: { _ in })
+    let ours = setRate(producers: producers, seconds: seconds) { flow.value = $0 }
+    subscription.close()
+    _ = try? loop.shutdown()
+    nonisolated(unsafe) let runtime = bl_create(1)!  // bl_set is thread-safe
+    let floor = setRate(producers: producers, seconds: seconds) { bl_set(runtime, Int64($0)) }
+    bl_destroy(runtime)
+    return Row(
+        name: "set rate, \(producers) producer thread\(producers == 1 ? "" : "s")", ours: ours / 1e6,
+        floor: floor / 1e6, unit: "M/s", target: .ratioAtLeast(0.5))
+}
+
+// MARK: subscribe + close (no C equivalent: the target is absolute)
+
+func subscribeCloseRows(pairs: Int) async throws -> [Row] {
+    let loop = try EventLoop(name: "bench")
+    defer { _ = try? loop.shutdown() }
+    let flow = MutableStateFlow(0, on: loop)
+    let onLoop = try await loop.submit { () -> Double in
+        let start = bl_now_ns()
+        for _ in 0..<pairs {
+            let subscription = try flow.subscribe(onState: { _ in })
+            subscription.close()
+        }
+        return Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
+    }
+    // The retire work the pairs left behind is part of their cost: wait for it too.
+    var start = bl_now_ns()
+    try await loop.submit {}
+    let drain = Double(bl_now_ns() - start)
+    start = bl_now_ns()
+    for _ in 0..<pairs {
+        let subscription = try flow.subscribe(onState: { _ in })
+        subscription.close()
+    }
+    try await loop.submit {}
+    let foreign = Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
+    let onLoopWithDrain = Double(pairs) / (Double(pairs) / onLoop + drain / 1e9)
+    return [
+        Row(name: "subscribe+close on the loop thread", ours: onLoop / 1e6, floor: .nan, unit: "M/s",
+            target: .atLeast(20)),
+        Row(name: "  … including the loop's deferred retire work", ours: onLoopWithDrain / 1e6, floor: .nan,
+            unit: "M/s"),
+        Row(name: "subscribe+close from a foreign thread", ours: foreign / 1e6, floor: .nan, unit: "M/s"),
+    ]
+}
+
+// MARK: memory per subscription
+
+/// RSS delta per open subscription over `count` subscriptions, against the floor's C array.
+func bytesPerSubscriptionRow(count: Int) throws -> Row {
+    trimHeap()
+    let floorBefore = residentBytes()
+    let runtime = bl_create(Int32(count))!
+    let floor = Double(residentBytes() - floorBefore) / Double(count)
+    bl_destroy(runtime)
+
+    let loop = try EventLoop(name: "bench")
+    defer { _ = try? loop.shutdown() }
+    let flow = MutableStateFlow(0, on: loop)
+    let published = Published()
+    // Warm up the loop and the flow so their own one-time allocations are not counted.
+    let warm = try flow.subscribe(onState: { _ in published.count.add(1, ordering: .releasing) })
+    published.waitFor(count: 1)
+    // The benchmark's own array of handles, touched before the first reading.
+    var subscriptions = [FlowSubscription?](repeating: nil, count: count)
+    trimHeap()
+    let before = residentBytes()
+    for index in 0..<count {
+        subscriptions[index] = try flow.subscribe(onState: { _ in })
+    }
+    let last = try flow.subscribe(onState: { _ in published.count.add(1, ordering: .releasing) })
+    published.waitFor(count: 2)   // every arrival before `last` is registered too
+    let ours = Double(residentBytes() - before) / Double(count)
+    last.close()
+    warm.close()
+    for subscription in subscriptions { subscription?.close() }
+    return Row(name: "bytes per open subscription", ours: ours, floor: floor, unit: "B", target: .atMost(128))
+}

@@ -1,0 +1,88 @@
+// The table (or JSON) and the allocation counts, which come from a helper process.
+#if canImport(Glibc)
+import Glibc
+#endif
+
+func report(_ rows: [Row], json: Bool) {
+    if json {
+        func number(_ value: Double) -> String { value.isFinite ? "\(value)" : "null" }
+        func string(_ text: String) -> String {
+            var escaped = "\""
+            for character in text {
+                if character == "\"" || character == "\\" { escaped.append("\\") }
+                escaped.append(character)
+            }
+            return escaped + "\""
+        }
+        let items = rows.map { row in
+            var fields = [
+                "\"name\":\(string(row.name))", "\"value\":\(number(row.ours))", "\"baseline\":\(number(row.floor))",
+                "\"baseline_kind\":\(string(row.baseline))", "\"unit\":\(string(row.unit))",
+                "\"ratio\":\(number(row.ratio))",
+            ]
+            if let target = row.target {
+                fields.append("\"target\":\(string(target.text))")
+                fields.append("\"met\":" + (target.met(by: row).map { $0 ? "true" : "false" } ?? "null"))
+            }
+            return "{" + fields.joined(separator: ",") + "}"
+        }
+        print("[" + items.joined(separator: ",\n") + "]")
+        return
+    }
+    func pad(_ text: String, _ width: Int) -> String {
+        text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)
+    }
+    func value(_ number: Double, _ unit: String) -> String {
+        guard number.isFinite else { return "n/a" }
+        return fixed(number, number < 100 && number != number.rounded() ? 1 : 0) + (unit.isEmpty ? "" : " " + unit)
+    }
+    print(pad("measure", 62) + pad("value", 12) + pad("baseline", 12) + pad("ratio", 9) + "target")
+    for row in rows {
+        let floor = row.floor.isFinite
+            ? value(row.floor, row.unit) + (row.baseline == "raw libuv C" ? "" : " (\(row.baseline))") : "—"
+        let ratio = row.ratio.isFinite ? fixed(row.ratio, 2) + "×" : "—"
+        var target = ""
+        if let goal = row.target {
+            switch goal.met(by: row) {
+            case true?: target = goal.text + " met"
+            case false?: target = goal.text + " MISSED"
+            case nil: target = goal.text + " (not measured)"
+            }
+        }
+        print(pad(row.name, 62) + pad(value(row.ours, row.unit), 12) + pad(floor, 12) + pad(ratio, 9) + target)
+    }
+}
+
+/// Heap allocations per update, counted by `loopflow-allocs` under the malloc interposer.
+func allocationRows(updates: Int, sizes: [Int], directory: String) -> [Row] {
+    let helper = directory + "/loopflow-allocs"
+    let interposer = directory + "/libMallocInterposerSwift.so"
+    guard access(helper, X_OK) == 0, access(interposer, R_OK) == 0 else {
+        note("allocations skipped: build the loopflow-allocs product (\(helper), \(interposer))")
+        return sizes.map { allocationRow($0, .nan, .nan) }
+    }
+    let command = "LD_PRELOAD='\(interposer)' '\(helper)' \(updates) " + sizes.map(String.init).joined(separator: " ")
+    guard let pipe = popen(command, "r") else {
+        note("allocations skipped: cannot start \(helper)")
+        return sizes.map { allocationRow($0, .nan, .nan) }
+    }
+    var output = ""
+    var buffer = [CChar](repeating: 0, count: 256)
+    while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
+    let status = pclose(pipe)
+    var counted: [Int: (Double, Double)] = [:]
+    for line in output.split(separator: "\n") {
+        let fields = line.split(separator: " ")
+        if fields.count == 3, let size = Int(fields[0]), let ours = Double(fields[1]), let floor = Double(fields[2]) {
+            counted[size] = (ours, floor)
+        }
+    }
+    if status != 0 { note("allocations: \(helper) failed (status \(status))") }
+    return sizes.map { size in allocationRow(size, counted[size]?.0 ?? .nan, counted[size]?.1 ?? .nan) }
+}
+
+private func allocationRow(_ subscribers: Int, _ ours: Double, _ floor: Double) -> Row {
+    Row(
+        name: "heap allocations per update, \(subscribers) subscriber\(subscribers == 1 ? "" : "s")",
+        ours: ours, floor: floor, unit: "", target: .atMost(0))
+}
