@@ -40,10 +40,19 @@ cc -std=gnu11 Bindings/examples/borrowed_host.c $(pkg-config --cflags --libs ses
 "$prefix/owned_host" >/dev/null && "$prefix/borrowed_host" >/dev/null
 echo "pkg-config hosts: 2 passed, 0 failed"
 
-echo "== benchmark smoke run (tiny sizes, release; the figures are not checked, only that it runs)"
+echo "== benchmark smoke run (tiny sizes, release; figures not judged, but every one must be measured)"
+swift build -c release --product loopflow-allocs
 swift build -c release --product loopflow-bench
-.build/release/loopflow-bench --smoke
-.build/release/loopflow-bench --smoke --json | python3 -c "import json, sys; rows = json.load(sys.stdin); print(f'benchmark json: {len(rows)} rows')"
+# The C fan-out goes through the libsessionflow.so the C suite used (the debug build).
+bench=(.build/release/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/debug/libsessionflow.so")
+"${bench[@]}"
+"${bench[@]}" --json | python3 -c '
+import json, sys
+rows = json.load(sys.stdin)
+missing = [row["name"] for row in rows if row["value"] is None]
+if missing:
+    sys.exit("benchmark rows without a figure: " + ", ".join(missing))
+print(f"benchmark json: {len(rows)} rows, every one measured")'
 
 echo "== swift test under ThreadSanitizer"
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan

@@ -61,9 +61,13 @@ public final class EventLoop: @unchecked Sendable {
 
     // Guarded by queueLock.
     private let queueLock = Lock()
-    private var queue: [Job] = []
-    private var wakePending = false
-    private var runState = RunState.running
+    @exclusivity(unchecked) private var queue: [Job] = []
+    @exclusivity(unchecked) private var wakePending = false
+    /// Senders that claimed the wake-up under `queueLock` and send it after releasing the
+    /// lock (so the woken loop never finds the lock held by a sender inside `write`).
+    /// Teardown waits for them before it closes the handle.
+    private let wakeSenders = Atomic<Int>(0)
+    @exclusivity(unchecked) private var runState = RunState.running
     /// Every flow made on this loop, weakly, so teardown can complete their subscribers.
     private var adopted: [WeakOwner] = []
     private var adoptedCompactionThreshold = 64
@@ -73,8 +77,8 @@ public final class EventLoop: @unchecked Sendable {
     private var watches: [ObjectIdentifier: DirectoryWatch] = [:]
 
     // Loop-confined.
-    private var batch: [Job] = []
-    private var batchIndex = 0
+    @exclusivity(unchecked) private var batch: [Job] = []
+    @exclusivity(unchecked) private var batchIndex = 0
     private var report = ShutdownReport(unclosedSubscriptions: 0)
 
     private let loopThread = Atomic<UInt>(0)
@@ -251,13 +255,24 @@ public final class EventLoop: @unchecked Sendable {
             throw LoopFlowError(.loopShutDown, "the event loop '\(name)' is shut down")
         }
         queue.append(job)
-        if !wakePending {
-            wakePending = true
-            // Sent under the lock: teardown closes the handle under the same lock, so a
-            // sender can never touch a closed handle. Once per batch, so rarely contended.
-            uv_async_send(wakeHandle)
-        }
+        let wake = claimWakeLocked()
         queueLock.unlock()
+        if wake { sendWake() }
+    }
+
+    /// Caller holds `queueLock`: whether it must wake the loop (once per batch).
+    private func claimWakeLocked() -> Bool {
+        guard !wakePending else { return false }
+        wakePending = true
+        wakeSenders.add(1, ordering: .relaxed)
+        return true
+    }
+
+    /// After `claimWakeLocked` returned true, without the lock. Teardown closes the handle
+    /// only once no sender is between the claim and here.
+    private func sendWake() {
+        uv_async_send(wakeHandle)
+        wakeSenders.subtract(1, ordering: .releasing)
     }
 
     /// Loop thread: whether jobs are waiting to run — later in the batch being run, or
@@ -439,11 +454,9 @@ public final class EventLoop: @unchecked Sendable {
             throw LoopFlowError(.alreadyShutDown, "shutdown() was already called on '\(name)'")
         }
         runState = .stopRequested
-        if !wakePending {
-            wakePending = true
-            uv_async_send(wakeHandle)
-        }
+        let wake = claimWakeLocked()
         queueLock.unlock()
+        if wake { sendWake() }
 
         switch mode {
         case .owned:
@@ -487,6 +500,9 @@ public final class EventLoop: @unchecked Sendable {
 
         for watch in Array(watches.values) { watch.stopOnLoop() }
         timers.stopAll()
+        // No sender claims a wake-up any more (the run state is .stopped); wait out the
+        // ones that claimed it before and are about to send.
+        while wakeSenders.load(ordering: .acquiring) > 0 { sched_yield() }
         queueLock.withLock {
             uv_close(UnsafeMutableRawPointer(wakeHandle).assumingMemoryBound(to: uv_handle_t.self), eventLoopWakeClosed)
         }

@@ -23,7 +23,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     public let replay: Int
     public let bufferCapacity: Int
     public let overflow: BufferOverflow
-    let core: FlowCore<EventSubscription<Event>>
+    let core: FlowCore
     var lock: Lock { core.lock }
 
     struct Sequenced {
@@ -32,13 +32,13 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     }
 
     // Guarded by lock.
-    var pending = Deque<Sequenced>()
-    var replayBuffer = Deque<Sequenced>()
-    var nextSequence: UInt64 = 0
-    var dropped = 0
+    @exclusivity(unchecked) var pending = Deque<Sequenced>()
+    @exclusivity(unchecked) var replayBuffer = Deque<Sequenced>()
+    @exclusivity(unchecked) var nextSequence: UInt64 = 0
+    @exclusivity(unchecked) var dropped = 0
 
     // Loop-confined.
-    private var delivering = Deque<Sequenced>()
+    @exclusivity(unchecked) private var delivering = Deque<Sequenced>()
 
     init(loop: EventLoop, replay: Int, bufferCapacity: Int, overflow: BufferOverflow) throws(LoopFlowError) {
         guard replay >= 0 else {
@@ -87,9 +87,9 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
         let subscription = EventSubscription(
-            loop: loop, owner: core, onEvent: onEvent,
+            owner: core, onEvent: onEvent,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
-        try core.admit(subscription, deliveringWith: self) { subscription in
+        try core.admit(subscription, deliveringWith: self) { _ in
             // Under the lock that orders emits: every event from here on is for it.
             subscription.startSequence = nextSequence
             subscription.backlog = replayBuffer.map(\.event)
@@ -123,7 +123,8 @@ extension SharedFlow: DeliverySource {
         core.registerArrivals()
         loop.beginWalk(ObjectIdentifier(core))
         defer { loop.endWalk() }
-        core.forEachNewcomer { subscription in
+        core.forEachNewcomer { newcomer in
+            let subscription = unsafeDowncast(newcomer, to: EventSubscription<Event>.self)
             for event in subscription.takeBacklog() {
                 subscription.deliver(event)
             }
@@ -132,7 +133,7 @@ extension SharedFlow: DeliverySource {
         for item in delivering {
             var index = 0
             while index < count {
-                let subscription = core.slots[index]
+                let subscription = unsafeDowncast(core.slots[index], to: EventSubscription<Event>.self)
                 if item.sequence >= subscription.startSequence {
                     subscription.deliver(item.event)
                 }
@@ -212,19 +213,19 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
 final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sendable {
     private let onEvent: @Sendable (Event) -> Void
     /// Set once before registration: the first event sequence this subscriber receives live.
-    var startSequence: UInt64 = 0
+    @exclusivity(unchecked) var startSequence: UInt64 = 0
     /// Set once before registration, taken on the loop: the replayed events.
     var backlog: [Event] = []
 
     init(
-        loop: EventLoop, owner: any SubscriptionOwner,
+        owner: FlowCore,
         onEvent: @escaping @Sendable (Event) -> Void,
         onError: (@Sendable (any Error) -> Void)?,
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?
     ) {
         self.onEvent = onEvent
-        super.init(loop: loop, owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
+        super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
     }
 
     func takeBacklog() -> [Event] {

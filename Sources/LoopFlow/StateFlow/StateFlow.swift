@@ -9,19 +9,21 @@
 ///   (A→B→A set before it runs delivers nothing).
 public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     public let loop: EventLoop
-    let core: FlowCore<StateSubscription<Value>>
+    let core: FlowCore
     var lock: Lock { core.lock }
 
     /// Guarded by `lock`.
-    var current: Value
+    @exclusivity(unchecked) var current: Value
 
-    // Loop-confined.
-    private var lastBroadcast: Value?
-    private var epoch: UInt64 = 0
+    // Loop-confined. `lastBroadcast` means something once `epoch` > 0. (Not an Optional:
+    // in this unspecialized generic code every Optional<Value> costs a metadata lookup.)
+    @exclusivity(unchecked) private var lastBroadcast: Value
+    @exclusivity(unchecked) private var epoch: UInt64 = 0
 
     init(_ initial: Value, on loop: EventLoop) {
         self.loop = loop
         self.current = initial
+        self.lastBroadcast = initial
         self.core = FlowCore(loop: loop)
         core.source = self
     }
@@ -47,7 +49,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
         let subscription = StateSubscription(
-            loop: loop, owner: core, onState: onState,
+            owner: core, onState: onState,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
         try core.admit(subscription, deliveringWith: self)
         return subscription
@@ -87,7 +89,7 @@ extension StateFlow: DeliverySource {
             core.slots.elements.withUnsafeBufferPointer { subscriptions in
                 for subscription in subscriptions {
                     subscription.seenEpoch = epoch
-                    subscription.deliver(value)
+                    unsafeDowncast(subscription, to: StateSubscription<Value>.self).deliver(value)
                 }
             }
         } else {
@@ -95,7 +97,7 @@ extension StateFlow: DeliverySource {
             core.forEachNewcomer { subscription in
                 guard subscription.seenEpoch != epoch else { return }
                 subscription.seenEpoch = epoch
-                subscription.deliver(value)
+                unsafeDowncast(subscription, to: StateSubscription<Value>.self).deliver(value)
             }
         }
         core.endDelivery(terminal: terminal)
@@ -113,7 +115,7 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     /// setting a value equal to the current one does nothing. Ignored once finished.
     public override var value: Value {
         get { lock.withLock { current } }
-        set { _ = set(newValue, ifCurrentIs: nil) }
+        set { _ = set(newValue, ifCurrentIs: newValue, compare: false) }
     }
 
     /// Sets `update` if the current value equals `expect`, atomically. Returns whether the
@@ -123,30 +125,36 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     /// `Value`'s `==` runs under the flow's lock (as in Kotlin): it must not use this flow.
     @discardableResult
     public func compareAndSet(expect: Value, update: Value) -> Bool {
-        set(update, ifCurrentIs: expect) == .set
-    }
-
-    private enum SetOutcome {
-        case set, mismatch, finished
+        set(update, ifCurrentIs: expect, compare: true) == .set
     }
 
     /// One short critical section (compare, store, mark dirty once), then at most one post.
-    private func set(_ update: Value, ifCurrentIs expect: Value?) -> SetOutcome {
-        // The replaced value is handed out of the critical section, so its deinit (user
-        // code) never runs under the lock.
-        let (outcome, post, replaced): (SetOutcome, Bool, Value?) = lock.withLock {
-            guard core.terminal == nil else { return (.finished, false, nil) }
-            if let expect, current != expect { return (.mismatch, false, nil) }
-            guard current != update else { return (.set, false, nil) }
-            let replaced = current
-            current = update
-            // No one to tell: a later subscriber's own delivery hands it the value.
-            guard core.liveCount > 0 else { return (.set, false, replaced) }
-            return (.set, core.claimDeliveryLocked(), replaced)
+    /// Written without Optionals, tuples or nested types of `Value`: in this unspecialized
+    /// generic code each of those costs a runtime metadata lookup on every set.
+    private func set(_ update: Value, ifCurrentIs expect: Value, compare: Bool) -> SetOutcome {
+        lock.lock()
+        guard core.terminal == nil else {
+            lock.unlock()
+            return .finished
         }
+        if compare && current != expect {
+            lock.unlock()
+            return .mismatch
+        }
+        guard current != update else {
+            lock.unlock()
+            return .set
+        }
+        // The replaced value leaves the critical section in `replaced`, so its deinit (user
+        // code) never runs under the lock.
+        var replaced = update
+        swap(&current, &replaced)
+        // No one to tell: a later subscriber's own delivery hands it the value.
+        let post = core.liveCount > 0 && core.claimDeliveryLocked()
+        lock.unlock()
         withExtendedLifetime(replaced) {}
         if post { core.postDelivery(self) }
-        return outcome
+        return .set
     }
 
     /// Replaces the value with `transform(value)`, atomically: under contention the
@@ -158,7 +166,7 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
         while true {
             let previous = value
             let next = try transform(previous)
-            switch set(next, ifCurrentIs: previous) {
+            switch set(next, ifCurrentIs: previous, compare: true) {
             case .set: return next
             case .finished: return value
             case .mismatch: continue
@@ -182,6 +190,11 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     public func asStateFlow() -> StateFlow<Value> { self }
 }
 
+/// What a set did (outside the generic class: a nested type would be generic too).
+private enum SetOutcome {
+    case set, mismatch, finished
+}
+
 /// How a flow ended.
 struct FlowTerminal: @unchecked Sendable {
     /// nil: completed normally.
@@ -191,18 +204,16 @@ struct FlowTerminal: @unchecked Sendable {
 /// A `StateFlow` subscriber.
 final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sendable {
     private let onState: @Sendable (Value) -> Void
-    /// Loop-confined: the broadcast this subscriber last received.
-    var seenEpoch: UInt64 = 0
 
     init(
-        loop: EventLoop, owner: any SubscriptionOwner,
+        owner: FlowCore,
         onState: @escaping @Sendable (Value) -> Void,
         onError: (@Sendable (any Error) -> Void)?,
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?
     ) {
         self.onState = onState
-        super.init(loop: loop, owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
+        super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
     }
 
     @inline(__always)

@@ -25,36 +25,54 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
 
     /// Unique within the process; never reused.
     public let id: UInt64
-    let loop: EventLoop
-    let owner: any SubscriptionOwner
+    /// The flow's core (the only owner there is: a concrete reference is 8 bytes, an
+    /// existential 16 — the layout below keeps a subscription within 128 bytes).
+    let owner: FlowCore
+    var loop: EventLoop { owner.loop }
 
     // Closed by `close()` (any thread) or by a terminal callback (loop thread). The loop
     // checks it before each callback; a closer then waits for the walk it may have raced.
     private static let closed: UInt32 = 2
     private let gate = Atomic<UInt32>(0)
 
-    private let onError: (@Sendable (any Error) -> Void)?
-    private let onComplete: (@Sendable () -> Void)?
-    private let onRelease: (@Sendable () -> Void)?
-
-    // Loop-confined.
+    // Loop-confined (packed beside the gate).
     /// Index in the owner's subscriber array, or -1 when not registered.
-    var slot = -1
-    private var released = false
+    @exclusivity(unchecked) var slot: Int32 = -1
+    @exclusivity(unchecked) private var released = false
+    /// The state broadcast this subscriber last received (StateFlow's distinct check).
+    @exclusivity(unchecked) final var seenEpoch: UInt64 = 0
+
+    /// The optional callbacks, in one box made only when one of them is given: most
+    /// subscribers have only their value callback.
+    private final class Extras: Sendable {
+        let onError: (@Sendable (any Error) -> Void)?
+        let onComplete: (@Sendable () -> Void)?
+        let onRelease: (@Sendable () -> Void)?
+
+        init(
+            onError: (@Sendable (any Error) -> Void)?, onComplete: (@Sendable () -> Void)?,
+            onRelease: (@Sendable () -> Void)?
+        ) {
+            self.onError = onError
+            self.onComplete = onComplete
+            self.onRelease = onRelease
+        }
+    }
+    private let extras: Extras?
 
     init(
-        loop: EventLoop,
-        owner: any SubscriptionOwner,
+        owner: FlowCore,
         onError: (@Sendable (any Error) -> Void)?,
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?
     ) {
         self.id = Self.nextID.add(1, ordering: .relaxed).oldValue
-        self.loop = loop
         self.owner = owner
-        self.onError = onError
-        self.onComplete = onComplete
-        self.onRelease = onRelease
+        if onError == nil && onComplete == nil && onRelease == nil {
+            self.extras = nil
+        } else {
+            self.extras = Extras(onError: onError, onComplete: onComplete, onRelease: onRelease)
+        }
     }
 
     public var description: String { "FlowSubscription(\(id)\(isClosed ? ", closed" : ""))" }
@@ -107,9 +125,9 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
         else { return false }
         ended()
         if let error {
-            onError?(error)
+            extras?.onError?(error)
         } else {
-            onComplete?()
+            extras?.onComplete?()
         }
         return true
     }
@@ -119,43 +137,43 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
         loop.assertInEventLoop()
         guard !released else { return }
         released = true
-        onRelease?()
+        extras?.onRelease?()
     }
 }
 
 /// A loop-confined contiguous array of subscriptions with O(1) insert and remove
 /// (removal swaps the last element into the hole and fixes its `slot`).
-struct SubscriberSlots<Subscription: FlowSubscription> {
-    private(set) var elements = ContiguousArray<Subscription>()
+struct SubscriberSlots {
+    private(set) var elements = ContiguousArray<FlowSubscription>()
 
     var count: Int { elements.count }
     var isEmpty: Bool { elements.isEmpty }
 
-    subscript(index: Int) -> Subscription { elements[index] }
+    subscript(index: Int) -> FlowSubscription { elements[index] }
 
-    mutating func insert(_ subscription: Subscription) {
+    mutating func insert(_ subscription: FlowSubscription) {
         precondition(subscription.slot == -1, "subscription registered twice")
-        subscription.slot = elements.count
+        subscription.slot = Int32(elements.count)
         elements.append(subscription)
     }
 
     /// Removes `subscription` if registered; returns whether it was.
     @discardableResult
-    mutating func remove(_ subscription: Subscription) -> Bool {
-        let index = subscription.slot
+    mutating func remove(_ subscription: FlowSubscription) -> Bool {
+        let index = Int(subscription.slot)
         guard index >= 0 else { return false }
         precondition(elements[index] === subscription, "subscriber slot out of sync")
         let last = elements.removeLast()
         if index < elements.count {
             elements[index] = last
-            last.slot = index
+            last.slot = Int32(index)
         }
         subscription.slot = -1
         return true
     }
 
     /// Removes and returns everything.
-    mutating func removeAll() -> ContiguousArray<Subscription> {
+    mutating func removeAll() -> ContiguousArray<FlowSubscription> {
         let all = elements
         elements = []
         for subscription in all { subscription.slot = -1 }
