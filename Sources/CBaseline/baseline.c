@@ -111,3 +111,16 @@ void bl_heap_probe(void) {
     void *volatile block = malloc(32);
     free(block);
 }
+
+double bl_alloc_lock_pairs_per_second(int pairs, size_t size) {
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    uint64_t start = bl_now_ns();
+    for (int i = 0; i < pairs; i++) {
+        void *volatile block = malloc(size);
+        pthread_mutex_lock(&lock);
+        ((char *)block)[0] = (char)i;
+        pthread_mutex_unlock(&lock);
+        free(block);
+    }
+    return pairs / ((double)(bl_now_ns() - start) / 1e9);
+}

@@ -54,14 +54,29 @@ func singleFlightRows(callers: Int, roundTrip: Duration) async throws -> [Row] {
         return (Double(bl_now_ns() - start), authority.refreshes.load(ordering: .relaxed) - before)
     }
 
+    /// The same number of tasks, each awaiting one bare hop to the loop and back: what the
+    /// tasks and their continuations cost without any session work.
+    func bareHops(_ count: Int) async throws -> Double {
+        let start = bl_now_ns()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<count {
+                group.addTask { try await loop.submit {} }
+            }
+            try await group.waitForAll()
+        }
+        return Double(bl_now_ns() - start)
+    }
+
     var alone: [Double] = []
     var crowd: [Double] = []
+    var hops: [Double] = []
     var refreshes = 0
     for _ in 0..<3 {
         alone.append(try await round(1).nanoseconds)
         let result = try await round(callers)
         crowd.append(result.nanoseconds)
         refreshes = max(refreshes, result.refreshes)
+        hops.append(try await bareHops(callers))
     }
     await manager.close()
     let label = "\(callers) concurrent freshAccessToken()"
@@ -70,5 +85,8 @@ func singleFlightRows(callers: Int, roundTrip: Duration) async throws -> [Row] {
         Row(
             name: "\(label): all answered (vs 1 caller)", ours: median(crowd) / 1e6, floor: median(alone) / 1e6,
             unit: "ms", baseline: "1 caller"),
+        Row(
+            name: "  … \(callers) tasks each awaiting a bare loop hop (no session)", ours: median(hops) / 1e6,
+            floor: median(alone) / 1e6, unit: "ms", baseline: "1 caller"),
     ]
 }

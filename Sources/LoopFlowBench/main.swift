@@ -49,6 +49,13 @@ let callers = smoke ? 100 : 10_000
 
 var rows: [Row] = []
 
+// First, while the heap is fresh: memory freed by later sections would be reused without
+// growing the RSS and hide part of the cost.
+if only.contains("memory") {
+    note("bytes per subscription…")
+    rows.append(try bytesPerSubscriptionRow(count: memorySubscriptions))
+}
+
 if only.contains("latency") {
     note("latency…")
     // Interleaved rounds: machine noise hits every contender and the floor alike.
@@ -108,11 +115,6 @@ if only.contains("setrate") {
 if only.contains("subscribe") {
     note("subscribe+close…")
     rows += try await subscribeCloseRows(pairs: pairs)
-}
-
-if only.contains("memory") {
-    note("bytes per subscription…")
-    rows.append(try bytesPerSubscriptionRow(count: memorySubscriptions))
 }
 
 if only.contains("allocations") {

@@ -29,6 +29,9 @@ int bl_sessionflow_fanout(const char *path, int subscribers, int updates, double
 void bl_trim_heap(void);
 /* One malloc and one free that no compiler removes (checks an allocation counter is live). */
 void bl_heap_probe(void);
+/* The least a thread-safe subscribe+close can cost: one malloc of `size` bytes, one mutex
+ * lock/unlock, one free — per second, over `pairs` rounds. */
+double bl_alloc_lock_pairs_per_second(int pairs, size_t size);
 /* Monotonic nanoseconds. */
 uint64_t bl_now_ns(void);
 #endif

@@ -68,6 +68,8 @@ public final class EventLoop: @unchecked Sendable {
     /// Teardown waits for them before it closes the handle.
     private let wakeSenders = Atomic<Int>(0)
     @exclusivity(unchecked) private var runState = RunState.running
+    /// `runState == .running`, readable without the lock (subscribe's early check).
+    private let running = Atomic<Bool>(true)
     /// Every flow made on this loop, weakly, so teardown can complete their subscribers.
     private var adopted: [WeakOwner] = []
     private var adoptedCompactionThreshold = 64
@@ -284,7 +286,7 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Whether public work (execute, subscribe, timers) is still accepted.
     var acceptsWork: Bool {
-        queueLock.withLock { runState == .running }
+        running.load(ordering: .acquiring)
     }
 
     /// Loop thread: runs one batch of jobs, then tears down if a shutdown was requested.
@@ -454,6 +456,7 @@ public final class EventLoop: @unchecked Sendable {
             throw LoopFlowError(.alreadyShutDown, "shutdown() was already called on '\(name)'")
         }
         runState = .stopRequested
+        running.store(false, ordering: .releasing)
         let wake = claimWakeLocked()
         queueLock.unlock()
         if wake { sendWake() }
@@ -473,6 +476,7 @@ public final class EventLoop: @unchecked Sendable {
         // From here nothing is accepted; what was accepted before still runs.
         queueLock.lock()
         runState = .stopped
+        running.store(false, ordering: .releasing)
         swap(&queue, &batch)
         queueLock.unlock()
         runBatch()

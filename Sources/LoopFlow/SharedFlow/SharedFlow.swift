@@ -168,7 +168,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
     public func emit(_ event: Event) -> Bool {
         var evicted: (Sequenced?, Sequenced?) = (nil, nil)  // released after unlocking
         let (accepted, post): (Bool, Bool) = lock.withLock {
-            guard core.terminal == nil else { return (false, false) }
+            guard !core.isFinished else { return (false, false) }
             let listening = core.liveCount > 0
             if listening && pending.count >= bufferCapacity {
                 dropped += 1

@@ -133,7 +133,7 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     /// generic code each of those costs a runtime metadata lookup on every set.
     private func set(_ update: Value, ifCurrentIs expect: Value, compare: Bool) -> SetOutcome {
         lock.lock()
-        guard core.terminal == nil else {
+        guard !core.isFinished else {
             lock.unlock()
             return .finished
         }

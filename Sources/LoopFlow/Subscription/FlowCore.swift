@@ -23,6 +23,8 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @exclusivity(unchecked) private var deliveryScheduled = false
     @exclusivity(unchecked) private var arrivals: [FlowSubscription] = []
     @exclusivity(unchecked) private(set) var terminal: FlowTerminal?
+    /// `terminal != nil`, without copying the terminal (and its error) on every set.
+    @exclusivity(unchecked) private(set) var isFinished = false
     /// Set by teardown's sweep (or at birth on a shut-down loop): no one is admitted again.
     @exclusivity(unchecked) private var tornDown = false
 
@@ -39,6 +41,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     private let live = Atomic<Int>(0)
     private let countLock = Lock()
     private var countFlow: MutableStateFlow<Int>?   // guarded by countLock, made on first use
+    private let countObserved = Atomic<Bool>(false)
 
     init(loop: EventLoop) {
         self.loop = loop
@@ -54,16 +57,22 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     func subscriptionCount() -> StateFlow<Int> {
         countLock.withLock {
             if let countFlow { return countFlow }
-            let flow = MutableStateFlow(live.load(ordering: .acquiring), on: loop)
+            // Announce the flow before reading the count: a change that does not see the
+            // announcement happened before this read (both sequentially consistent).
+            countObserved.store(true, ordering: .sequentiallyConsistent)
+            let flow = MutableStateFlow(live.load(ordering: .sequentiallyConsistent), on: loop)
             countFlow = flow
             return flow
         }
     }
 
+    /// Lock-free until someone asks for `subscriptionCount`; then each change publishes
+    /// the latest count under `countLock` (so publications never go backwards).
     private func changeCount(by delta: Int) {
+        live.add(delta, ordering: .sequentiallyConsistent)
+        guard countObserved.load(ordering: .sequentiallyConsistent) else { return }
         countLock.withLock {
-            let now = live.add(delta, ordering: .acquiringAndReleasing).newValue
-            countFlow?.value = now
+            countFlow?.value = live.load(ordering: .sequentiallyConsistent)
         }
     }
 
@@ -107,6 +116,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     func finishLocked(error: (any Error)?) -> Bool? {
         guard terminal == nil else { return nil }
         terminal = FlowTerminal(error: error)
+        isFinished = true
         return claimDeliveryLocked()
     }
 
