@@ -8,6 +8,7 @@
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
 //                                               memory allocations singleflight
+//   ... --no-peers                              without the OpenCombine and AsyncStream rows
 //   ... --sessionflow-lib PATH                  the libsessionflow.so for the C fan-out
 //                                               (default: beside this executable)
 //
@@ -22,6 +23,7 @@ import Glibc
 let arguments = CommandLine.arguments
 let smoke = arguments.contains("--smoke")
 let json = arguments.contains("--json")
+let peers = !arguments.contains("--no-peers")
 
 func option(_ name: String) -> String? {
     guard let index = arguments.firstIndex(of: name), index + 1 < arguments.count else { return nil }
@@ -64,17 +66,19 @@ if only.contains("latency") {
     for _ in 0..<latencyRounds {
         ours += try loopFlowLatencies(perRound)
         floor += baselineLatencies(perRound)
-        combine += combineLatencies(perRound)
-        floor += baselineLatencies(perRound)
-        stream += asyncStreamLatencies(perRound)
-        floor += baselineLatencies(perRound)
+        if peers {
+            combine += combineLatencies(perRound)
+            floor += baselineLatencies(perRound)
+            stream += asyncStreamLatencies(perRound)
+            floor += baselineLatencies(perRound)
+        }
     }
     floor.sort()
     for (label, samples, target) in [
         ("set→callback", ours, true),
         ("OpenCombine CurrentValueSubject + receive(on: DispatchQueue)", combine, false),
         ("AsyncStream(.bufferingNewest(1)) + consumer task", stream, false),
-    ] {
+    ] where !samples.isEmpty {
         let sorted = samples.sorted()
         for (name, p) in [("p10", 0.1), ("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)] {
             rows.append(Row(
@@ -96,6 +100,7 @@ if only.contains("fanout") {
             name: "  … from C through libsessionflow",
             ours: sessionFlowCFanOut(subscribers, updates: fanOutUpdates, library: sessionFlowLibrary),
             floor: floor, unit: "ns", target: .ratioAtMost(2)))
+        guard peers else { continue }
         rows.append(Row(
             name: "  … OpenCombine CurrentValueSubject (sync sinks)",
             ours: combineFanOut(subscribers, updates: fanOutUpdates), floor: floor, unit: "ns"))

@@ -129,15 +129,12 @@ extension SharedFlow: DeliverySource {
                 subscription.deliver(event)
             }
         }
-        let count = core.slots.count
         for item in delivering {
-            var index = 0
-            while index < count {
-                let subscription = unsafeDowncast(core.slots[index], to: EventSubscription<Event>.self)
+            core.slots.forEach { registered in
+                let subscription = unsafeDowncast(registered, to: EventSubscription<Event>.self)
                 if item.sequence >= subscription.startSequence {
                     subscription.deliver(item.event)
                 }
-                index += 1
             }
         }
         delivering.removeAll(keepingCapacity: true)

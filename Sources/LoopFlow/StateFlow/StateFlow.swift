@@ -84,13 +84,11 @@ extension StateFlow: DeliverySource {
             epoch &+= 1
             lastBroadcast = value
             // The slots do not change during a walk (arrivals register before it, removals
-            // happen in retire jobs), so the buffer can be walked without retaining each one.
+            // happen in retire jobs), so they are walked without retaining each one.
             let epoch = self.epoch
-            core.slots.elements.withUnsafeBufferPointer { subscriptions in
-                for subscription in subscriptions {
-                    subscription.seenEpoch = epoch
-                    unsafeDowncast(subscription, to: StateSubscription<Value>.self).deliver(value)
-                }
+            core.slots.forEach { subscription in
+                subscription.seenEpoch = epoch
+                unsafeDowncast(subscription, to: StateSubscription<Value>.self).deliver(value)
             }
         } else {
             // The value everyone already has: only newcomers get it.

@@ -143,18 +143,35 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
 
 /// A loop-confined contiguous array of subscriptions with O(1) insert and remove
 /// (removal swaps the last element into the hole and fixes its `slot`).
+///
+/// The array holds unmanaged references it retains itself (on insert, released on
+/// removal), so that a walk can call each subscriber through a guaranteed reference:
+/// no retain/release pair per callback (callgrind counted 40 of the ~100 instructions a
+/// callback cost with a managed array).
 struct SubscriberSlots {
-    private(set) var elements = ContiguousArray<FlowSubscription>()
+    private var elements = ContiguousArray<Unmanaged<FlowSubscription>>()
 
     var count: Int { elements.count }
     var isEmpty: Bool { elements.isEmpty }
 
-    subscript(index: Int) -> FlowSubscription { elements[index] }
+    subscript(index: Int) -> FlowSubscription { elements[index].takeUnretainedValue() }
+
+    /// Calls `body` with each registered subscription, in order, without retaining them.
+    /// The slots must not change meanwhile (they do not during a walk: removals happen in
+    /// retire jobs, arrivals register before the walk).
+    @inline(__always)
+    func forEach(_ body: (FlowSubscription) -> Void) {
+        elements.withUnsafeBufferPointer { references in
+            for reference in references {
+                reference._withUnsafeGuaranteedRef(body)
+            }
+        }
+    }
 
     mutating func insert(_ subscription: FlowSubscription) {
         precondition(subscription.slot == -1, "subscription registered twice")
         subscription.slot = Int32(elements.count)
-        elements.append(subscription)
+        elements.append(Unmanaged.passRetained(subscription))
     }
 
     /// Removes `subscription` if registered; returns whether it was.
@@ -162,19 +179,21 @@ struct SubscriberSlots {
     mutating func remove(_ subscription: FlowSubscription) -> Bool {
         let index = Int(subscription.slot)
         guard index >= 0 else { return false }
-        precondition(elements[index] === subscription, "subscriber slot out of sync")
+        precondition(elements[index].toOpaque() == Unmanaged.passUnretained(subscription).toOpaque(),
+                     "subscriber slot out of sync")
         let last = elements.removeLast()
         if index < elements.count {
             elements[index] = last
-            last.slot = Int32(index)
+            last.takeUnretainedValue().slot = Int32(index)
         }
         subscription.slot = -1
+        Unmanaged.passUnretained(subscription).release()
         return true
     }
 
     /// Removes and returns everything.
-    mutating func removeAll() -> ContiguousArray<FlowSubscription> {
-        let all = elements
+    mutating func removeAll() -> [FlowSubscription] {
+        let all = elements.map { $0.takeRetainedValue() }
         elements = []
         for subscription in all { subscription.slot = -1 }
         return all
