@@ -163,28 +163,36 @@ func setRateRow(producers: Int, seconds: Double) throws -> Row {
 
 // MARK: subscribe + close (no C equivalent: the target is absolute)
 
-func subscribeCloseRows(pairs: Int) async throws -> [Row] {
+func subscribeCloseRows(pairs: Int) throws -> [Row] {
     let loop = try EventLoop(name: "bench")
     defer { _ = try? loop.shutdown() }
     let flow = MutableStateFlow(0, on: loop)
-    let onLoop = try await loop.submit { () -> Double in
+    /// Runs `body` on the loop thread and waits for it (and for everything queued before it).
+    func onLoopThread(_ body: @escaping @Sendable () -> Double) throws -> Double {
+        let result = Mutex<Double?>(nil)
+        try loop.execute { result.withLock { $0 = body() } }
+        while true {
+            if let value = result.withLock({ $0 }) { return value }
+        }
+    }
+    let onLoop = try onLoopThread {
         let start = bl_now_ns()
         for _ in 0..<pairs {
-            let subscription = try flow.subscribe(onState: { _ in })
+            let subscription = try! flow.subscribe(onState: { _ in })
             subscription.close()
         }
         return Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
     }
     // The retire work the pairs left behind is part of their cost: wait for it too.
     var start = bl_now_ns()
-    try await loop.submit {}
+    _ = try onLoopThread { 0 }
     let drain = Double(bl_now_ns() - start)
     start = bl_now_ns()
     for _ in 0..<pairs {
         let subscription = try flow.subscribe(onState: { _ in })
         subscription.close()
     }
-    try await loop.submit {}
+    _ = try onLoopThread { 0 }
     let foreign = Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
     let onLoopWithDrain = Double(pairs) / (Double(pairs) / onLoop + drain / 1e9)
     // No C equivalent of a subscription; the floor is what any thread-safe subscribe+close

@@ -119,7 +119,7 @@ if only.contains("setrate") {
 
 if only.contains("subscribe") {
     note("subscribe+close…")
-    rows += try await subscribeCloseRows(pairs: pairs)
+    rows += try subscribeCloseRows(pairs: pairs)
 }
 
 if only.contains("allocations") {

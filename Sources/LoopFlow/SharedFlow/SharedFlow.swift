@@ -39,6 +39,8 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
 
     // Loop-confined.
     @exclusivity(unchecked) private var delivering = Deque<Sequenced>()
+    /// Made once: see StateFlow.subscribe.
+    private let subscriptionType = EventSubscription<Event>.self
 
     init(loop: EventLoop, replay: Int, bufferCapacity: Int, overflow: BufferOverflow) throws(LoopFlowError) {
         guard replay >= 0 else {
@@ -86,7 +88,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        let subscription = EventSubscription(
+        let subscription = subscriptionType.init(
             owner: core, onEvent: onEvent,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
         try core.admit(subscription, deliveringWith: self) { _ in
@@ -214,7 +216,7 @@ final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sen
     /// Set once before registration, taken on the loop: the replayed events.
     var backlog: [Event] = []
 
-    init(
+    required init(
         owner: FlowCore,
         onEvent: @escaping @Sendable (Event) -> Void,
         onError: (@Sendable (any Error) -> Void)?,

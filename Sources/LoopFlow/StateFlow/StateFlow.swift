@@ -19,6 +19,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     // in this unspecialized generic code every Optional<Value> costs a metadata lookup.)
     @exclusivity(unchecked) private var lastBroadcast: Value
     @exclusivity(unchecked) private var epoch: UInt64 = 0
+    private let subscriptionType = StateSubscription<Value>.self
 
     init(_ initial: Value, on loop: EventLoop) {
         self.loop = loop
@@ -48,7 +49,9 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        let subscription = StateSubscription(
+        // Through the metatype made once per flow: naming StateSubscription<Value> here
+        // would look its metadata up in the runtime's cache on every subscribe.
+        let subscription = subscriptionType.init(
             owner: core, onState: onState,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
         try core.admit(subscription, deliveringWith: self)
@@ -203,7 +206,7 @@ struct FlowTerminal: @unchecked Sendable {
 final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sendable {
     private let onState: @Sendable (Value) -> Void
 
-    init(
+    required init(
         owner: FlowCore,
         onState: @escaping @Sendable (Value) -> Void,
         onError: (@Sendable (any Error) -> Void)?,
