@@ -9,7 +9,7 @@ import Glibc
 
 // MARK: latency: set on a foreign thread → callback on the loop thread (paced, one in flight)
 
-func loopFlowLatencies(_ samples: Int) throws -> [UInt64] {
+func loopFlowLatencies(_ samples: Int, paced: Bool) throws -> [UInt64] {
     let loop = try EventLoop(name: "bench")
     defer { _ = try? loop.shutdown() }
     let flow = MutableStateFlow(0, on: loop)
@@ -24,11 +24,12 @@ func loopFlowLatencies(_ samples: Int) throws -> [UInt64] {
         flow.value = i
         published.waitFor(value: i)
         latencies.append(bl_now_ns() - start)
+        if paced { pace() }
     }
     return latencies
 }
 
-func baselineLatencies(_ samples: Int) -> [UInt64] {
+func baselineLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
     let runtime = bl_create(1)!
     defer { bl_destroy(runtime) }
     var latencies: [UInt64] = []
@@ -38,29 +39,9 @@ func baselineLatencies(_ samples: Int) -> [UInt64] {
         bl_set(runtime, Int64(i))
         while bl_published(runtime) != Int64(i) {}
         latencies.append(bl_now_ns() - start)
+        if paced { pace() }
     }
     return latencies
-}
-
-/// Latency percentiles of `measure` and the floor, interleaved in `rounds` so that machine
-/// noise hits both alike.
-func latencyRows(
-    _ label: String, samples: Int, rounds: Int, target: Bool,
-    _ measure: (Int) throws -> [UInt64]
-) rethrows -> [Row] {
-    var ours: [UInt64] = []
-    var floor: [UInt64] = []
-    for _ in 0..<rounds {
-        ours += try measure(samples / rounds)
-        floor += baselineLatencies(samples / rounds)
-    }
-    ours.sort()
-    floor.sort()
-    return [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)].map { name, p in
-        Row(
-            name: "\(label) latency \(name)", ours: percentile(ours, p), floor: percentile(floor, p), unit: "ns",
-            target: target && p < 0.999 ? .ratioAtMost(2) : nil)
-    }
 }
 
 // MARK: fan-out: ns per callback, from subscriber 0 (a probe) to the last of `subscribers` more

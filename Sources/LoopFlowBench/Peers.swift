@@ -43,7 +43,7 @@ final class FanOutClock: @unchecked Sendable {
 
 /// Combine delivers on the sending thread; a user who wants the callbacks on one thread adds
 /// `receive(on:)`, which is what the latency figure measures (a serial DispatchQueue).
-func combineLatencies(_ samples: Int) -> [UInt64] {
+func combineLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
     let subject = CurrentValueSubject<Int, Never>(0)
     let published = Published()
     let queue = DispatchQueue(label: "bench-combine")
@@ -56,6 +56,7 @@ func combineLatencies(_ samples: Int) -> [UInt64] {
         subject.value = i
         published.waitFor(value: i)
         latencies.append(bl_now_ns() - start)
+        if paced { pace() }
     }
     return latencies
 }
@@ -84,7 +85,7 @@ func combineFanOut(_ subscribers: Int, updates: Int) -> Double {
 // MARK: AsyncStream(bufferingPolicy: .bufferingNewest(1))
 
 /// One stream and one consuming task per subscriber (AsyncStream has a single consumer).
-func asyncStreamLatencies(_ samples: Int) -> [UInt64] {
+func asyncStreamLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
     let (stream, continuation) = AsyncStream.makeStream(of: Int.self, bufferingPolicy: .bufferingNewest(1))
     let published = Published()
     let consumer = Task {
@@ -97,6 +98,7 @@ func asyncStreamLatencies(_ samples: Int) -> [UInt64] {
         continuation.yield(i)
         published.waitFor(value: i)
         latencies.append(bl_now_ns() - start)
+        if paced { pace() }
     }
     continuation.finish()
     consumer.cancel()

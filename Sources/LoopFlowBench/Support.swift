@@ -72,6 +72,18 @@ func median(_ values: [Double]) -> Double {
     return sorted[sorted.count / 2]
 }
 
+/// The pause between two latency samples (the "paced, one in flight"): long enough
+/// for the receiving thread to go idle, so every sample measures a wake-up from idle rather
+/// than a race with the receiver still finishing the previous sample (which, on a virtual
+/// machine, made the median flip between two modes ~10 µs apart from run to run).
+let pacing: UInt64 = 50_000
+
+@inline(__always)
+func pace() {
+    let resume = bl_now_ns() + pacing
+    while bl_now_ns() < resume {}
+}
+
 /// Loop-thread scratch state read back after a happens-before edge.
 final class Box<T>: @unchecked Sendable {
     var value: T
