@@ -3,7 +3,8 @@
 # Swift peers, in one run. Arguments go to loopflow-bench (--json, --smoke, --only ...).
 # Usage: bash scripts/bench.sh [ARGS...]
 source "$(dirname "$0")/setup.sh"
-swift build -c release --product sessionflow
-swift build -c release --product loopflow-allocs
-swift build -c release --product loopflow-bench
+# Build output to stderr: stdout carries only the report (so --json stays parseable).
+swift build -c release --product sessionflow >&2
+swift build -c release --product loopflow-allocs >&2
+swift build -c release --product loopflow-bench >&2
 exec .build/release/loopflow-bench "$@"

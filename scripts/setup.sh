@@ -9,7 +9,7 @@ as_root() {
 apt_updated=0
 apt_install() {
     if [ "$apt_updated" -eq 0 ]; then
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
         apt_updated=1
     fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
@@ -18,7 +18,7 @@ apt_install() {
 # libuv (the loop), pkg-config (how SwiftPM finds it), and libcurl's development files
 # (the self-contained library links Foundation's networking statically, which needs -lcurl).
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libuv || ! pkg-config --exists libcurl; then
-    echo "setup: installing libuv1-dev, libcurl4-openssl-dev and pkg-config"
+    echo "setup: installing libuv1-dev, libcurl4-openssl-dev and pkg-config" >&2
     apt_install libuv1-dev libcurl4-openssl-dev pkg-config
 fi
 

@@ -2,8 +2,8 @@
 // a user would pick instead, measured in one run; every figure printed with its ratio to the
 // floor of the same run.
 //
-//   swift build -c release --product sessionflow --product loopflow-bench --product loopflow-allocs
-//   .build/release/loopflow-bench               full sizes (a few minutes)
+//   bash scripts/bench.sh                       builds the release products below, then runs
+//   .build/release/loopflow-bench               full sizes (about 2 minutes)
 //   .build/release/loopflow-bench --smoke       tiny sizes (the test suite runs this so it cannot rot)
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
