@@ -156,13 +156,15 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     // MARK: Format
 
     /// What the file holds, once decrypted.
-    struct Document: Codable {
-        var version = 1
-        var active: String?
-        var accounts: [String: Record] = [:]
+    package struct Document: Codable {
+        package var version = 1
+        package var active: String?
+        package var accounts: [String: Record] = [:]
+
+        package init() {}
     }
 
-    struct Record: Codable {
+    package struct Record: Codable {
         var accessToken: String?
         var refreshToken: String?
         var expiresAtNanoseconds: Int64?
@@ -182,7 +184,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             expired = session.expired
         }
 
-        var session: StoredSession {
+        package var session: StoredSession {
             StoredSession(
                 accessToken: accessToken.map(Secret.init), refreshToken: refreshToken.map(Secret.init),
                 accessTokenExpiresAt: expiresAtNanoseconds.map { .nanoseconds($0) },
@@ -221,17 +223,31 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         }
         let key = try encryptionKey(creating: false)
         do {
-            guard bytes.count > Self.magic.count, Array(bytes.prefix(Self.magic.count)) == Self.magic else {
-                throw DecodeFailure("not a SessionFlow store (bad header)")
-            }
-            guard let key else { throw DecodeFailure("its key file is missing") }
-            let box = try AES.GCM.SealedBox(combined: bytes.dropFirst(Self.magic.count))
-            let plaintext = try AES.GCM.open(box, using: key, authenticating: Self.magic)
-            return try JSONDecoder().decode(Document.self, from: Data(plaintext))
+            return try Self.decode(bytes, key: key)
         } catch {
             let aside = moveAside()
             throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
         }
+    }
+
+    /// The document in a store file's bytes: header, then AES-GCM (authenticating the
+    /// header), then JSON. Throws for anything else. Pure (package: the fuzz target calls it).
+    package static func decode(_ bytes: [UInt8], key: SymmetricKey?) throws -> Document {
+        guard bytes.count > magic.count, Array(bytes.prefix(magic.count)) == magic else {
+            throw DecodeFailure("not a SessionFlow store (bad header)")
+        }
+        guard let key else { throw DecodeFailure("its key file is missing") }
+        let box = try AES.GCM.SealedBox(combined: bytes.dropFirst(magic.count))
+        let plaintext = try AES.GCM.open(box, using: key, authenticating: magic)
+        return try JSONDecoder().decode(Document.self, from: Data(plaintext))
+    }
+
+    /// A store file's bytes for `document` (the inverse of `decode`).
+    package static func encode(_ document: Document, key: SymmetricKey) throws -> [UInt8] {
+        let plaintext = try JSONEncoder().encode(document)
+        let box = try AES.GCM.seal(plaintext, using: key, authenticating: magic)
+        guard let combined = box.combined else { throw DecodeFailure("no combined form") }
+        return magic + Array(combined)
     }
 
     /// Like `load`, but a damaged file counts as nothing to change.
@@ -248,19 +264,11 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         guard let key = try encryptionKey(creating: true) else {
             throw .unavailable("no encryption key")
         }
-        let plaintext: Data
-        do {
-            plaintext = try JSONEncoder().encode(document)
-        } catch {
-            throw .unavailable("cannot encode the session: \(error)")
-        }
         let sealed: [UInt8]
         do {
-            let box = try AES.GCM.seal(plaintext, using: key, authenticating: Self.magic)
-            guard let combined = box.combined else { throw DecodeFailure("no combined form") }
-            sealed = Self.magic + Array(combined)
+            sealed = try Self.encode(document, key: key)
         } catch {
-            throw .unavailable("cannot encrypt the session: \(describe(error))")
+            throw .unavailable("cannot encode or encrypt the session: \(describe(error))")
         }
         try FileIO.replaceAtomically(path, with: sealed, directory: directory)
     }

@@ -134,20 +134,28 @@ public final class OAuthAuthority: SessionAuthority {
 }
 
 /// What the server answered.
-struct HTTPAnswer: Sendable {
-    let status: Int
-    let retryAfter: Duration?
-    let body: Data
-    let redactions: [Secret]
+/// An HTTP answer as the parsers see it (package: the fuzz targets call the parsers).
+package struct HTTPAnswer: Sendable {
+    package let status: Int
+    package let retryAfter: Duration?
+    package let body: Data
+    package let redactions: [Secret]
+
+    package init(status: Int, retryAfter: Duration?, body: Data, redactions: [Secret]) {
+        self.status = status
+        self.retryAfter = retryAfter
+        self.body = body
+        self.redactions = redactions
+    }
 
     var json: [String: Any]? {
         (try? JSONSerialization.jsonObject(with: body)) as? [String: Any]
     }
 }
 
-enum TokenResponse {
+package enum TokenResponse {
     /// A 200 with the fields RFC 6749 §5.1 requires, or the error it stands for.
-    static func grant(from answer: HTTPAnswer, defaultLifetime: Duration) -> Result<TokenGrant, AuthorityError> {
+    package static func grant(from answer: HTTPAnswer, defaultLifetime: Duration) -> Result<TokenGrant, AuthorityError> {
         guard answer.status == 200 else { return .failure(error(from: answer)) }
         guard let object = answer.json else {
             return .failure(.transient("the token answer is not JSON"))
@@ -170,7 +178,7 @@ enum TokenResponse {
     }
 
     /// The error an unsuccessful answer stands for (RFC 6749 §5.2).
-    static func error(from answer: HTTPAnswer) -> AuthorityError {
+    package static func error(from answer: HTTPAnswer) -> AuthorityError {
         let object = answer.json
         let code = object?["error"] as? String
         let description = (object?["error_description"] as? String).map { Redaction.scrub($0, answer.redactions) }
@@ -214,8 +222,8 @@ enum FormEncoding {
 }
 
 /// `Retry-After`: delay-seconds or an HTTP-date.
-enum RetryAfter {
-    static func parse(_ value: String?) -> Duration? {
+package enum RetryAfter {
+    package static func parse(_ value: String?) -> Duration? {
         guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
         if let seconds = Int(value) { return .seconds(max(seconds, 0)) }
         let formatter = DateFormatter()
