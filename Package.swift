@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "loopflow-bench", targets: ["LoopFlowBench"]),
         .executable(name: "loopflow-allocs", targets: ["LoopFlowAllocs"]),
         .executable(name: "session-probe", targets: ["SessionProbe"]),
+        .executable(name: "session-soak", targets: ["SessionSoak"]),
         .executable(name: "watch-session", targets: ["WatchSession"]),
     ],
     dependencies: [
@@ -113,6 +114,11 @@ let package = Package(
                 .product(name: "OpenCombine", package: "OpenCombine"),
                 .product(name: "OpenCombineDispatch", package: "OpenCombine"),
             ]
+        ),
+        // The soak: many threads, a flaky authority, the contract checked on every callback.
+        .executableTarget(
+            name: "SessionSoak",
+            dependencies: ["LoopFlow", "SessionCore", .product(name: "Logging", package: "swift-log")]
         ),
         // Counts allocations per update; loopflow-bench runs it with the interposer preloaded.
         .executableTarget(

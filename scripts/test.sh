@@ -4,7 +4,8 @@
 #   2. the C suite against libsessionflow.so (gcc -Werror), and both C example hosts
 #   3. the Python (ctypes) host's pytest suite
 #   4. the installed, self-contained library used through pkg-config
-#   5. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
+#   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback)
+#   6. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
 #      ThreadSanitizer (each sanitizer with its own scratch path)
 # Usage: bash scripts/test.sh
 source "$(dirname "$0")/setup.sh"
@@ -53,6 +54,9 @@ missing = [row["name"] for row in rows if row["value"] is None]
 if missing:
     sys.exit("benchmark rows without a figure: " + ", ".join(missing))
 print(f"benchmark json: {len(rows)} rows, every one measured")'
+
+echo "== soak (short: 30 s; the full run is --seconds 600)"
+.build/debug/session-soak --seconds 30
 
 echo "== swift test under ThreadSanitizer"
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan

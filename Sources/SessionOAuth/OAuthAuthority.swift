@@ -22,6 +22,9 @@ public struct OAuthConfiguration: Sendable {
     public var defaultLifetime: Duration = .seconds(3600)
     /// Per-request timeout of the HTTP client (the session has its own on every refresh).
     public var requestTimeout: Duration = .seconds(20)
+    /// An answer larger than this (default 1 MiB) is refused as a transient failure: a
+    /// token answer is a few hundred bytes, so anything near this is a misbehaving server.
+    public var maximumAnswerSize = 1 << 20
 
     public init(tokenEndpoint: URL, clientID: String, clientSecret: Secret? = nil) {
         self.tokenEndpoint = tokenEndpoint
@@ -116,13 +119,21 @@ public final class OAuthAuthority: SessionAuthority {
         request.setValue("application/json", forHTTPHeaderField: "Accept")
         request.httpBody = Data(FormEncoding.encode(fields).utf8)
         let redactions = secrets + [configuration.clientSecret].compactMap { $0 }
+        let maximumAnswerSize = configuration.maximumAnswerSize
+        let requestTimeout = configuration.requestTimeout
         let task = session.dataTask(with: request) { data, response, error in
             if let error {
-                done(.failure(.transient("network: \(Redaction.scrub(error.localizedDescription, redactions))")))
+                let text = Self.describe(error, timeout: requestTimeout)
+                done(.failure(.transient("network: \(Redaction.scrub(text, redactions))")))
                 return
             }
             guard let http = response as? HTTPURLResponse else {
                 done(.failure(.transient("no HTTP response")))
+                return
+            }
+            let size = data?.count ?? 0
+            guard size <= maximumAnswerSize else {
+                done(.failure(.transient("HTTP \(http.statusCode): the answer (\(size) bytes) is larger than \(maximumAnswerSize) bytes")))
                 return
             }
             done(.success(HTTPAnswer(
@@ -130,6 +141,23 @@ public final class OAuthAuthority: SessionAuthority {
                 body: data ?? Data(), redactions: redactions)))
         }
         task.resume()
+    }
+
+    /// A network failure in words (Foundation's text for a timeout on Linux is "The operation
+    /// could not be completed. (NSURLErrorDomain error -1001.)").
+    static func describe(_ error: any Error, timeout: Duration) -> String {
+        guard let error = error as? URLError else { return error.localizedDescription }
+        switch error.code {
+        case .timedOut: return "no answer within \(timeout) (the request timed out)"
+        case .cannotConnectToHost: return "cannot connect to the server (connection refused)"
+        case .cannotFindHost, .dnsLookupFailed: return "cannot find the server's host"
+        case .networkConnectionLost: return "the connection was lost"
+        case .notConnectedToInternet: return "not connected to a network"
+        case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
+            .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot:
+            return "the TLS connection failed (\(error.localizedDescription))"
+        default: return "\(error.localizedDescription) (URLError \(error.code.rawValue))"
+        }
     }
 }
 
@@ -167,10 +195,14 @@ package enum TokenResponse {
             return .failure(.configuration("unsupported_token_type", "token_type \(type) is not Bearer"))
         }
         let lifetime: Duration
+        // Negative counts as 0; anything beyond 100 years as 100 years (the session clamps
+        // further): a Double of 1e20 must not trap converting to an integer.
+        let ceiling = 100.0 * 365 * 24 * 3600
         switch object["expires_in"] {
-        case let seconds as Int: lifetime = .seconds(max(seconds, 0))
-        case let seconds as Double: lifetime = .milliseconds(Int64(max(seconds, 0) * 1000))
-        case let text as String where Int(text) != nil: lifetime = .seconds(max(Int(text)!, 0))
+        case let seconds as Int: lifetime = .seconds(min(max(seconds, 0), Int(ceiling)))
+        case let seconds as Double where seconds.isFinite:
+            lifetime = .milliseconds(Int64(min(max(seconds, 0), ceiling) * 1000))
+        case let text as String where Int(text) != nil: lifetime = .seconds(min(max(Int(text)!, 0), Int(ceiling)))
         default: lifetime = defaultLifetime
         }
         let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : Secret($0) }

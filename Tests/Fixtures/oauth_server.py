@@ -3,11 +3,20 @@
 Grants: password (how a test signs a user in) and refresh_token (RFC 6749 §6, with
 rotation: each refresh issues a new refresh token and revokes the old one).
 Endpoints: RFC 7009 revocation, RFC 7662 introspection, a protected resource that answers
-401 for an expired or revoked token, and test hooks (/__stats, /__revoke_user).
+401 for an expired or revoked token, and test hooks (/__stats, /__revoke_user, /__fault).
+
+/__fault (POST mode=..., count=N, retry_after=S) makes the next N token requests misbehave:
+  delay:<s>      answer normally after <s> seconds      hang        never answer (until exit)
+  status:<code>  that status, a plain-text body          invalid_grant / invalid_client
+  html           200 with an HTML page                   truncated   200 with cut-off JSON
+  missing        200 JSON without access_token           huge        200 with a 4 MiB body
+  expires:<n>    a real refresh whose expires_in is <n> (any JSON number or string)
+retry_after adds a Retry-After header (seconds) to a status answer.
 
     python3 oauth_server.py --expires-in 2      prints "PORT <n>" once listening
 """
 import argparse
+import json
 import os
 import signal
 import sys
@@ -20,11 +29,13 @@ from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6750 import BearerTokenValidator
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7662 import IntrospectionEndpoint
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from werkzeug.serving import make_server
 
 lock = threading.Lock()
-stats = {"refresh_grants": 0, "password_grants": 0, "revocations": 0, "introspections": 0}
+stats = {"refresh_grants": 0, "password_grants": 0, "revocations": 0, "introspections": 0, "token_requests": 0}
+faults = []  # [mode, remaining, retry_after]: the next token requests misbehave
+hang_forever = threading.Event()
 
 
 class User:
@@ -217,7 +228,24 @@ def create_app(expires_in):
 
     @app.route("/oauth/token", methods=["POST"])
     def token():
-        return server.create_token_response()
+        with lock:
+            stats["token_requests"] += 1
+            fault = None
+            if faults:
+                fault = faults[0]
+                fault[1] -= 1
+                if fault[1] <= 0:
+                    faults.pop(0)
+        if fault is None:
+            return server.create_token_response()
+        return misbehave(fault[0], fault[2], lambda: server.create_token_response())
+
+    @app.route("/__fault", methods=["POST"])
+    def set_fault():
+        retry_after = request.form.get("retry_after")
+        with lock:
+            faults.append([request.form["mode"], int(request.form.get("count", "1")), retry_after])
+        return jsonify(ok=True)
 
     @app.route("/oauth/revoke", methods=["POST"])
     def revoke():
@@ -248,6 +276,46 @@ def create_app(expires_in):
         return jsonify(ok=True)
 
     return app
+
+
+def misbehave(mode, retry_after, real_answer):
+    """The answer of a token request under fault `mode` (see the module docstring)."""
+    headers = {"Retry-After": retry_after} if retry_after else {}
+    if mode.startswith("delay:"):
+        time.sleep(float(mode.split(":", 1)[1]))
+        return real_answer()
+    if mode == "hang":
+        hang_forever.wait()
+        return Response("", status=500)
+    if mode.startswith("status:"):
+        return Response("the server is having a bad day", status=int(mode.split(":", 1)[1]),
+                        headers=headers, mimetype="text/plain")
+    if mode == "invalid_grant":
+        return Response(json.dumps({"error": "invalid_grant", "error_description": "the refresh token is no longer valid"}),
+                        status=400, mimetype="application/json")
+    if mode == "invalid_client":
+        return Response(json.dumps({"error": "invalid_client", "error_description": "unknown client"}),
+                        status=401, mimetype="application/json", headers={"WWW-Authenticate": "Basic"})
+    if mode == "html":
+        return Response("<html><body><h1>Gateway</h1><p>Try again later.</p></body></html>",
+                        status=200, mimetype="text/html")
+    if mode == "truncated":
+        return Response('{"access_token": "tok-trunc", "token_type": "Bearer", "expi', status=200,
+                        mimetype="application/json")
+    if mode == "missing":
+        return Response(json.dumps({"token_type": "Bearer", "expires_in": 3600}), status=200,
+                        mimetype="application/json")
+    if mode == "huge":
+        body = '{"access_token": "tok-huge", "token_type": "Bearer", "expires_in": 3600, "padding": "' \
+            + "x" * (4 * 1024 * 1024) + '"}'
+        return Response(body, status=200, mimetype="application/json")
+    if mode.startswith("expires:"):
+        answer = real_answer()
+        data = json.loads(answer.get_data(as_text=True))
+        data["expires_in"] = json.loads(mode.split(":", 1)[1])
+        answer.set_data(json.dumps(data))
+        return answer
+    return Response(f"unknown fault {mode}", status=599)
 
 
 def exit_with_parent():

@@ -285,4 +285,31 @@ struct SubscriptionContractTests {
             }
         }
     }
+
+    @Test func aCallbackThatHoldsItsOwnHandleDoesNotLeakIt() async throws {
+        // The user's closure captures the subscription (a cycle through the handle): once
+        // the subscription is released the library lets go of the closure, so both go.
+        final class Holder: @unchecked Sendable {
+            var subscription: FlowSubscription?
+        }
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let events = try MutableSharedFlow<Int>(on: loop)
+            weak var stateHandle: FlowSubscription?
+            weak var eventHandle: FlowSubscription?
+            do {
+                let ownState = Holder()
+                let ownEvents = Holder()
+                ownState.subscription = try state.subscribe(onState: { value in
+                    if value == 1 { ownState.subscription?.close() }
+                })
+                ownEvents.subscription = try events.subscribe(onEvent: { _ in ownEvents.subscription?.close() })
+                stateHandle = ownState.subscription
+                eventHandle = ownEvents.subscription
+                state.value = 1
+                events.emit(1)
+            }
+            #expect(await eventually { stateHandle == nil && eventHandle == nil })
+        }
+    }
 }

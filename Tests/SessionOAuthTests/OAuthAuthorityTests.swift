@@ -16,7 +16,11 @@ final class LiveSession: @unchecked Sendable {
     let events = LockedBox<[SessionEvent]>([])
     let subscription: FlowSubscription
 
-    init(_ server: OAuthServer, introspection: Bool = false, configure: (inout SessionConfiguration) -> Void = { _ in }) async throws {
+    init(
+        _ server: OAuthServer, introspection: Bool = false,
+        configure: (inout SessionConfiguration) -> Void = { _ in },
+        oauth: (inout OAuthConfiguration) -> Void = { _ in }
+    ) async throws {
         loop = try EventLoop(name: "oauth-test")
         store = MemoryCredentialStore()
         var handler = logs
@@ -25,7 +29,9 @@ final class LiveSession: @unchecked Sendable {
         configuration.logger = Logger(label: "oauth-test", factory: { _ in handler })
         configuration.policy.minimumInterval = .milliseconds(300)
         configure(&configuration)
-        let authority = OAuthAuthority(server.configuration(introspection: introspection))
+        var oauthConfiguration = server.configuration(introspection: introspection)
+        oauth(&oauthConfiguration)
+        let authority = OAuthAuthority(oauthConfiguration)
         let loop = self.loop
         let store = self.store
         let events = self.events
@@ -144,7 +150,8 @@ struct OAuthAuthorityTests {
         let loop = try EventLoop()
         let manager = try SessionManager(loop: loop, authority: authority)
         try await manager.signIn(SessionTokens(
-            accessToken: Secret("a"), refreshToken: Secret("r"), expiresIn: .zero, memberID: "m"))
+            accessToken: Secret("SENTINEL-ACCESS-offline"), refreshToken: Secret("SENTINEL-REFRESH-offline"),
+            expiresIn: .zero, memberID: "m"))
         let error = await #expect(throws: SessionError.self) { try await manager.freshAccessToken() }
         #expect(error?.code == .transient)
         #expect(manager.state.value == .loggedIn)

@@ -81,6 +81,13 @@ final class OAuthServer: @unchecked Sendable {
         return (response as! HTTPURLResponse).statusCode
     }
 
+    /// The next `count` token requests misbehave as `mode` says (see oauth_server.py).
+    func fault(_ mode: String, count: Int = 1, retryAfter: Int? = nil) async throws {
+        var form = ["mode": mode, "count": "\(count)"]
+        if let retryAfter { form["retry_after"] = "\(retryAfter)" }
+        _ = try await post("__fault", form)
+    }
+
     func revokeEverything(of user: String) async throws {
         _ = try await post("__revoke_user", ["user": user])
     }

@@ -103,6 +103,8 @@ extension Duration {
         let (seconds, attoseconds) = components
         guard seconds >= 0, self > .zero else { return 0 }
         let attosPerMilli: Int64 = 1_000_000_000_000_000
+        // Saturating: a delay of centuries is "never" to libuv (which clamps the sum itself).
+        guard seconds < Int64(UInt64.max / 1000) - 1 else { return UInt64.max / 2 }
         let millis = UInt64(seconds) * 1000 + UInt64(attoseconds / attosPerMilli)
         return attoseconds % attosPerMilli == 0 ? millis : millis + 1
     }

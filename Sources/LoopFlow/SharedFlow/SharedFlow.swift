@@ -210,7 +210,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
 
 /// A `SharedFlow` subscriber.
 final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sendable {
-    private let onEvent: @Sendable (Event) -> Void
+    @exclusivity(unchecked) private var onEvent: @Sendable (Event) -> Void
     /// Set once before registration: the first event sequence this subscriber receives live.
     @exclusivity(unchecked) var startSequence: UInt64 = 0
     /// Set once before registration, taken on the loop: the replayed events.
@@ -230,6 +230,11 @@ final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sen
     func takeBacklog() -> [Event] {
         defer { backlog = [] }
         return backlog
+    }
+
+    /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
+    override func dropCallbacks() {
+        onEvent = { _ in }
     }
 
     @inline(__always)

@@ -204,7 +204,7 @@ struct FlowTerminal: @unchecked Sendable {
 
 /// A `StateFlow` subscriber.
 final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sendable {
-    private let onState: @Sendable (Value) -> Void
+    @exclusivity(unchecked) private var onState: @Sendable (Value) -> Void
 
     required init(
         owner: FlowCore,
@@ -215,6 +215,11 @@ final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sen
     ) {
         self.onState = onState
         super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
+    }
+
+    /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
+    override func dropCallbacks() {
+        onState = { _ in }
     }
 
     @inline(__always)

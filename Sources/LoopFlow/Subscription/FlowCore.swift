@@ -145,6 +145,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             if subscription.isClosed {
                 subscription.release()
             } else {
+                assertNotWalking()
                 slots.insert(subscription)
             }
         }
@@ -181,10 +182,20 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         return terminated
     }
 
+    /// Walks call subscribers through unretained references into `slots`: adding or
+    /// removing one during a walk over this flow would be a use-after-free, not a trap.
+    /// (No path does; this keeps a future one from doing it silently in debug builds.)
+    @inline(__always)
+    private func assertNotWalking() {
+        assert(loop.walking.load(ordering: .relaxed) != UInt(bitPattern: ObjectIdentifier(self)),
+               "subscriber slots changed during a walk over them")
+    }
+
     // MARK: SubscriptionOwner
 
     func retire(_ subscription: FlowSubscription) {
         loop.assertInEventLoop()
+        assertNotWalking()
         slots.remove(subscription)
         subscription.release()
     }

@@ -58,7 +58,7 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
             self.onRelease = onRelease
         }
     }
-    private let extras: Extras?
+    @exclusivity(unchecked) private var extras: Extras?
 
     init(
         owner: FlowCore,
@@ -133,12 +133,20 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
     }
 
     /// Runs `onRelease` the first time only.
+    /// Then lets go of every callback: none can run any more, and a callback that captured
+    /// its own subscription (a cycle through the handle) must not keep both alive forever.
     final func release() {
         loop.assertInEventLoop()
         guard !released else { return }
         released = true
+        let extras = self.extras
+        self.extras = nil
+        dropCallbacks()
         extras?.onRelease?()
     }
+
+    /// Loop thread, after the last callback: subclasses drop their value callback.
+    func dropCallbacks() {}
 }
 
 /// A loop-confined contiguous array of subscriptions with O(1) insert and remove

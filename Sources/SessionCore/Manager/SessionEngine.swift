@@ -177,7 +177,7 @@ final class SessionEngine: @unchecked Sendable {
     /// A stored session in memory: its expiry moves from the wall clock (stored) to the
     /// monotonic loop clock (used).
     private func liveSession(from stored: StoredSession, access: Secret, lastRefresh: Duration? = nil) -> LiveSession {
-        let remaining = max((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock(), .zero)
+        let remaining = policy.clampedLifetime((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock())
         return LiveSession(
             accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
             lifetime: remaining, externalUserID: stored.externalUserID ?? live?.externalUserID, lastRefresh: lastRefresh)
@@ -231,7 +231,8 @@ final class SessionEngine: @unchecked Sendable {
         let abandoned = beginGeneration()
         live = LiveSession(
             accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,
-            expiresAt: loop.now + max(tokens.expiresIn, .zero), lifetime: max(tokens.expiresIn, .zero),
+            expiresAt: loop.now + policy.clampedLifetime(tokens.expiresIn),
+            lifetime: policy.clampedLifetime(tokens.expiresIn),
             externalUserID: tokens.externalUserID)
         memberID = tokens.memberID
         writeStore()
@@ -563,7 +564,7 @@ final class SessionEngine: @unchecked Sendable {
         backoff = nil
         let timeout = policy.timeout
         attempt.timeout = try? loop.scheduleTimer(after: timeout) { [self] in
-            finishRefresh(identity.answer(.failure(.transient("no answer within \(timeout)")), at: loop.now))
+            finishRefresh(identity.answer(.failure(.transient("the authority did not answer within \(timeout)")), at: loop.now))
         }
         logger.debug("refresh started", metadata: ["reason": "\(reason)", "attempt": "\(attempt.id)"])
         return attempt
@@ -653,7 +654,7 @@ final class SessionEngine: @unchecked Sendable {
     /// waiter resumes, announced, and the next proactive refresh scheduled.
     private func apply(_ grant: TokenGrant, receivedAt: Duration, reason: RefreshReason) -> Secret {
         guard var live else { return grant.accessToken }
-        let lifetime = max(grant.expiresIn, .zero)
+        let lifetime = policy.clampedLifetime(grant.expiresIn)
         live.accessToken = grant.accessToken
         if let rotated = grant.refreshToken { live.refreshToken = rotated }
         live.expiresAt = receivedAt + lifetime

@@ -20,6 +20,14 @@ public struct RefreshPolicy: Sendable, Equatable {
     public var backoffJitter: Double = 0.1
     /// A refresh that has not answered after this long counts as a transient failure.
     public var timeout: Duration = .seconds(30)
+    /// Token lifetimes above this count as this (default 10 years): an `expires_in` of
+    /// 10¹⁸ must not overflow the expiry arithmetic, the stored expiry or a timer.
+    public var maximumLifetime: Duration = .seconds(10 * 365 * 24 * 3600)
+
+    /// `lifetime` within [0, maximumLifetime].
+    public func clampedLifetime(_ lifetime: Duration) -> Duration {
+        min(max(lifetime, .zero), maximumLifetime)
+    }
 
     public init() {}
 
