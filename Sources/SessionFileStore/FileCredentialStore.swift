@@ -38,6 +38,8 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     private let lock = Lock()
     /// The cross-process refresh lock: `flock` on `<store>.lock` (guarded by `lock`).
     public let lockPath: String
+    /// The cross-process write lock: `flock` on `<store>.wlock` around each change.
+    public let writeLockPath: String
     private var lockFD: Int32 = -1
     private var lockHeld = false  // guarded by `lock`
 
@@ -52,6 +54,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         self.path = directory + "/" + name
         self.keyPath = directory + "/" + name + ".key"
         self.lockPath = directory + "/" + name + ".lock"
+        self.writeLockPath = directory + "/" + name + ".wlock"
         self.keySource = key
     }
 
@@ -67,13 +70,53 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             // would succeed, so two sessions sharing one instance are kept apart here.
             guard !lockHeld else { return false }
             if lockFD < 0 {
-                guard (try? FileIO.makeDirectory(directory)) != nil else { return false }
-                lockFD = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-                guard lockFD >= 0 else { return false }
+                lockFD = Self.openLockFile(lockPath, directory: directory)
             }
-            lockHeld = flock(lockFD, LOCK_EX | LOCK_NB) == 0
+            guard lockFD >= 0 else {
+                // No lock file can exist here (a read-only or vanished store): nothing can
+                // be written either, so no other process can have rotated the tokens through
+                // this store. Refresh without the cross-process lock rather than never.
+                lockHeld = true
+                return true
+            }
+            if flock(lockFD, LOCK_EX | LOCK_NB) == 0 {
+                lockHeld = true
+            } else if errno != EWOULDBLOCK {
+                // Not "held by another process" but unusable: as above.
+                close(lockFD)
+                lockFD = -1
+                lockHeld = true
+            }
             return lockHeld
         }
+    }
+
+    /// A lock file's descriptor: read-write (created 0600 if need be), else read-only (flock
+    /// works on either), else -1.
+    private static func openLockFile(_ path: String, directory: String) -> Int32 {
+        if (try? FileIO.makeDirectory(directory)) != nil {
+            let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+            if fd >= 0 { return fd }
+        }
+        return open(path, O_RDONLY | O_CLOEXEC)
+    }
+
+    /// Runs a read-modify-write of the store file with `<store>.wlock` held exclusively, so
+    /// that two processes changing the store (different accounts, a logout racing a refresh,
+    /// the first key file) never lose each other's change. Blocking: such a section lasts a
+    /// read, an encryption and a write. Where no lock file can exist the write fails anyway.
+    private func withWriteLock<T>(_ body: () throws(StoreFailure) -> T) throws(StoreFailure) -> T {
+        let fd = Self.openLockFile(writeLockPath, directory: directory)
+        if fd >= 0 {
+            while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
+        }
+        defer {
+            if fd >= 0 {
+                _ = flock(fd, LOCK_UN)
+                close(fd)
+            }
+        }
+        return try body()
     }
 
     public func unlockRefresh() {
@@ -107,11 +150,14 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             do throws(StoreFailure) {
                 // Out of reach → fail (never overwrite other accounts blindly); damaged →
                 // already moved aside, start afresh.
-                var document = try loadForChange() ?? Document()
-                let account = session.memberID ?? Self.defaultAccount
-                document.accounts[account] = Record(session)
-                document.active = account
-                try save(document)
+                try withWriteLock { () throws(StoreFailure) in
+                    FileIO.removeOrphanedTemporaries(in: directory)
+                    var document = try loadForChange() ?? Document()
+                    let account = session.memberID ?? Self.defaultAccount
+                    document.accounts[account] = Record(session)
+                    document.active = account
+                    try save(document)
+                }
             } catch {
                 throw error.storeError
             }
@@ -121,12 +167,14 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public func clear() throws(StoreError) {
         try lock.withLock { () throws(StoreError) in
             do throws(StoreFailure) {
-                guard var document = try loadForChange() else { return }
-                if let active = document.active {
-                    document.accounts.removeValue(forKey: active)
+                try withWriteLock { () throws(StoreFailure) in
+                    guard var document = try loadForChange() else { return }
+                    if let active = document.active {
+                        document.accounts.removeValue(forKey: active)
+                    }
+                    document.active = nil
+                    try save(document)
                 }
-                document.active = nil
-                try save(document)
             } catch {
                 throw error.storeError
             }
@@ -143,10 +191,12 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public func activate(account: String) throws(StoreError) -> Bool {
         try lock.withLock { () throws(StoreError) -> Bool in
             do throws(StoreFailure) {
-                guard var document = try load(), document.accounts[account] != nil else { return false }
-                document.active = account
-                try save(document)
-                return true
+                return try withWriteLock { () throws(StoreFailure) -> Bool in
+                    guard var document = try load(), document.accounts[account] != nil else { return false }
+                    document.active = account
+                    try save(document)
+                    return true
+                }
             } catch {
                 throw error.storeError
             }
@@ -288,8 +338,11 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             try FileIO.makeDirectory(directory)
             let key = SymmetricKey(size: .bits256)
             let bytes = key.withUnsafeBytes { Array($0) }
-            try FileIO.replaceAtomically(keyPath, with: bytes, directory: directory)
-            return key
+            // Created, never replaced: a key another writer made first wins, and is used.
+            if try FileIO.createExclusively(keyPath, with: bytes, directory: directory) {
+                return key
+            }
+            return try encryptionKey(creating: false)
         }
     }
 

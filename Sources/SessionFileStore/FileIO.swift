@@ -1,4 +1,5 @@
 import FoundationEssentials
+import LoopFlow
 
 #if canImport(Glibc)
 import Glibc
@@ -13,6 +14,20 @@ enum FileIO {
     }
 
     static func errnoText() -> String { String(cString: strerror(errno)) }
+
+    /// Tests only: writes of files under a directory fail with an errno (disk full where no
+    /// small filesystem can be mounted). Keyed by directory, so other stores are unaffected.
+    static let injectedWriteErrors = LockedBox<[String: Int32]>([:])
+
+    /// -1 with `errno` set when a fault is injected for `path`, else nil.
+    private static func injectedWriteError(_ path: String) -> Int? {
+        let code = injectedWriteErrors.withLockedValue { faults in
+            faults.first { path.hasPrefix($0.key + "/") }?.value
+        }
+        guard let code else { return nil }
+        errno = code
+        return -1
+    }
 
     static func readAll(_ path: String) -> ReadResult {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
@@ -48,6 +63,22 @@ enum FileIO {
         }
     }
 
+    /// Writes `path` only if it does not exist, atomically (temp file, fsync, link, fsync
+    /// directory). Returns false, writing nothing, if it exists already.
+    static func createExclusively(
+        _ path: String, with bytes: [UInt8], directory: String
+    ) throws(FileCredentialStore.StoreFailure) -> Bool {
+        let temporary = "\(path).new-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        try replaceAtomically(temporary, with: bytes, directory: directory)
+        defer { unlink(temporary) }
+        if link(temporary, path) == 0 {
+            syncDirectory(directory)
+            return true
+        }
+        if errno == EEXIST { return false }
+        throw .unavailable("cannot create \(path): \(errnoText())")
+    }
+
     /// temp file (0600, O_EXCL) → write all → fsync → rename over `path` → fsync directory.
     static func replaceAtomically(
         _ path: String, with bytes: [UInt8], directory: String
@@ -61,7 +92,7 @@ enum FileIO {
         var failure: String?
         var written = 0
         while written < bytes.count && failure == nil {
-            let count = bytes.withUnsafeBytes { buffer in
+            let count = injectedWriteError(path) ?? bytes.withUnsafeBytes { buffer in
                 Glibc.write(fd, buffer.baseAddress! + written, buffer.count - written)
             }
             if count < 0 {
@@ -77,6 +108,32 @@ enum FileIO {
             unlink(temporary)
             throw .unavailable("cannot write \(path): \(failure)")
         }
+        syncDirectory(directory)
+    }
+
+    /// Removes the temporary files (`<name>.tmp-<pid>-…`, `<name>.new-<pid>-…`) that writers
+    /// killed mid-write left in `directory`: only those whose process is gone, so a write in
+    /// progress in another process is never touched. Best effort.
+    static func removeOrphanedTemporaries(in directory: String) {
+        guard let handle = opendir(directory) else { return }
+        defer { closedir(handle) }
+        while let entry = readdir(handle) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            for marker in [".tmp-", ".new-"] {
+                guard let range = name.firstRange(of: marker) else { continue }
+                let rest = name[range.upperBound...]
+                guard let pid = rest.split(separator: "-").first.flatMap({ pid_t($0) }), pid > 0 else { continue }
+                if pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH {
+                    unlink(directory + "/" + name)
+                }
+            }
+        }
+    }
+
+    /// fsync of a directory, so a rename or link in it survives a crash.
+    static func syncDirectory(_ directory: String) {
         let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if directoryFD >= 0 {
             fsync(directoryFD)

@@ -3,6 +3,21 @@
 // the token), the state, and what it saw.
 //
 //   session-probe STORE_DIR TOKEN_ENDPOINT CLIENT_ID
+//
+// Two more modes for the store's reliability tests (Tests/SessionFileStoreTests):
+//
+//   session-probe --write-loop STORE_DIR [START]
+//       Writes sessions forever: generation START+1, START+2, ... (access token "gen-<n>",
+//       refresh token "refresh-gen-<n>", member "m<n % 3>"), printing "ready" before the
+//       first write and "wrote <n>" after each write returns. The crash test SIGKILLs it.
+//
+//   session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH]
+//       Runs a SessionManager on the file store (an authority that is offline), prints
+//       "UID <uid>", "STATE <state>", each event as "EVENT <event>" (events carry no token),
+//       logs out and/or signs in if asked (in that order), then "STATE <state>" and
+//       "READ <what the store answers>".
+//       --as-nobody drops to uid/gid 65534 before touching the store (root ignores
+//       permission bits, so a root test runs the store operation here as nobody).
 import Crypto
 import Foundation
 import LoopFlow
@@ -10,9 +25,127 @@ import SessionCore
 import SessionFileStore
 import SessionOAuth
 
+/// One line on stdout, written at once (no buffering: a SIGKILL must not lose it).
+func say(_ line: String) {
+    let bytes = Array((line + "\n").utf8)
+    var written = 0
+    while written < bytes.count {
+        let count = bytes.withUnsafeBytes { write(1, $0.baseAddress! + written, $0.count - written) }
+        if count < 0 {
+            if errno == EINTR { continue }
+            exit(4)
+        }
+        written += count
+    }
+}
+
+func writeLoop(directory: String, start: Int) -> Never {
+    let store = FileCredentialStore(directory: directory)
+    say("ready")
+    var n = start
+    while true {
+        n += 1
+        do {
+            try store.write(StoredSession(
+                accessToken: Secret("gen-\(n)"), refreshToken: Secret("refresh-gen-\(n)"),
+                accessTokenExpiresAt: .seconds(1_900_000_000), memberID: "m\(n % 3)", externalUserID: "ext-\(n)"))
+        } catch {
+            say("ERROR \(error.message)")
+            exit(1)
+        }
+        say("wrote \(n)")
+    }
+}
+
+/// An authority that is never reachable: the session mode only exercises the store.
+struct OfflineAuthority: SessionAuthority {
+    func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+        completion.fail(.transient("offline"))
+    }
+}
+
+func describe(_ read: StoreRead) -> String {
+    switch read {
+    case .present(let stored): "present \(stored.memberID ?? "nil")"
+    case .absent: "absent"
+    case .unavailable(let error): "unavailable \(error.message)"
+    case .damaged(let error): "damaged \(error.message)"
+    }
+}
+
+func sessionMode(_ options: [String]) async -> Int32 {
+    guard let directory = options.first else { return 2 }
+    var signIn: (member: String, access: String, refresh: String)?
+    var logout = false
+    var asNobody = false
+    var rest = options.dropFirst()
+    while let option = rest.popFirst() {
+        switch option {
+        case "--as-nobody": asNobody = true
+        case "--logout": logout = true
+        case "--sign-in":
+            guard rest.count >= 3 else { return 2 }
+            let values = Array(rest.prefix(3))
+            rest = rest.dropFirst(3)
+            signIn = (values[0], values[1], values[2])
+        default: return 2
+        }
+    }
+    if asNobody {
+        guard setgroups(0, nil) == 0, setgid(65534) == 0, setuid(65534) == 0 else {
+            say("ERROR cannot drop to nobody: \(String(cString: strerror(errno)))")
+            return 3
+        }
+    }
+    say("UID \(getuid())")
+    do {
+        let loop = try EventLoop(name: "probe")
+        let store = FileCredentialStore(directory: directory)
+        var configuration = SessionConfiguration()
+        configuration.storeRetryInterval = .milliseconds(100)
+        let started = configuration
+        // Made and subscribed in one loop job: the start events cannot run in between.
+        let (manager, subscription) = try await loop.submit {
+            let manager = try SessionManager(loop: loop, authority: OfflineAuthority(), store: store, configuration: started)
+            let subscription = try manager.events.subscribe(onEvent: { event in say("EVENT \(event)") })
+            return (manager, subscription)
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        say("STATE \(manager.state.value)")
+        if logout { try await manager.logout() }
+        if let signIn {
+            try await manager.signIn(SessionTokens(
+                accessToken: Secret(signIn.access), refreshToken: Secret(signIn.refresh),
+                expiresIn: .seconds(3600), memberID: signIn.member))
+        }
+        try await Task.sleep(for: .milliseconds(200))
+        say("STATE \(manager.state.value)")
+        say("READ \(describe(store.read()))")
+        subscription.close()
+        await manager.close()
+        _ = try loop.shutdown()
+        return 0
+    } catch {
+        say("ERROR \(error)")
+        return 1
+    }
+}
+
 let arguments = CommandLine.arguments
+if arguments.count >= 3, arguments[1] == "--write-loop" {
+    writeLoop(directory: arguments[2], start: arguments.count > 3 ? Int(arguments[3]) ?? 0 : 0)
+}
+if arguments.count >= 3, arguments[1] == "--session" {
+    exit(await sessionMode(Array(arguments.dropFirst(2))))
+}
+
 guard arguments.count == 4, let endpoint = URL(string: arguments[2]) else {
-    FileHandle.standardError.write(Data("usage: session-probe STORE_DIR TOKEN_ENDPOINT CLIENT_ID\n".utf8))
+    FileHandle.standardError.write(Data("""
+        usage: session-probe STORE_DIR TOKEN_ENDPOINT CLIENT_ID
+               session-probe --write-loop STORE_DIR [START]
+               session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH]
+
+        """.utf8))
     exit(2)
 }
 

@@ -104,7 +104,7 @@ struct FileCredentialStoreTests {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store)
         for n in 0..<20 { try store.write(session("m\(n % 3)", access: "access-\(n)")) }
-        #expect(tmp.files() == ["session.sfstore", "session.sfstore.key"])
+        #expect(tmp.files() == ["session.sfstore", "session.sfstore.key", "session.sfstore.wlock"])
         #expect(store.read() == .present(session("m1", access: "access-19")))
     }
 
@@ -176,7 +176,7 @@ struct FileCredentialStoreTests {
         let key = SymmetricKey(size: .bits256)
         let store = FileCredentialStore(directory: tmp.store, key: .provided(key))
         try store.write(session("alice"))
-        #expect(tmp.files() == ["session.sfstore"])
+        #expect(tmp.files() == ["session.sfstore", "session.sfstore.wlock"])
         #expect(FileCredentialStore(directory: tmp.store, key: .provided(key)).read() == .present(session("alice")))
         // another key cannot read it: it counts as damaged (moved aside, not deleted)
         let other = FileCredentialStore(directory: tmp.store, key: .provided(SymmetricKey(size: .bits256)))
