@@ -63,6 +63,9 @@ swift build --build-tests --sanitize=thread --scratch-path .build-tsan
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     swift test --skip-build --sanitize=thread --scratch-path .build-tsan
 
+echo "== soak under ThreadSanitizer (20 s)"
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" .build-tsan/debug/session-soak --seconds 20
+
 echo "== C suite under AddressSanitizer"
 bash Bindings/run-tests.sh asan
 echo "== C suite under ThreadSanitizer"

@@ -19,6 +19,7 @@
 //     timed out, which frees the slot by design);
 //  9. a session token is never handed out after logout completed in the same thread.
 // At the end every subscription is closed and every release must have run.
+// (Locks are LoopFlow's pthread ones, not Synchronization.Mutex, so ThreadSanitizer sees them.)
 import Dispatch
 import Logging
 import LoopFlow
@@ -67,13 +68,13 @@ func residentBytes() -> Int {
 
 final class Violations: Sendable {
     let count = Atomic<Int>(0)
-    let first = Mutex<[String]>([])
+    let first = LockedBox<[String]>([])
 
     func record(_ what: @autoclosure () -> String) {
         let number = count.add(1, ordering: .relaxed).newValue
         if number <= 10 {
             let text = what()
-            first.withLock { $0.append(text) }
+            first.withLockedValue { $0.append(text) }
         }
     }
 }
@@ -102,7 +103,7 @@ let counters = Counters()
 /// logged out and signed in since, which changes the token anyway).
 final class FlakyAuthority: SessionAuthority {
     let timeout: Double
-    let inFlight = Mutex<[String: Double]>([:])   // refresh token → when it was sent
+    let inFlight = LockedBox<[String: Double]>([:])   // refresh token → when it was sent
     let serial = Atomic<Int>(0)
     let queue = DispatchQueue(label: "soak-authority", attributes: .concurrent)
 
@@ -114,7 +115,7 @@ final class FlakyAuthority: SessionAuthority {
         counters.refreshes.add(1, ordering: .relaxed)
         let token = request.refreshToken.reveal()
         let sent = now()
-        inFlight.withLock { flying in
+        inFlight.withLockedValue { flying in
             if let earlier = flying[token], sent - earlier < timeout {
                 violations.record("a second refresh with the same token while the first was in flight")
             }
@@ -123,7 +124,7 @@ final class FlakyAuthority: SessionAuthority {
         let number = serial.add(1, ordering: .relaxed).newValue
         let roll = Int.random(in: 0..<100)
         queue.asyncAfter(deadline: .now() + .microseconds(Int.random(in: 0...3000))) { [self] in
-            inFlight.withLock { flying in
+            inFlight.withLockedValue { flying in
                 if flying[token] == sent { flying[token] = nil }
             }
             if roll < 75 {
@@ -144,7 +145,7 @@ final class FlakyAuthority: SessionAuthority {
 /// What one subscription has seen, checked on every callback.
 final class Observer: @unchecked Sendable {
     let loop: EventLoop
-    let lock = Mutex<State>(State())
+    let lock = LockedBox<State>(State())
     struct State {
         var last: Int?
         var closeReturned = false
@@ -158,7 +159,7 @@ final class Observer: @unchecked Sendable {
     func callback(_ what: String, _ body: (inout State) -> Void = { _ in }) {
         counters.callbacks.add(1, ordering: .relaxed)
         if !loop.inEventLoop { violations.record("\(what) off the loop thread") }
-        lock.withLock { state in
+        lock.withLockedValue { state in
             if state.closeReturned { violations.record("\(what) after close() returned") }
             if state.released { violations.record("\(what) after release") }
             body(&state)
@@ -203,7 +204,7 @@ final class Observer: @unchecked Sendable {
     func release() {
         counters.releases.add(1, ordering: .relaxed)
         if !loop.inEventLoop { violations.record("release off the loop thread") }
-        lock.withLock { state in
+        lock.withLockedValue { state in
             if state.released { violations.record("release ran twice") }
             state.released = true
         }
@@ -211,7 +212,7 @@ final class Observer: @unchecked Sendable {
 
     func closed() {
         counters.closes.add(1, ordering: .relaxed)
-        lock.withLock { $0.closeReturned = true }
+        lock.withLockedValue { $0.closeReturned = true }
     }
 }
 
@@ -233,7 +234,7 @@ let bus = try MutableSharedFlow<Int>(on: loop, replay: 2, bufferCapacity: 64, ov
 
 /// Every open subscription with its observer, so the end can close them all.
 final class Registry: Sendable {
-    let open = Mutex<[UInt64: (FlowSubscription, Observer)]>([:])
+    let open = LockedBox<[UInt64: (FlowSubscription, Observer)]>([:])
 }
 let registry = Registry()
 
@@ -245,15 +246,15 @@ func subscribeSomething() {
         case 0:
             // One in eight closes itself from inside its own callback (the other close path).
             let selfClosing = Int.random(in: 0..<8) == 0
-            let handle = Mutex<FlowSubscription?>(nil)
+            let handle = LockedBox<FlowSubscription?>(nil)
             subscription = try counter.subscribe(
                 onState: { value in
                     observer.counter(value)
-                    if selfClosing, let own = handle.withLock({ $0 }) { own.close() }
+                    if selfClosing, let own = handle.withLockedValue({ $0 }) { own.close() }
                 },
                 onError: { _ in observer.terminal() },
                 onComplete: { observer.terminal() }, onRelease: { observer.release() })
-            handle.withLock { $0 = subscription }
+            handle.withLockedValue { $0 = subscription }
         case 1:
             subscription = try bus.subscribe(
                 onEvent: { observer.event($0) }, onError: { _ in observer.terminal() },
@@ -268,11 +269,11 @@ func subscribeSomething() {
         return
     }
     counters.subscribes.add(1, ordering: .relaxed)
-    registry.open.withLock { $0[subscription.id] = (subscription, observer) }
+    registry.open.withLockedValue { $0[subscription.id] = (subscription, observer) }
 }
 
 func closeSomething() {
-    let victim: (FlowSubscription, Observer)? = registry.open.withLock { open in
+    let victim: (FlowSubscription, Observer)? = registry.open.withLockedValue { open in
         guard let key = open.keys.randomElement() else { return nil }
         return open.removeValue(forKey: key)
     }
@@ -347,7 +348,7 @@ func sessionOperation() {
 
 let deadline = now() + seconds
 let stop = Atomic<Bool>(false)
-let emitted = Mutex<[Int: Int]>([:])
+let emitted = LockedBox<[Int: Int]>([:])
 
 func work(_ thread: Int) {
     var sequence = 0
@@ -363,10 +364,10 @@ func work(_ thread: Int) {
         case 80..<83: sessionOperation()
         default:
             // Keep the open population bounded around a few thousand.
-            if registry.open.withLock({ $0.count }) > 4_000 { closeSomething() } else { subscribeSomething() }
+            if registry.open.withLockedValue({ $0.count }) > 4_000 { closeSomething() } else { subscribeSomething() }
         }
     }
-    emitted.withLock { $0[thread] = sequence }
+    emitted.withLockedValue { $0[thread] = sequence }
 }
 
 let started = now()
@@ -399,7 +400,7 @@ stop.store(true, ordering: .relaxed)
 for worker in workers { worker.join() }
 
 // Close everything that is still open, then check that every release ran.
-let remaining = registry.open.withLock { open in
+let remaining = registry.open.withLockedValue { open in
     defer { open.removeAll() }
     return Array(open.values)
 }
@@ -449,7 +450,7 @@ say("rss MiB: " + samples.map { "\(Int($0.0))s=\(fixed1(Double($0.1) / 1_048_576
 say("memory: \(flat ? "flat" : "GREW") (after warm-up \(fixed1(Double(warm.1) / 1_048_576)) MiB, peak \(fixed1(Double(peakAfterWarm) / 1_048_576)) MiB)")
 let total = violations.count.load(ordering: .relaxed)
 say("violations: \(total)")
-for text in violations.first.withLock({ $0 }) { say("  - \(text)") }
+for text in violations.first.withLockedValue({ $0 }) { say("  - \(text)") }
 exit(total == 0 && flat ? 0 : 1)
 
 func fixed1(_ value: Double) -> String {
