@@ -165,6 +165,23 @@ let package = Package(
     ]
 )
 
+// Fuzz targets (libFuzzer; Fuzz/README.md, scripts/fuzz.sh). Each is one file that is not
+// main.swift, with `@_cdecl("LLVMFuzzerTestOneInput")` and no top-level code: built with
+// `--sanitize=fuzzer` SwiftPM compiles it as a library and libFuzzer's `main` runs it; in a
+// plain build the lone file is the entry point, so the executable still links (and does
+// nothing). No unsafe flags. They get the package-wide strictness below like every target.
+package.products += [
+    .executable(name: "fuzz-token-response", targets: ["FuzzTokenResponse"]),
+    .executable(name: "fuzz-store-decoder", targets: ["FuzzStoreDecoder"]),
+]
+package.targets += [
+    .executableTarget(name: "FuzzTokenResponse", dependencies: ["SessionOAuth", "SessionCore"]),
+    .executableTarget(
+        name: "FuzzStoreDecoder",
+        dependencies: ["SessionFileStore", "SessionCore", .product(name: "Crypto", package: "swift-crypto")]
+    ),
+]
+
 // Package-wide strictness: Swift 6 mode everywhere, and every warning is an error.
 for target in package.targets where target.type != .system {
     var settings = target.swiftSettings ?? []

@@ -58,6 +58,9 @@ print(f"benchmark json: {len(rows)} rows, every one measured")'
 echo "== soak (short: 30 s; the full run is --seconds 600)"
 .build/debug/session-soak --seconds 30
 
+echo "== fuzzing (short)"
+bash scripts/fuzz.sh 15
+
 echo "== swift test under ThreadSanitizer"
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \

@@ -294,7 +294,13 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     /// A store file's bytes for `document` (the inverse of `decode`).
     package static func encode(_ document: Document, key: SymmetricKey) throws -> [UInt8] {
-        let plaintext = try JSONEncoder().encode(document)
+        try seal(JSONEncoder().encode(document), key: key)
+    }
+
+    /// A store file's bytes around any plaintext: header, then AES-GCM (authenticating the
+    /// header). `encode` seals a document's JSON; the fuzz target seals arbitrary bytes so
+    /// that `decode`'s JSON decoding is reached behind valid authentication.
+    package static func seal(_ plaintext: some DataProtocol, key: SymmetricKey) throws -> [UInt8] {
         let box = try AES.GCM.seal(plaintext, using: key, authenticating: magic)
         guard let combined = box.combined else { throw DecodeFailure("no combined form") }
         return magic + Array(combined)

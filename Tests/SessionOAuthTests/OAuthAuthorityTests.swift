@@ -214,6 +214,27 @@ struct OAuthMappingTests {
         #expect(later != nil && later! > .seconds(1000))
     }
 
+    /// What the fuzzer found (Fuzz/corpus/token-response/found-*): a server echoing the token
+    /// in `error` or `token_type`, and a Retry-After date with a combining mark that made
+    /// Foundation's DateFormatter trap.
+    @Test func fuzzFindingsStayFixed() {
+        let echoed = TokenResponse.error(from: answer(400, #"{"error":"SENTINEL-R"}"#))
+        #expect(!echoed.description.contains("SENTINEL-R") && !(echoed.code ?? "").contains("SENTINEL-R"))
+        guard case .failure(let typed) = TokenResponse.grant(
+            from: answer(200, #"{"access_token":"A","token_type":"SENTINEL-R"}"#), defaultLifetime: .seconds(1))
+        else {
+            Issue.record("a token_type other than Bearer was accepted")
+            return
+        }
+        #expect(!typed.description.contains("SENTINEL-R"))
+        #expect(RetryAfter.parse("Wed\u{301}, 21 Oct 2015 07:28:00 GMT") == nil)
+        #expect(RetryAfter.imfFixdate("Sun, 06 Nov 1994 08:49:37 GMT") == 784_111_777)
+        #expect(RetryAfter.imfFixdate("Tue, 29 Feb 2000 23:59:59 GMT") == 951_868_799)
+        #expect(RetryAfter.parse("Sun, 06 Nov 1994 08:49:37 GMT") == .zero)   // in the past: now
+        #expect(RetryAfter.parse(" 7 ") == .seconds(7))
+        #expect(RetryAfter.parse("-5") == nil && RetryAfter.parse("Sunday, 06-Nov-94 08:49:37 GMT") == nil)
+    }
+
     @Test func formFieldsAreEncoded() {
         #expect(FormEncoding.encode([("a b", "c&d=e/+")]) == "a+b=c%26d%3De%2F%2B")
     }
