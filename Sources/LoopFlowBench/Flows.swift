@@ -17,31 +17,14 @@ func loopFlowLatencies(_ samples: Int, paced: Bool) throws -> [UInt64] {
     let subscription = try flow.subscribe(onState: { published.value.store($0, ordering: .releasing) })
     defer { subscription.close() }
     published.waitFor(value: 0)
-    var latencies: [UInt64] = []
-    latencies.reserveCapacity(samples)
-    for i in 1...samples {
-        let start = bl_now_ns()
-        flow.value = i
-        published.waitFor(value: i)
-        latencies.append(bl_now_ns() - start)
-        if paced { pace() }
-    }
-    return latencies
+    return latencies(samples, paced: paced, set: { flow.value = $0 }, arrived: published.holds)
 }
 
 func baselineLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
     let runtime = bl_create(1)!
     defer { bl_destroy(runtime) }
-    var latencies: [UInt64] = []
-    latencies.reserveCapacity(samples)
-    for i in 1...samples {
-        let start = bl_now_ns()
-        bl_set(runtime, Int64(i))
-        while bl_published(runtime) != Int64(i) {}
-        latencies.append(bl_now_ns() - start)
-        if paced { pace() }
-    }
-    return latencies
+    return latencies(
+        samples, paced: paced, set: { bl_set(runtime, Int64($0)) }, arrived: { bl_published(runtime) == Int64($0) })
 }
 
 // MARK: fan-out: ns per callback, from subscriber 0 (a probe) to the last of `subscribers` more

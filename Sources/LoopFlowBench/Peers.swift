@@ -49,16 +49,7 @@ func combineLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
     let queue = DispatchQueue(label: "bench-combine")
     let cancellable = subject.receive(on: queue.ocombine).sink { published.value.store($0, ordering: .releasing) }
     defer { cancellable.cancel() }
-    var latencies: [UInt64] = []
-    latencies.reserveCapacity(samples)
-    for i in 1...samples {
-        let start = bl_now_ns()
-        subject.value = i
-        published.waitFor(value: i)
-        latencies.append(bl_now_ns() - start)
-        if paced { pace() }
-    }
-    return latencies
+    return latencies(samples, paced: paced, set: { subject.value = $0 }, arrived: published.holds)
 }
 
 /// Synchronous sinks (Combine's cheapest fan-out: no thread hop at all).
@@ -91,18 +82,10 @@ func asyncStreamLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
     let consumer = Task {
         for await value in stream { published.value.store(value, ordering: .releasing) }
     }
-    var latencies: [UInt64] = []
-    latencies.reserveCapacity(samples)
-    for i in 1...samples {
-        let start = bl_now_ns()
-        continuation.yield(i)
-        published.waitFor(value: i)
-        latencies.append(bl_now_ns() - start)
-        if paced { pace() }
-    }
+    let measured = latencies(samples, paced: paced, set: { continuation.yield($0) }, arrived: published.holds)
     continuation.finish()
     consumer.cancel()
-    return latencies
+    return measured
 }
 
 /// From the first yield to the last consumer's receipt, per consumer.

@@ -84,6 +84,22 @@ func pace() {
     while bl_now_ns() < resume {}
 }
 
+/// Nanoseconds from each `set(i)` until `arrived(i)` holds, one in flight, for i in 1...samples
+/// (paced or back to back).
+@inline(__always)
+func latencies(_ samples: Int, paced: Bool, set: (Int) -> Void, arrived: (Int) -> Bool) -> [UInt64] {
+    var latencies: [UInt64] = []
+    latencies.reserveCapacity(samples)
+    for i in 1...samples {
+        let start = bl_now_ns()
+        set(i)
+        while !arrived(i) {}
+        latencies.append(bl_now_ns() - start)
+        if paced { pace() }
+    }
+    return latencies
+}
+
 /// Loop-thread scratch state read back after a happens-before edge.
 final class Box<T>: @unchecked Sendable {
     var value: T
@@ -95,6 +111,12 @@ final class Published: Sendable {
     let value = Atomic<Int>(0)
     let count = Atomic<Int>(0)
     let fanOut = Mutex<Double>(0)
+
+    /// Whether the published value is `expected` (acquire).
+    @inline(__always)
+    func holds(_ expected: Int) -> Bool {
+        value.load(ordering: .acquiring) == expected
+    }
 
     func waitFor(value expected: Int) {
         while value.load(ordering: .acquiring) != expected {}

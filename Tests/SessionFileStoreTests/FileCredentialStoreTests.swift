@@ -29,7 +29,12 @@ final class TemporaryDirectory: Sendable {
     var store: String { path + "/store" }
 
     func files(in directory: String? = nil) -> [String] {
-        guard let dir = opendir(directory ?? store) else { return [] }
+        Self.list(directory ?? store)
+    }
+
+    /// The names in `directory`, sorted (without . and ..).
+    static func list(_ directory: String) -> [String] {
+        guard let dir = opendir(directory) else { return [] }
         defer { closedir(dir) }
         var names: [String] = []
         while let entry = readdir(dir) {

@@ -38,18 +38,6 @@ func temporaryFiles(in directory: String) -> [String] {
     TemporaryDirectory.list(directory).filter { $0.contains(".tmp-") }
 }
 
-extension TemporaryDirectory {
-    static func list(_ directory: String) -> [String] {
-        guard let dir = opendir(directory) else { return [] }
-        defer { closedir(dir) }
-        var names: [String] = []
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
-            if name != "." && name != ".." { names.append(name) }
-        }
-        return names.sorted()
-    }
-}
 
 let aliceStored = summary(of: .present(session("alice")))
 
