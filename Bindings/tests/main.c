@@ -32,7 +32,8 @@
     XX(refresher_missing_is_a_configuration_error)                   \
     XX(borrowed_loop_runs_beside_the_hosts_own_timer)                \
     XX(borrowed_loop_calls_off_its_thread_are_ethread)               \
-    XX(threads_close_subscriptions_while_the_loop_delivers)
+    XX(threads_close_subscriptions_while_the_loop_delivers)          \
+    XX(secrets_never_reach_a_host_or_the_logs)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)
