@@ -30,6 +30,7 @@
     XX(refresher_transient_failure_keeps_the_session)                \
     XX(refresher_unauthorized_refreshes_only_the_current_token)      \
     XX(refresher_missing_is_a_configuration_error)                   \
+    XX(refresher_absurd_retry_after_is_capped)                       \
     XX(borrowed_loop_runs_beside_the_hosts_own_timer)                \
     XX(borrowed_loop_calls_off_its_thread_are_ethread)               \
     XX(threads_close_subscriptions_while_the_loop_delivers)          \

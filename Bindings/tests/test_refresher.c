@@ -188,3 +188,40 @@ void test_refresher_missing_is_a_configuration_error(void) {
     CHECK_EQ_INT(sf_session_is_logged_in(runtime), 1);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
+
+typedef struct retries {
+    atomic_llong retry_in_ms;
+    atomic_int failures;
+} retries;
+
+static void on_retry_event(const sf_event *event, void *userdata) {
+    retries *r = userdata;
+    if (event->kind == SF_EVENT_REFRESH_FAILED) {
+        atomic_store(&r->retry_in_ms, event->retry_in_ms);
+        atomic_fetch_add(&r->failures, 1);
+    }
+}
+
+void test_refresher_absurd_retry_after_is_capped(void) {
+    /* A host (or server) asking to retry in INT64_MAX ms: honoured up to an hour, and the
+     * event's retry_in_ms is that hour (converting it used to trap). */
+    refresher host;
+    sf_runtime *runtime = runtime_with(&host);
+    retries r;
+    memset(&r, 0, sizeof r);
+    sf_event_observer observer = {.on_event = on_retry_event, .userdata = &r};
+    sf_subscription subscription = 0;
+    CHECK_CODE(sf_subscribe_events(runtime, &observer, &subscription), SF_OK);
+    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
+    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+    answers a;
+    memset(&a, 0, sizeof a);
+    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    WAIT_FOR(request_count(&host) == 1);
+    CHECK_CODE(sf_refresh_request_fail(host.requests[0], SF_ENETWORK, INT64_MAX), SF_OK);
+    WAIT_FOR(atomic_load(&r.failures) == 1);
+    CHECK_EQ_INT(atomic_load(&r.retry_in_ms), 3600000);
+    CHECK_EQ_INT(sf_session_is_logged_in(runtime), 1);
+    CHECK_CODE(sf_subscription_close(subscription), SF_OK);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+}

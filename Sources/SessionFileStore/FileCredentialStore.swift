@@ -70,45 +70,79 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             // would succeed, so two sessions sharing one instance are kept apart here.
             guard !lockHeld else { return false }
             if lockFD < 0 {
-                lockFD = Self.openLockFile(lockPath, directory: directory)
-            }
-            guard lockFD >= 0 else {
-                // No lock file can exist here (a read-only or vanished store): nothing can
-                // be written either, so no other process can have rotated the tokens through
-                // this store. Refresh without the cross-process lock rather than never.
-                lockHeld = true
-                return true
+                switch Self.openLockFile(lockPath, directory: directory) {
+                case .open(let fd):
+                    lockFD = fd
+                case .impossible:
+                    // No lock file can exist here (a read-only or vanished store): nothing
+                    // can be written through it either, so no process can have rotated the
+                    // tokens through it. Refresh without the cross-process lock, not never.
+                    lockHeld = true
+                    return true
+                case .failed:
+                    return false  // out of descriptors, interrupted...: try again shortly
+                }
             }
             if flock(lockFD, LOCK_EX | LOCK_NB) == 0 {
                 lockHeld = true
-            } else if errno != EWOULDBLOCK {
-                // Not "held by another process" but unusable: as above.
+            } else if errno == EBADF || errno == ENOTSUP || errno == EOPNOTSUPP {
+                // A descriptor flock cannot use (a read-only one on NFS): as impossible.
                 close(lockFD)
                 lockFD = -1
                 lockHeld = true
             }
+            // EWOULDBLOCK: another process refreshes; EINTR, ENOLCK: try again shortly.
             return lockHeld
         }
     }
 
-    /// A lock file's descriptor: read-write (created 0600 if need be), else read-only (flock
-    /// works on either), else -1.
-    private static func openLockFile(_ path: String, directory: String) -> Int32 {
+    private enum LockFile {
+        case open(Int32)
+        /// The store's directory or filesystem cannot hold a lock file at all.
+        case impossible
+        /// A passing failure (EMFILE, ENFILE, ENOMEM, EINTR...): worth another try.
+        case failed
+    }
+
+    /// A lock file: read-write (created 0600 if need be), else read-only (flock works on
+    /// either); `impossible` only for the errors that mean no lock file can exist.
+    private static func openLockFile(_ path: String, directory: String) -> LockFile {
+        let cannotExist: Set<Int32> = [EROFS, EACCES, EPERM, ENOENT, ENOTDIR]
         if (try? FileIO.makeDirectory(directory)) != nil {
             let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-            if fd >= 0 { return fd }
+            if fd >= 0 { return .open(fd) }
+            guard cannotExist.contains(errno) else { return .failed }
         }
-        return open(path, O_RDONLY | O_CLOEXEC)
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        if fd >= 0 { return .open(fd) }
+        return cannotExist.contains(errno) ? .impossible : .failed
     }
 
     /// Runs a read-modify-write of the store file with `<store>.wlock` held exclusively, so
     /// that two processes changing the store (different accounts, a logout racing a refresh,
-    /// the first key file) never lose each other's change. Blocking: such a section lasts a
-    /// read, an encryption and a write. Where no lock file can exist the write fails anyway.
+    /// the first key file) never lose each other's change. Such a section lasts a read, an
+    /// encryption and a write; a holder that does not let go within `writeLockPatience` (a
+    /// stopped process) makes the change fail as unavailable — the session retries it — rather
+    /// than freeze the caller's loop. Where no lock file can exist the write fails anyway.
     private func withWriteLock<T>(_ body: () throws(StoreFailure) -> T) throws(StoreFailure) -> T {
-        let fd = Self.openLockFile(writeLockPath, directory: directory)
-        if fd >= 0 {
-            while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
+        var fd: Int32 = -1
+        switch Self.openLockFile(writeLockPath, directory: directory) {
+        case .open(let opened):
+            fd = opened
+            var waited = 0
+            while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+                guard errno == EWOULDBLOCK || errno == EINTR, waited < Self.writeLockPatience else {
+                    let reason = errno == EWOULDBLOCK ? "another process holds it" : FileIO.errnoText()
+                    close(fd)
+                    throw .unavailable("cannot lock \(writeLockPath) for a change: \(reason)")
+                }
+                usleep(1000)
+                waited += 1
+            }
+        case .impossible:
+            break
+        case .failed:
+            throw .unavailable("cannot open \(writeLockPath): \(FileIO.errnoText())")
         }
         defer {
             if fd >= 0 {
@@ -118,6 +152,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         }
         return try body()
     }
+
+    /// How long a change waits for another process's change, in milliseconds.
+    private static let writeLockPatience = 2000
 
     public func unlockRefresh() {
         lock.withLock {
@@ -151,7 +188,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                 // Out of reach → fail (never overwrite other accounts blindly); damaged →
                 // already moved aside, start afresh.
                 try withWriteLock { () throws(StoreFailure) in
-                    FileIO.removeOrphanedTemporaries(in: directory)
+                    FileIO.removeOrphanedTemporaries(of: [path, keyPath], in: directory)
                     var document = try loadForChange() ?? Document()
                     let account = session.memberID ?? Self.defaultAccount
                     document.accounts[account] = Record(session)

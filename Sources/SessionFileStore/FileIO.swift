@@ -76,7 +76,25 @@ enum FileIO {
             return true
         }
         if errno == EEXIST { return false }
-        throw .unavailable("cannot create \(path): \(errnoText())")
+        guard errno == EPERM || errno == ENOTSUP || errno == EOPNOTSUPP else {
+            throw .unavailable("cannot create \(path): \(errnoText())")
+        }
+        // No hard links here (vfat, some FUSE/SMB mounts): O_EXCL still makes one creator
+        // win; it writes the key in place and syncs it before anyone can decrypt with it.
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            if errno == EEXIST { return false }
+            throw .unavailable("cannot create \(path): \(errnoText())")
+        }
+        defer { close(fd) }
+        let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        guard written == bytes.count, fsync(fd) == 0 else {
+            let reason = errnoText()
+            unlink(path)
+            throw .unavailable("cannot write \(path): \(reason)")
+        }
+        syncDirectory(directory)
+        return true
     }
 
     /// temp file (0600, O_EXCL) → write all → fsync → rename over `path` → fsync directory.
@@ -111,23 +129,26 @@ enum FileIO {
         syncDirectory(directory)
     }
 
-    /// Removes the temporary files (`<name>.tmp-<pid>-…`, `<name>.new-<pid>-…`) that writers
-    /// killed mid-write left in `directory`: only those whose process is gone, so a write in
-    /// progress in another process is never touched. Best effort.
-    static func removeOrphanedTemporaries(in directory: String) {
+    /// Removes the temporary files that writers killed mid-write left beside `files` (full
+    /// paths of one store's files): `<file>.tmp-<pid>-<n>` and `<file>.new-<pid>-<n>[…]`, only
+    /// those whose process is gone, so a write in progress elsewhere is never touched and no
+    /// other file in the directory is. Best effort.
+    static func removeOrphanedTemporaries(of files: [String], in directory: String) {
         guard let handle = opendir(directory) else { return }
         defer { closedir(handle) }
+        let prefixes = files.compactMap { $0.split(separator: "/").last.map(String.init) }
+            .flatMap { [$0 + ".tmp-", $0 + ".new-"] }
         while let entry = readdir(handle) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
             }
-            for marker in [".tmp-", ".new-"] {
-                guard let range = name.firstRange(of: marker) else { continue }
-                let rest = name[range.upperBound...]
-                guard let pid = rest.split(separator: "-").first.flatMap({ pid_t($0) }), pid > 0 else { continue }
-                if pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH {
-                    unlink(directory + "/" + name)
-                }
+            guard let prefix = prefixes.first(where: { name.hasPrefix($0) }) else { continue }
+            let fields = name.dropFirst(prefix.count).split(separator: "-", maxSplits: 1)
+            guard fields.count == 2, let pid = pid_t(fields[0]), pid > 0,
+                  fields[1].prefix(while: { $0 != "." }).allSatisfy(\.isNumber)
+            else { continue }
+            if pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH {
+                unlink(directory + "/" + name)
             }
         }
     }

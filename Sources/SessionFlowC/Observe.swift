@@ -189,9 +189,14 @@ func withOptionalCString<T>(_ text: String?, _ body: (UnsafePointer<CChar>?) -> 
     return text.withCString { body($0) }
 }
 
+/// Whole milliseconds, saturating at Int64's range (never a trap for a C host).
 func milliseconds(_ duration: Duration) -> Int64 {
     let (seconds, attoseconds) = duration.components
-    return seconds * 1000 + attoseconds / 1_000_000_000_000_000
+    let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1000)
+    if overflow { return seconds < 0 ? Int64.min : Int64.max }
+    let (total, overflowAgain) = scaled.addingReportingOverflow(attoseconds / 1_000_000_000_000_000)
+    if overflowAgain { return seconds < 0 ? Int64.min : Int64.max }
+    return total
 }
 
 func code(of error: AuthorityError) -> Int32 {

@@ -263,11 +263,13 @@ package enum RetryAfter {
     /// nil. (Foundation's DateFormatter trapped on a combining mark a server can send.)
     package static func parse(_ value: String?) -> Duration? {
         guard let value, value.utf8.count <= 64 else { return nil }
+        // (delay-seconds is 1*DIGIT: "+5" and "-1" are not Retry-After values.)
         let bytes = Array(value.utf8.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed())
         guard !bytes.isEmpty, bytes.allSatisfy({ $0 < 0x80 }) else { return nil }
         let text = String(decoding: bytes, as: UTF8.self)
         if bytes.allSatisfy({ (0x30...0x39).contains($0) }) {
-            guard let seconds = Int(text) else { return .seconds(Int64.max / 4) }   // absurdly large
+            // More digits than an Int holds: absurdly far; the session caps what it honours.
+            guard let seconds = Int(text) else { return .seconds(100 * 365 * 24 * 3600) }
             return .seconds(seconds)
         }
         guard let date = imfFixdate(text) else { return nil }

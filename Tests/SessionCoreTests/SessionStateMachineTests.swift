@@ -46,6 +46,17 @@ struct RefreshPolicyTests {
         }
     }
 
+    @Test func anAbsurdRetryAfterIsCappedAndAHugeLifetimeClamped() {
+        // A 429 saying "retry in 10¹⁶ s" would have parked the session for ever (and trapped
+        // a C host converting it to milliseconds): at most an hour is honoured.
+        let policy = RefreshPolicy()
+        #expect(policy.backoffDelay(failures: 1, retryAfter: .seconds(10_000_000_000_000_000), unitRandom: 0)
+            == policy.maximumRetryAfter)
+        #expect(policy.maximumRetryAfter == .seconds(3600))
+        #expect(policy.clampedLifetime(.seconds(Int64.max)) == policy.maximumLifetime)
+        #expect(policy.clampedLifetime(.seconds(-5)) == .zero)
+    }
+
     @Test func retryAfterIsAFloor() {
         let policy = RefreshPolicy()
         #expect(policy.backoffDelay(failures: 1, retryAfter: .seconds(20), unitRandom: 0.5) == .seconds(20))

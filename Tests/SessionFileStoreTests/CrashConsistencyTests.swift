@@ -120,11 +120,16 @@ struct CrashConsistencyTests {
             tally.failures.append("the store file holds a token in plaintext")
         }
         tally.orphanedTemporaryFiles += tmp.files(in: directory).filter { $0.contains(".tmp-") }.count
-        // The next write sweeps what killed writers left behind (their processes are gone).
+        // The next write sweeps what killed writers left behind (their processes are gone) —
+        // its own files only: another program's file that looks alike stays.
+        let foreign = directory + "/notes.tmp-999999-1"
+        _ = FileManager.default.createFile(atPath: foreign, contents: Data("not ours".utf8))
         try store.write(StoredSession(
             accessToken: Secret("gen-after"), refreshToken: Secret("refresh-gen-after"), memberID: "m0"))
         let leftovers = tmp.files(in: directory).filter { $0.contains(".tmp-") || $0.contains(".new-") }
-        if !leftovers.isEmpty { tally.failures.append("\(leftovers.count) orphaned temporary files after a write") }
+        if leftovers != ["notes.tmp-999999-1"] {
+            tally.failures.append("after a write, temporary files left: \(leftovers) (only the foreign one should be)")
+        }
 
         // 2. Fresh directories: kills early in the first write, around the key's creation.
         for round in 0..<freshKills {

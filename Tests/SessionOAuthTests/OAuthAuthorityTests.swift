@@ -232,7 +232,9 @@ struct OAuthMappingTests {
         #expect(RetryAfter.imfFixdate("Tue, 29 Feb 2000 23:59:59 GMT") == 951_868_799)
         #expect(RetryAfter.parse("Sun, 06 Nov 1994 08:49:37 GMT") == .zero)   // in the past: now
         #expect(RetryAfter.parse(" 7 ") == .seconds(7))
-        #expect(RetryAfter.parse("-5") == nil && RetryAfter.parse("Sunday, 06-Nov-94 08:49:37 GMT") == nil)
+        #expect(RetryAfter.parse("-5") == nil && RetryAfter.parse("+5") == nil)
+        #expect(RetryAfter.parse("Sunday, 06-Nov-94 08:49:37 GMT") == nil)   // obsolete RFC 850 form: ignored
+        #expect(RetryAfter.parse("99999999999999999999999") == .seconds(100 * 365 * 24 * 3600))
     }
 
     @Test func formFieldsAreEncoded() {

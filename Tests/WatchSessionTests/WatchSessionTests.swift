@@ -172,7 +172,8 @@ struct WatchSessionLiveTests {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileCredentialStore(directory: directory).write(storedSession())
-        let (status, screen) = try onTerminal(keys: "lq", after: "STATE → loggedOut", store: directory)
+        // The event line comes after the state line: wait for it before quitting.
+        let (status, screen) = try onTerminal(keys: "lq", after: "signed out (userRequested)", store: directory)
         #expect(status == 0, "\(screen)")
         #expect(screen.contains("STATE → loggedIn"))
         #expect(screen.contains("STATE → loggedOut"))

@@ -20,6 +20,9 @@ public struct RefreshPolicy: Sendable, Equatable {
     public var backoffJitter: Double = 0.1
     /// A refresh that has not answered after this long counts as a transient failure.
     public var timeout: Duration = .seconds(30)
+    /// A server's Retry-After above this counts as this (default 1 hour): a 429 saying
+    /// "retry in 10¹⁶ seconds" must not park the session for ever.
+    public var maximumRetryAfter: Duration = .seconds(3600)
     /// Token lifetimes above this count as this (default 10 years): an `expires_in` of
     /// 10¹⁸ must not overflow the expiry arithmetic, the stored expiry or a timer.
     public var maximumLifetime: Duration = .seconds(10 * 365 * 24 * 3600)
@@ -71,6 +74,6 @@ public struct RefreshPolicy: Sendable, Equatable {
     public func backoffDelay(failures: Int, retryAfter: Duration?, unitRandom: Double) -> Duration {
         let base = baseBackoff(failures: failures)
         let jittered = base - base * (backoffJitter * unitRandom)
-        return max(jittered, retryAfter ?? .zero)
+        return max(jittered, min(retryAfter ?? .zero, maximumRetryAfter))
     }
 }
