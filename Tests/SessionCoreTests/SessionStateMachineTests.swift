@@ -57,6 +57,22 @@ struct RefreshPolicyTests {
         #expect(policy.clampedLifetime(.seconds(-5)) == .zero)
     }
 
+    @Test func unusableSettingsAreNamed() {
+        #expect(RefreshPolicy().problem == nil)
+        var policy = RefreshPolicy()
+        policy.timeout = .zero
+        #expect(policy.problem?.contains("timeout") == true)
+        policy = RefreshPolicy()
+        policy.maximumLifetime = .seconds(-1)
+        #expect(policy.problem?.contains("maximumLifetime") == true)
+        policy = RefreshPolicy()
+        policy.maximumBackoff = .milliseconds(1)
+        #expect(policy.problem?.contains("backoff") == true)
+        policy = RefreshPolicy()
+        policy.proactiveJitter = 1.5
+        #expect(policy.problem?.contains("jitter") == true)
+    }
+
     @Test func retryAfterIsAFloor() {
         let policy = RefreshPolicy()
         #expect(policy.backoffDelay(failures: 1, retryAfter: .seconds(20), unitRandom: 0.5) == .seconds(20))

@@ -119,6 +119,9 @@ final class SessionEngine: @unchecked Sendable {
         loop: EventLoop, authority: any SessionAuthority, store: any CredentialStore,
         configuration: SessionConfiguration
     ) throws(SessionError) {
+        if let problem = configuration.policy.problem {
+            throw SessionError(.invalidArgument, "unusable refresh policy: \(problem)")
+        }
         self.loop = loop
         self.authority = authority
         self.store = store

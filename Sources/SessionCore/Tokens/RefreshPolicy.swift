@@ -27,6 +27,26 @@ public struct RefreshPolicy: Sendable, Equatable {
     /// 10¹⁸ must not overflow the expiry arithmetic, the stored expiry or a timer.
     public var maximumLifetime: Duration = .seconds(10 * 365 * 24 * 3600)
 
+    /// What is wrong with these settings, or nil when they are usable.
+    public var problem: String? {
+        let century = Duration.seconds(100 * 365 * 24 * 3600)
+        if margin < .zero { return "the refresh margin is negative (\(margin))" }
+        if !(0...1).contains(maximumMarginFraction) { return "maximumMarginFraction must be within 0...1" }
+        if !(0..<1).contains(proactiveJitter) || !(0..<1).contains(backoffJitter) {
+            return "jitter fractions must be within 0..<1"
+        }
+        if minimumInterval < .zero { return "the minimum refresh interval is negative (\(minimumInterval))" }
+        if initialBackoff <= .zero || maximumBackoff < initialBackoff {
+            return "the backoff must start above zero and cap at or above its start"
+        }
+        if timeout <= .zero { return "the refresh timeout must be above zero (\(timeout))" }
+        if maximumRetryAfter < .zero { return "maximumRetryAfter is negative" }
+        if maximumLifetime <= .zero || maximumLifetime > century {
+            return "maximumLifetime must be above zero and at most 100 years"
+        }
+        return nil
+    }
+
     /// `lifetime` within [0, maximumLifetime].
     public func clampedLifetime(_ lifetime: Duration) -> Duration {
         min(max(lifetime, .zero), maximumLifetime)
