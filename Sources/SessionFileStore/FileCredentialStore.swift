@@ -42,6 +42,8 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public let writeLockPath: String
     private var lockFD: Int32 = -1
     private var lockHeld = false  // guarded by `lock`
+    /// Whether this instance is inside `withWriteLock` (guarded by `lock`).
+    private var holdsWriteLock = false
 
     private static let magic: [UInt8] = Array("SFSTORE".utf8) + [1]
     private static let defaultAccount = "default"
@@ -144,7 +146,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         case .failed:
             throw .unavailable("cannot open \(writeLockPath): \(FileIO.errnoText())")
         }
+        holdsWriteLock = true
         defer {
+            holdsWriteLock = false
             if fd >= 0 {
                 _ = flock(fd, LOCK_UN)
                 close(fd)
@@ -312,7 +316,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         do {
             return try Self.decode(bytes, key: key)
         } catch {
-            let aside = moveAside()
+            let aside = moveAside(bytes)
             throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
         }
     }
@@ -390,14 +394,30 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     /// Renames the store file aside; returns the new name.
-    private func moveAside() -> String {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        let aside = "\(path).damaged-\(now.tv_sec)-\(now.tv_nsec)"
-        if rename(path, aside) != 0 {
-            return "(could not move it: \(String(cString: strerror(errno))))"
+    /// Renames the damaged store file (whose bytes were `damaged`) aside; returns the new
+    /// name, or why it was not moved. Under the write lock, and only if the file still holds
+    /// those bytes: another process may have replaced it with a good one meanwhile.
+    private func moveAside(_ damaged: [UInt8]) -> String {
+        func renameAside() -> String {
+            var now = timespec()
+            clock_gettime(CLOCK_REALTIME, &now)
+            let aside = "\(path).damaged-\(now.tv_sec)-\(now.tv_nsec)"
+            if rename(path, aside) != 0 {
+                return "(could not move it: \(String(cString: strerror(errno))))"
+            }
+            return aside
         }
-        return aside
+        if holdsWriteLock { return renameAside() }
+        do {
+            return try withWriteLock { () throws(StoreFailure) -> String in
+                guard case .read(let now) = FileIO.readAll(path), now == damaged else {
+                    return "(not moved: another process replaced the file meanwhile)"
+                }
+                return renameAside()
+            }
+        } catch {
+            return "(not moved: \(error.storeError.message))"
+        }
     }
 }
 

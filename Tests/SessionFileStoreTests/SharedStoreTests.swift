@@ -105,11 +105,14 @@ struct SharedStoreTests {
         #expect(fresh.reveal() == "rotated-access-1")
         #expect(await within(1) { (try? awaitToken(b.manager)) == "rotated-access-1" })
         #expect(authority.refreshes == 1)
-        #expect(b.events.withLockedValue { $0 }.contains { if case .tokenRefreshed(_, .sharedStore) = $0 { true } else { false } })
+        // (the event is delivered on B's loop after the token is visible: wait for it)
+        #expect(await within(1) {
+            b.events.withLockedValue { $0 }.contains { if case .tokenRefreshed(_, .sharedStore) = $0 { true } else { false } }
+        })
         // logout in A logs B out
         try await a.manager.logout()
         #expect(await within(1) { b.manager.state.value == .loggedOut })
-        #expect(b.events.withLockedValue { $0 }.contains(.signedOut(reason: .otherProcess)))
+        #expect(await within(1) { b.events.withLockedValue { $0 }.contains(.signedOut(reason: .otherProcess)) })
         await a.stop()
         await b.stop()
     }

@@ -174,6 +174,40 @@ struct StoreFaultTests {
         #expect(summary(of: FileCredentialStore(directory: directory).read()) == "present alice old-access")
     }
 
+    /// A reader finds the file damaged while another process holds the write lock and puts a
+    /// good file in its place: the reader reports what it read, but moves aside only the bytes
+    /// it saw — never the good file (it used to rename whatever was there).
+    @Test func aDamagedFileReplacedMeanwhileIsNotMovedAside() throws {
+        let tmp = TemporaryDirectory()
+        let directory = tmp.path + "/race"
+        let writer = FileCredentialStore(directory: directory)
+        try writer.write(session("alice"))
+        let good = contents(writer.path)
+        _ = FileManager.default.createFile(atPath: writer.path, contents: Data("garbage".utf8))
+        // "Another process" holds the write lock...
+        let fd = open(writer.writeLockPath, O_RDWR | O_CLOEXEC)
+        #expect(fd >= 0 && flock(fd, LOCK_EX) == 0)
+        let result = LockedBox<StoreRead?>(nil)
+        let reader = FileCredentialStore(directory: directory)
+        let thread = Thread { result.withLockedValue { $0 = reader.read() } }
+        thread.start()
+        usleep(200_000)
+        // ...and replaces the damaged file with a good one before letting go.
+        let temporary = writer.path + ".other"
+        _ = FileManager.default.createFile(atPath: temporary, contents: Data(good))
+        #expect(rename(temporary, writer.path) == 0)
+        flock(fd, LOCK_UN)
+        close(fd)
+        while result.withLockedValue({ $0 }) == nil { usleep(1000) }
+        guard case .damaged(let error)? = result.withLockedValue({ $0 }) else {
+            Issue.record("the reader should report the damaged bytes it read")
+            return
+        }
+        #expect(error.message.contains("another process replaced the file"), "\(error.message)")
+        #expect(summary(of: FileCredentialStore(directory: directory).read()).hasPrefix("present alice"))
+        #expect(!TemporaryDirectory.list(directory).contains { $0.contains(".damaged-") })
+    }
+
     // MARK: Two writers (another process, another instance)
 
     /// Two processes sign in at once on a fresh store: the key file is created, never replaced,
