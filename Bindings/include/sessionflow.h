@@ -296,9 +296,10 @@ int sf_session_resume(sf_runtime *runtime);
 int sf_refresh_request_succeed(sf_refresh_request *request, const sf_tokens *tokens);
 
 /* Completes `request` with a failure: SF_EAUTH (terminal: the session expires),
- * SF_ENETWORK (transient: retried after max(backoff, retry_after_ms); retry_after_ms < 0
- * for none), SF_ECONFIG (never retried automatically). Returns SF_OK, SF_EINVAL (another
- * code; the request stays open), SF_ECLOSED. Any thread. */
+ * SF_ENETWORK (transient: retried after max(backoff, retry_after_ms), retry_after_ms
+ * honoured up to one hour; retry_after_ms < 0 for none), SF_ECONFIG (never retried
+ * automatically). Returns SF_OK, SF_EINVAL (another code; the request stays open),
+ * SF_ECLOSED. Any thread. */
 int sf_refresh_request_fail(sf_refresh_request *request, int code, int64_t retry_after_ms);
 
 #ifdef __cplusplus

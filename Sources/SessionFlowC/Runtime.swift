@@ -75,16 +75,14 @@ func readOptions(_ options: UnsafePointer<sf_options>?) -> sf_options? {
 }
 
 func configuration(from options: sf_options) -> SessionConfiguration? {
-    guard options.refresh_margin_ms >= 0, options.refresh_timeout_ms > 0,
-        options.min_backoff_ms > 0, options.max_backoff_ms >= options.min_backoff_ms,
-        options.min_refresh_interval_ms >= 0
-    else { return nil }
     var configuration = SessionConfiguration()
     configuration.policy.margin = .milliseconds(options.refresh_margin_ms)
     configuration.policy.timeout = .milliseconds(options.refresh_timeout_ms)
     configuration.policy.initialBackoff = .milliseconds(options.min_backoff_ms)
     configuration.policy.maximumBackoff = .milliseconds(options.max_backoff_ms)
     configuration.policy.minimumInterval = .milliseconds(options.min_refresh_interval_ms)
+    // The same check the session makes (RefreshPolicy.problem), answered here as SF_EINVAL.
+    guard configuration.policy.problem == nil else { return nil }
     configuration.logger = makeLogger()
     return configuration
 }
