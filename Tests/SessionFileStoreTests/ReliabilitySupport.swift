@@ -190,10 +190,15 @@ final class TmpfsMount {
     }
 
     /// `mount -o remount,ro`.
+    /// EBUSY is retried: a child another test spawns (fork, then exec) briefly holds copies of
+    /// this process's descriptors, a store file's among them, until its exec closes them.
     func remountReadOnly() throws(SetupFailure) {
-        guard mount("tmpfs", path, "tmpfs", UInt(MS_REMOUNT | MS_RDONLY), nil) == 0 else {
-            throw SetupFailure(description: "remount ro: \(errnoDescription())")
+        for _ in 0..<100 {
+            if mount("tmpfs", path, "tmpfs", UInt(MS_REMOUNT | MS_RDONLY), nil) == 0 { return }
+            guard errno == EBUSY else { break }
+            usleep(20_000)
         }
+        throw SetupFailure(description: "remount ro: \(errnoDescription())")
     }
 
     func unmount() {
