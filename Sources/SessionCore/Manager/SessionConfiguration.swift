@@ -17,6 +17,12 @@ public struct SessionConfiguration: Sendable {
     /// The wall clock, as time since the Unix epoch. Used only to store an expiry that
     /// survives a restart; in a running process expiry follows the monotonic clock.
     public var wallClock: @Sendable () -> Duration = SessionConfiguration.realtime
+    /// Whether the session starts by itself on the loop's first turn after it is made
+    /// (the default), emitting its start-up events (`initialSession`, a start-up
+    /// `storeError`) then. Turn it off to subscribe first and call `SessionManager.start()`
+    /// after: an observer then sees every start-up event without racing the loop. Any
+    /// request (sign in, a token...) made before `start()` starts the session first.
+    public var startsAutomatically = true
     /// Where the session logs (never a token).
     public var logger = Logger(label: "sessionflow.session")
 

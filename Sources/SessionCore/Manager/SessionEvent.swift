@@ -12,8 +12,10 @@ public enum SignOutReason: String, Sendable, Hashable, CustomStringConvertible {
 /// What happened to the session, for observers of `SessionManager.events`.
 /// Nothing here carries a token.
 public enum SessionEvent: Sendable, Hashable, CustomStringConvertible {
-    /// The state read from the store at start, emitted once when the store answers: on the
-    /// loop's first turn after the manager is made, so subscribe right after making it
+    /// The state read from the store at start, emitted once when the session starts and the
+    /// store answers. The session starts on the loop's first turn after the manager is
+    /// made, or — with `SessionConfiguration.startsAutomatically` off — at
+    /// `SessionManager.start()`, so an observer that subscribes before it cannot miss this
     /// (events are not replayed; `state` always has the current state).
     case initialSession(SessionState)
     case signedIn(memberID: String?)

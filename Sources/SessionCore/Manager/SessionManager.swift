@@ -29,6 +29,17 @@ public final class SessionManager: Sendable {
             loop: loop, authority: authority, store: store, configuration: configuration)
     }
 
+    /// Starts the session: restores what the store held, emits the start-up events
+    /// (`initialSession`, a start-up `storeError`) and resumes a restored session. Needed
+    /// only with `SessionConfiguration.startsAutomatically` off — subscribe to `events`
+    /// first, then call this, and no start-up event can be missed. Calling it again, or
+    /// on a session that started by itself, does nothing. Any thread; the work runs on the
+    /// loop thread, never inside this call.
+    /// - Throws: `shutDown` if the loop is shut down.
+    public func start() throws(SessionError) {
+        try post { engine in engine.start() }
+    }
+
     /// The session state, observable.
     public var state: StateFlow<SessionState> { engine.state }
 

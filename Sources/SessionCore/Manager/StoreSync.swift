@@ -1,0 +1,133 @@
+import LoopFlow
+import Logging
+
+/// Keeps the credential store in step with the session (loop-confined).
+///
+/// - Write-behind: a failed write or clear never logs anyone out. The session goes on in
+///   memory, the store is marked *behind*, and a retry timer brings it up to date when it
+///   answers again.
+/// - The initial read: a store that was unavailable at start is read again on the same
+///   timer until it answers (`awaitingInitialRead`).
+///
+/// The session decides *what* to store (`SessionEngine.storedForm`); this type only knows
+/// whether the store has it.
+/// Loop-confined (`@unchecked Sendable` only so its timer can call back): every method
+/// runs on the loop thread and checks so in debug builds.
+final class StoreSync: @unchecked Sendable {
+    let store: any CredentialStore
+    private let loop: EventLoop
+    private let retryInterval: Duration
+    private let logger: Logger
+    /// Called on the loop thread when the retry timer fires (the engine's entry point).
+    var onRetryDue: () -> Void = {}
+
+    /// The store has not answered a read yet (it was unavailable at start).
+    private(set) var awaitingInitialRead = false
+    /// The store missed a write or a clear: what it holds is older than the session.
+    private(set) var isBehind = false
+    private var retryTimer: LoopTimer?
+
+    init(store: any CredentialStore, loop: EventLoop, retryInterval: Duration, logger: Logger) {
+        self.store = store
+        self.loop = loop
+        self.retryInterval = retryInterval
+        self.logger = logger
+    }
+
+    /// The store was unavailable at start: keep reading it on the retry timer.
+    func awaitInitialRead() {
+        loop.assertInEventLoop()
+        awaitingInitialRead = true
+        scheduleRetry()
+    }
+
+    /// The store answered the initial read.
+    func initialReadAnswered() {
+        awaitingInitialRead = false
+    }
+
+    /// What the store holds is older than the session (e.g. a damaged file was moved aside).
+    func markBehind() {
+        isBehind = true
+    }
+
+    /// Writes `session`, or clears the store when it is nil. Returns the failure to report
+    /// (the store is then behind and a retry is scheduled).
+    func save(_ session: StoredSession?) -> StoreError? {
+        loop.assertInEventLoop()
+        do {
+            if let session {
+                try store.write(session)
+            } else {
+                try store.clear()
+            }
+            isBehind = false
+            return nil
+        } catch {
+            isBehind = true
+            logger.warning("credential store write failed", metadata: ["error": "\(error.message)"])
+            scheduleRetry()
+            return error
+        }
+    }
+
+    /// Arms the retry timer (once).
+    func scheduleRetry() {
+        loop.assertInEventLoop()
+        guard retryTimer == nil else { return }
+        retryTimer = try? loop.scheduleTimer(after: retryInterval) { [weak self] in
+            guard let self else { return }
+            retryTimer = nil
+            onRetryDue()
+        }
+    }
+
+    /// Stops retrying.
+    func cancelRetry() {
+        retryTimer?.cancel()
+        retryTimer = nil
+    }
+}
+
+/// What to do about a change another process made to a shared store: a pure decision from
+/// what the store holds now and where this session stands.
+enum StoreChange: Equatable {
+    /// Nothing to follow (unavailable, our own write, a record without tokens).
+    case ignore
+    /// The store is damaged: report it and write our session back.
+    case damaged(StoreError)
+    /// Logged out elsewhere: log out here too.
+    case logout
+    /// The session expired elsewhere.
+    case expire
+    /// The same session with tokens another process refreshed.
+    case adoptTokens(StoredSession, access: Secret)
+    /// Someone else signed in elsewhere: log out, then follow the sign-in.
+    case switchSession(StoredSession, access: Secret)
+    /// Signed in elsewhere while this process had no session.
+    case signIn(StoredSession, access: Secret)
+
+    static func decide(_ read: StoreRead, state: SessionState, memberID: String?) -> StoreChange {
+        switch read {
+        case .unavailable:
+            return .ignore
+        case .damaged(let error):
+            return .damaged(error)
+        case .absent:
+            return state == .loggedOut ? .ignore : .logout
+        case .present(let stored):
+            if stored.expired {
+                return state == .loggedIn && stored.memberID == memberID ? .expire : .ignore
+            }
+            guard let access = stored.accessToken, !access.isBlank else { return .ignore }
+            switch state {
+            case .loggedIn where stored.memberID == memberID:
+                return .adoptTokens(stored, access: access)
+            case .loggedIn:
+                return .switchSession(stored, access: access)
+            case .loggedOut, .sessionExpired:
+                return .signIn(stored, access: access)
+            }
+        }
+    }
+}

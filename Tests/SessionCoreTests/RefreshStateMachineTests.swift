@@ -1,0 +1,386 @@
+import Testing
+
+@testable import SessionCore
+
+/// The refresh state machine on its own: no loop, no clock, no authority. Every state ×
+/// every event is driven through a small storage double that performs the actions the way
+/// `SessionEngine` does (timers armed and cancelled, the lock taken and given back), and
+/// after every step the timers armed must match the phase.
+@Suite("RefreshStateMachine")
+struct RefreshStateMachineTests {
+    typealias Machine = RefreshStateMachine<Int>
+
+    static let a1 = Secret("A1")
+    static let r1 = Secret("R1")
+    static let a2 = Secret("A2")
+    static let r2 = Secret("R2")
+    static let hour = Duration.seconds(3600)
+
+    static func session(access: Secret = a1, refresh: Secret? = r1, expiresAt: Duration = hour, externalUserID: String? = nil) -> LiveSession {
+        LiveSession(accessToken: access, refreshToken: refresh, expiresAt: expiresAt, lifetime: expiresAt, externalUserID: externalUserID)
+    }
+
+    /// Performs actions as the engine does and records what is visible from outside.
+    struct Storage {
+        var machine: Machine
+        var armed: [RefreshTimer: Duration] = [:]
+        var lockHeld = false
+        var sent: [AttemptIdentity] = []
+        var reauthentications: [AttemptIdentity] = []
+        var validations = 0
+        var answers: [(waiters: [Int], result: Result<Secret, SessionError>)] = []
+        var emitted: [SessionEvent] = []
+        var persisted = 0
+        var expired: [String] = []
+        var lockRequests = 0
+        var now: Duration = .seconds(10)
+
+        init(lock: Bool = false) {
+            machine = Machine(policy: RefreshPolicy(), usesRefreshLock: lock)
+        }
+
+        mutating func run(_ actions: [Machine.Action]) {
+            for action in actions {
+                switch action {
+                case .arm(let timer, let delay): armed[timer] = now + delay
+                case .cancel(let timer): armed[timer] = nil
+                case .acquireLock: lockRequests += 1
+                case .releaseLock:
+                    #expect(lockHeld, "released a lock it does not hold")
+                    lockHeld = false
+                case .sendRefresh(let identity): sent.append(identity)
+                case .sendReauthentication(let identity, _): reauthentications.append(identity)
+                case .validate: validations += 1
+                case .answer(let waiters, let result): answers.append((waiters, result))
+                case .setMemberID: break
+                case .persist: persisted += 1
+                case .emit(let event): emitted.append(event)
+                case .expire(let reason):
+                    expired.append(reason)
+                    run(machine.endSession().actions)
+                case .log: break
+                }
+            }
+        }
+
+        /// The timers armed match the phase, and the lock is held only by an attempt that holds it.
+        func checkConsistency(_ context: String) {
+            #expect(machine.checkInvariants() == nil, "\(context): \(machine.checkInvariants() ?? "")")
+            switch machine.phase {
+            case .inactive:
+                #expect(armed.isEmpty, "\(context): inactive with timers \(armed.keys)")
+                #expect(!lockHeld, "\(context): inactive holding the lock")
+            case .idle(let due):
+                #expect(armed[.proactive] == due, "\(context): proactive timer \(String(describing: armed[.proactive])) vs due \(String(describing: due))")
+                #expect(Set(armed.keys).isSubset(of: [.proactive]), "\(context): idle with \(armed.keys)")
+                #expect(!lockHeld, "\(context): idle holding the lock")
+            case .backingOff(let due):
+                #expect(armed[.backoff] == due, "\(context)")
+                #expect(Set(armed.keys) == [.backoff], "\(context): backing off with \(armed.keys)")
+                #expect(!lockHeld, "\(context): backing off holding the lock")
+            case .refreshing(let attempt):
+                #expect(armed[.attemptTimeout] != nil, "\(context): an attempt without its timeout")
+                #expect(Set(armed.keys).isSubset(of: [.attemptTimeout, .lockRetry]), "\(context): refreshing with \(armed.keys)")
+                if armed[.lockRetry] != nil { #expect(attempt.lock == .waiting, "\(context)") }
+                #expect(lockHeld == (attempt.lock == .held), "\(context): lock \(lockHeld) vs \(attempt.lock)")
+            }
+        }
+
+        var phaseName: String {
+            switch machine.phase {
+            case .inactive: "inactive"
+            case .idle(nil): "idle"
+            case .idle(.some): "idle(due)"
+            case .backingOff: "backingOff"
+            case .refreshing(let attempt):
+                switch attempt.lock {
+                case .notNeeded: "refreshing"
+                case .waiting: "refreshing/waiting"
+                case .held: "refreshing/held"
+                }
+            }
+        }
+    }
+
+    // MARK: - The states
+
+    enum State: String, CaseIterable, CustomStringConvertible {
+        case inactive, idle, idleDue, refreshing, waitingForLock, holdingLock, backingOff
+        var description: String { rawValue }
+
+        func make() -> Storage {
+            var s = Storage(lock: self == .waitingForLock || self == .holdingLock)
+            guard self != .inactive else { return s }
+            s.machine.sessionBegan(RefreshStateMachineTests.session())
+            if self == .idle { return s }
+            s.run(s.machine.scheduleProactive(now: s.now, unitRandom: 0))
+            if self == .idleDue { return s }
+            s.run(s.machine.tokenRequested(.refreshNow, waiter: 1, now: s.now))
+            if self == .holdingLock { s.lockHeld = true; s.run(s.machine.lockAttempted(.acquired, now: s.now, unitRandom: 0)) }
+            if self == .backingOff {
+                let identity = s.machine.attemptInFlight!
+                s.run(s.machine.answerArrived(identity, .failure(.transient("down")), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+            }
+            // Only what the event under test does is looked at.
+            s.answers = []
+            s.emitted = []
+            s.sent = []
+            s.persisted = 0
+            return s
+        }
+    }
+
+    // MARK: - The events
+
+    enum Event: String, CaseIterable, CustomStringConvertible {
+        case fresh, refreshNow, unauthorizedCurrent, unauthorizedOld, resume, validationInactive
+        case proactiveFired, backoffFired, timeoutFired, lockRetryFired
+        case lockBusy, lockAcquired, newerStoredBeforeLock
+        case storedTokensChanged
+        case success, transient, terminal, configuration, lateSuccess, staleGeneration
+        case endSession, scheduleProactive
+        var description: String { rawValue }
+
+        func apply(to s: inout Storage) {
+            let now = s.now
+            let inFlight = s.machine.attemptInFlight
+            let current = inFlight ?? AttemptIdentity(id: 99, generation: s.machine.generation, reason: .proactive, refreshToken: RefreshStateMachineTests.r1)
+            func answer(_ result: Result<TokenGrant, AuthorityError>, _ identity: AttemptIdentity) {
+                s.run(s.machine.answerArrived(identity, result, receivedAt: now, now: now, unitRandom: 0, canReauthenticate: false))
+            }
+            let grant = TokenGrant(accessToken: RefreshStateMachineTests.a2, refreshToken: RefreshStateMachineTests.r2, expiresIn: .seconds(3600))
+            switch self {
+            case .fresh: s.run(s.machine.tokenRequested(.fresh, waiter: 7, now: now))
+            case .refreshNow: s.run(s.machine.tokenRequested(.refreshNow, waiter: 7, now: now))
+            case .unauthorizedCurrent: s.run(s.machine.tokenRequested(.unauthorized(RefreshStateMachineTests.a1), waiter: 7, now: now))
+            case .unauthorizedOld: s.run(s.machine.tokenRequested(.unauthorized(Secret("old")), waiter: 7, now: now))
+            case .resume: s.run(s.machine.resumeRequested(now: now, canValidate: true))
+            case .validationInactive:
+                s.run(s.machine.validationAnswered(generation: s.machine.generation, token: RefreshStateMachineTests.a1, result: .success(false), now: now))
+            case .proactiveFired: s.armed[.proactive] = nil; s.run(s.machine.timerFired(.proactive, now: now, unitRandom: 0))
+            case .backoffFired: s.armed[.backoff] = nil; s.run(s.machine.timerFired(.backoff, now: now, unitRandom: 0))
+            case .timeoutFired: s.armed[.attemptTimeout] = nil; s.run(s.machine.timerFired(.attemptTimeout, now: now, unitRandom: 0))
+            case .lockRetryFired: s.armed[.lockRetry] = nil; s.run(s.machine.timerFired(.lockRetry, now: now, unitRandom: 0))
+            case .lockBusy: s.run(s.machine.lockAttempted(.busy, now: now, unitRandom: 0))
+            case .lockAcquired: s.lockHeld = true  // flock: taking a lock already held keeps it
+                s.run(s.machine.lockAttempted(.acquired, now: now, unitRandom: 0))
+            case .newerStoredBeforeLock:
+                s.run(s.machine.lockAttempted(.newerStored(RefreshStateMachineTests.session(access: RefreshStateMachineTests.a2, refresh: RefreshStateMachineTests.r2), lockHeld: false), now: now, unitRandom: 0))
+            case .storedTokensChanged:
+                s.run(s.machine.storedTokensChanged(RefreshStateMachineTests.session(access: RefreshStateMachineTests.a2, refresh: RefreshStateMachineTests.r2), now: now, unitRandom: 0))
+            case .success: answer(.success(grant), current)
+            case .transient: answer(.failure(.transient("HTTP 503")), current)
+            case .terminal: answer(.failure(.terminal()), current)
+            case .configuration: answer(.failure(.configuration("invalid_client", "no")), current)
+            case .lateSuccess:
+                answer(.success(grant), AttemptIdentity(id: 1000, generation: s.machine.generation, reason: .proactive, refreshToken: RefreshStateMachineTests.r1))
+            case .staleGeneration:
+                answer(.success(grant), AttemptIdentity(id: current.id, generation: s.machine.generation &- 1, reason: .proactive, refreshToken: RefreshStateMachineTests.r1))
+            case .endSession: s.run(s.machine.endSession().actions)
+            case .scheduleProactive: s.run(s.machine.scheduleProactive(now: now, unitRandom: 0))
+            }
+        }
+    }
+
+    /// The phase each (state, event) leads to. Columns: inactive, idle, idle(due),
+    /// refreshing, refreshing/waiting, refreshing/held, backingOff.
+    static let expected: [Event: [String]] = [
+        .fresh: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .refreshNow: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing"],
+        .unauthorizedCurrent: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .unauthorizedOld: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .resume: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .validationInactive: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .proactiveFired: ["inactive", "idle", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .backoffFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing"],
+        .timeoutFired: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff"],
+        .lockRetryFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .lockBusy: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .lockAcquired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/held", "refreshing/held", "backingOff"],
+        .newerStoredBeforeLock: ["inactive", "idle", "idle(due)", "refreshing", "idle(due)", "refreshing/held", "backingOff"],
+        .storedTokensChanged: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
+        .success: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
+        .transient: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff"],
+        .terminal: ["inactive", "idle", "idle(due)", "inactive", "inactive", "inactive", "backingOff"],
+        .configuration: ["inactive", "idle", "idle(due)", "idle", "idle", "idle", "backingOff"],
+        .lateSuccess: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "idle(due)"],
+        .staleGeneration: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .endSession: ["inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive"],
+        .scheduleProactive: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+    ]
+
+    @Test("every state × every event leads to the expected phase, with timers and lock consistent",
+          arguments: State.allCases)
+    func everyStateTimesEveryEvent(state: State) {
+        for event in Event.allCases {
+            var s = state.make()
+            s.checkConsistency("\(state) before \(event)")
+            let waitersBefore = s.machine.waiterCount
+            event.apply(to: &s)
+            let column = State.allCases.firstIndex(of: state)!
+            #expect(s.phaseName == Self.expected[event]![column], "\(state) + \(event) → \(s.phaseName)")
+            s.checkConsistency("\(state) + \(event)")
+            // Nobody is lost: a waiter that is not answered waits on the attempt in flight.
+            let answered = s.answers.reduce(0) { $0 + $1.waiters.count }
+            let asked = [.fresh, .refreshNow, .unauthorizedCurrent, .unauthorizedOld].contains(event) ? 1 : 0
+            let abandoned = event == .endSession ? waitersBefore : 0
+            #expect(answered + s.machine.waiterCount + abandoned == waitersBefore + asked,
+                    "\(state) + \(event): \(answered) answered, \(s.machine.waiterCount) waiting, \(waitersBefore) before")
+        }
+    }
+
+    // MARK: - Behaviour, event by event
+
+    @Test func concurrentCallersJoinTheOneAttemptAndAllGetItsResult() {
+        var s = State.idleDue.make()
+        s.now = .seconds(3400)  // within the margin
+        for waiter in 1...5 { s.run(s.machine.tokenRequested(.fresh, waiter: waiter, now: s.now)) }
+        #expect(s.sent.count == 1)
+        #expect(s.machine.waiterCount == 5)
+        s.run(s.machine.answerArrived(s.sent[0], .success(TokenGrant(accessToken: Self.a2, refreshToken: Self.r2, expiresIn: .seconds(60))),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.answers.count == 1)
+        #expect(s.answers[0].waiters == [1, 2, 3, 4, 5])
+        #expect(s.answers[0].result == .success(Self.a2))
+        #expect(s.machine.live?.refreshToken == Self.r2)
+        #expect(s.persisted == 1)
+    }
+
+    @Test func aGrantIsPersistedAndAnnouncedBeforeAnyWaiterIsAnswered() {
+        var s = State.refreshing.make()
+        let actions = s.machine.answerArrived(s.machine.attemptInFlight!, .success(TokenGrant(accessToken: Self.a2, expiresIn: .seconds(60))),
+                                              receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false)
+        let persist = actions.firstIndex { if case .persist = $0 { true } else { false } }!
+        let emit = actions.firstIndex { if case .emit(.tokenRefreshed) = $0 { true } else { false } }!
+        let answer = actions.firstIndex { if case .answer = $0 { true } else { false } }!
+        #expect(persist < emit && emit < answer)
+        // A grant without a refresh token keeps the one held.
+        #expect(s.machine.live?.refreshToken == Self.r1)
+    }
+
+    @Test func transientFailuresBackOffOnTheScheduleAndHonourRetryAfter() {
+        var s = State.idleDue.make()
+        var delays: [Duration] = []
+        for failure in 1...8 {
+            s.run(s.machine.tokenRequested(.refreshNow, waiter: failure, now: s.now))
+            let retryAfter: Duration? = failure == 8 ? .seconds(45) : nil
+            s.run(s.machine.answerArrived(s.machine.attemptInFlight!, .failure(.transient("503", retryAfter: retryAfter)),
+                                          receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+            delays.append(s.armed[.backoff]! - s.now)
+        }
+        #expect(delays == [1, 2, 4, 8, 16, 30, 30, 45].map { Duration.seconds($0) })
+        #expect(s.machine.consecutiveFailures == 8)
+        #expect(s.emitted.last == .refreshFailed(attempt: 8, retryIn: .seconds(45), error: .transient("503", retryAfter: .seconds(45))))
+    }
+
+    @Test func onlyATerminalAnswerExpiresAndReauthenticationIsTriedOnceFirst() {
+        var s = Storage()
+        s.machine.sessionBegan(Self.session(externalUserID: "ext-1"))
+        s.run(s.machine.tokenRequested(.refreshNow, waiter: 1, now: s.now))
+        s.run(s.machine.answerArrived(s.sent[0], .failure(.terminal()), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: true))
+        #expect(s.expired.isEmpty)
+        #expect(s.reauthentications.count == 1)
+        #expect(s.machine.waiterCount == 1)  // the waiter moved to the re-authentication
+        s.run(s.machine.answerArrived(s.reauthentications[0], .failure(.transient("down")), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: true))
+        #expect(s.expired.count == 1)
+        #expect(s.answers.last?.result == .failure(Machine.expiredError))
+        #expect(s.phaseName == "inactive")
+        s.checkConsistency("after re-authentication failed")
+    }
+
+    @Test func anAnswerFromAnEarlierGenerationChangesNothing() {
+        var s = State.refreshing.make()
+        let old = s.machine.attemptInFlight!
+        let ended = s.machine.endSession()
+        s.run(ended.actions)
+        #expect(ended.abandoned == [1])
+        s.machine.sessionBegan(Self.session(access: Secret("B1"), refresh: Secret("BR1")))
+        s.run(s.machine.answerArrived(old, .failure(.terminal()), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.expired.isEmpty)
+        #expect(s.machine.live?.accessToken == Secret("B1"))
+    }
+
+    @Test func aLateSuccessForTheHeldRefreshTokenIsAdoptedAndOtherLateAnswersAreNot() {
+        var s = State.refreshing.make()
+        let first = s.machine.attemptInFlight!
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0))
+        #expect(s.phaseName == "backingOff")
+        s.run(s.machine.answerArrived(first, .failure(.terminal()), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.expired.isEmpty)  // a late refusal is discarded
+        s.run(s.machine.answerArrived(first, .success(TokenGrant(accessToken: Self.a2, refreshToken: Self.r2, expiresIn: .seconds(600))),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.machine.live?.refreshToken == Self.r2)
+        #expect(s.phaseName == "idle(due)")
+        s.checkConsistency("after the late success")
+    }
+
+    @Test func compareAndRefreshRefreshesOnlyTheCurrentTokenAndNeverLoops() {
+        var s = State.idleDue.make()
+        s.run(s.machine.tokenRequested(.unauthorized(Secret("stale")), waiter: 1, now: s.now))
+        #expect(s.answers.last?.result == .success(Self.a1))
+        #expect(s.sent.isEmpty)
+        s.run(s.machine.tokenRequested(.unauthorized(Self.a1), waiter: 2, now: s.now))
+        #expect(s.sent.count == 1 && s.sent[0].reason == .unauthorized)
+        s.run(s.machine.answerArrived(s.sent[0], .success(TokenGrant(accessToken: Self.a2, expiresIn: .seconds(3600))),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        s.run(s.machine.tokenRequested(.unauthorized(Self.a2), waiter: 3, now: s.now))
+        #expect(s.sent.count == 1)
+        #expect(s.answers.last?.result == .failure(SessionError(
+            .unauthorized, "a token fresh from a refresh was refused again; not refreshing in a loop")))
+    }
+
+    @Test func withASharedStoreTheRequestIsSentOnlyUnderTheLockWhichIsReleasedAfterThePersist() {
+        var s = State.waitingForLock.make()
+        #expect(s.sent.isEmpty && s.lockRequests == 1)
+        s.run(s.machine.lockAttempted(.busy, now: s.now, unitRandom: 0))
+        #expect(s.armed[.lockRetry] == s.now + .milliseconds(50))
+        s.armed[.lockRetry] = nil
+        s.run(s.machine.timerFired(.lockRetry, now: s.now, unitRandom: 0))
+        #expect(s.lockRequests == 2)
+        s.lockHeld = true
+        s.run(s.machine.lockAttempted(.acquired, now: s.now, unitRandom: 0))
+        #expect(s.sent.count == 1)
+        let actions = s.machine.answerArrived(s.sent[0], .success(TokenGrant(accessToken: Self.a2, refreshToken: Self.r2, expiresIn: .seconds(600))),
+                                              receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false)
+        let persist = actions.firstIndex { if case .persist = $0 { true } else { false } }!
+        let release = actions.firstIndex { if case .releaseLock = $0 { true } else { false } }!
+        #expect(persist < release)
+        s.run(actions)
+        #expect(!s.lockHeld)
+    }
+
+    @Test func tokensAnotherProcessRefreshedAreAdoptedInsteadOfSendingAStaleRefreshToken() {
+        var s = State.waitingForLock.make()
+        s.lockHeld = true
+        s.run(s.machine.lockAttempted(.newerStored(Self.session(access: Self.a2, refresh: Self.r2), lockHeld: true), now: s.now, unitRandom: 0))
+        #expect(s.sent.isEmpty)
+        #expect(!s.lockHeld)
+        #expect(s.answers.last?.result == .success(Self.a2))
+        #expect(s.emitted.last == .tokenRefreshed(expiresIn: Self.hour, reason: .sharedStore))
+    }
+
+    @Test func withoutARefreshTokenTheAccessTokenServesUntilItExpires() {
+        var s = Storage()
+        s.machine.sessionBegan(Self.session(refresh: nil, expiresAt: .seconds(100)))
+        s.run(s.machine.scheduleProactive(now: s.now, unitRandom: 0))
+        #expect(s.armed.isEmpty)
+        s.run(s.machine.tokenRequested(.unauthorized(Self.a1), waiter: 1, now: s.now))
+        #expect(s.answers.last?.result == .failure(SessionError(.unauthorized, "the token was refused and there is no refresh token")))
+        s.now = .seconds(100)
+        s.run(s.machine.tokenRequested(.fresh, waiter: 2, now: s.now))
+        #expect(s.expired == ["the access token expired and there is no refresh token"])
+        #expect(s.phaseName == "inactive")
+    }
+
+    @Test func resumeValidatesOnlyWhenIdleAndAValidationOfAnotherTokenIsIgnored() {
+        var s = State.idleDue.make()
+        s.run(s.machine.resumeRequested(now: s.now, canValidate: false))
+        #expect(s.emitted == [.validated])
+        s.run(s.machine.resumeRequested(now: s.now, canValidate: true))
+        #expect(s.validations == 1)
+        s.run(s.machine.validationAnswered(generation: s.machine.generation, token: Secret("other"), result: .success(false), now: s.now))
+        #expect(s.sent.isEmpty)
+        s.run(s.machine.validationAnswered(generation: s.machine.generation, token: Self.a1, result: .failure(.terminal()), now: s.now))
+        #expect(s.sent.count == 1 && s.sent[0].reason == .resume)
+    }
+}
