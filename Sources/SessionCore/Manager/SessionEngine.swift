@@ -35,18 +35,19 @@ final class SessionEngine: @unchecked Sendable {
     let events: MutableSharedFlow<SessionEvent>
     let snapshot = LockedBox(Snapshot())
 
-    // Loop-confined (after init).
-    private var machine: SessionStateMachine
-    private var refresh: Refresh
-    private var memberID: String?
-    private var timers: [RefreshTimer: LoopTimer] = [:]
-    private let storeSync: StoreSync
+    // Loop-confined (after init). Not `private` only because the engine's actions live in
+    // SessionEngine+Actions.swift; nothing outside those two files touches them.
+    var machine: SessionStateMachine
+    var refresh: Refresh
+    var memberID: String?
+    var timers: [RefreshTimer: LoopTimer] = [:]
+    let storeSync: StoreSync
     /// The store other processes share, if it is one.
-    private let shared: (any SharedCredentialStore)?
-    private var storeWatch: DirectoryWatch?
+    let shared: (any SharedCredentialStore)?
+    var storeWatch: DirectoryWatch?
     private var initialRead: StoreRead?
     private var started = false
-    private var closed = false
+    var closed = false
 
     init(
         loop: EventLoop, authority: any SessionAuthority, store: any CredentialStore,
@@ -257,7 +258,7 @@ final class SessionEngine: @unchecked Sendable {
 
     // MARK: - Entry points for answers, timers and the store
 
-    private func authorityAnswered(_ identity: AttemptIdentity, _ result: Result<TokenGrant, AuthorityError>, at receivedAt: Duration) {
+    func authorityAnswered(_ identity: AttemptIdentity, _ result: Result<TokenGrant, AuthorityError>, at receivedAt: Duration) {
         entry {
             perform(refresh.answerArrived(
                 identity, result, receivedAt: receivedAt, now: loop.now, unitRandom: configuration.random(),
@@ -265,13 +266,13 @@ final class SessionEngine: @unchecked Sendable {
         }
     }
 
-    private func validationAnswered(generation: UInt64, token: Secret, result: Result<Bool, AuthorityError>) {
+    func validationAnswered(generation: UInt64, token: Secret, result: Result<Bool, AuthorityError>) {
         entry {
             perform(refresh.validationAnswered(generation: generation, token: token, result: result, now: loop.now))
         }
     }
 
-    private func timerFired(_ timer: RefreshTimer) {
+    func timerFired(_ timer: RefreshTimer) {
         entry {
             timers[timer] = nil
             perform(refresh.timerFired(timer, now: loop.now, unitRandom: configuration.random()))
@@ -279,7 +280,7 @@ final class SessionEngine: @unchecked Sendable {
     }
 
     /// Another process changed the shared store: follow it.
-    private func storeChanged() {
+    func storeChanged() {
         entry {
             // While the store misses one of our writes (or our logout's clear), it is behind
             // us: what it says is older than what we know, and following it would undo ours.
@@ -310,7 +311,7 @@ final class SessionEngine: @unchecked Sendable {
 
     /// The store retry timer: the initial read of a store that was unavailable at start,
     /// and the write-behind of one that missed a write.
-    private func storeRetryDue() {
+    func storeRetryDue() {
         entry {
             if storeSync.awaitingInitialRead {
                 let read = store.read()
@@ -338,218 +339,5 @@ final class SessionEngine: @unchecked Sendable {
                 persist()
             }
         }
-    }
-
-    // MARK: - Actions
-
-    /// Runs what the refresh state machine decided, in order.
-    private func perform(_ actions: [Refresh.Action]) {
-        for action in actions {
-            switch action {
-            case .arm(let timer, let delay):
-                arm(timer, after: delay)
-            case .cancel(let timer):
-                cancel(timer)
-            case .acquireLock:
-                perform(refresh.lockAttempted(acquireLock(), now: loop.now, unitRandom: configuration.random()))
-            case .releaseLock:
-                shared?.unlockRefresh()
-            case .sendRefresh(let identity):
-                guard let refreshToken = identity.refreshToken else { continue }
-                authority.refresh(
-                    RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: identity.reason),
-                    completion: completion { [self] result, receivedAt in authorityAnswered(identity, result, at: receivedAt) })
-            case .sendReauthentication(let identity, let externalUserID):
-                authority.reauthenticate(
-                    externalUserID: externalUserID,
-                    completion: completion { [self] result, receivedAt in authorityAnswered(identity, result, at: receivedAt) })
-            case .validate(let token, let generation):
-                authority.validate(
-                    accessToken: token,
-                    completion: completion { [self] (result: Result<Bool, AuthorityError>, _) in
-                        validationAnswered(generation: generation, token: token, result: result)
-                    })
-            case .answer(let waiters, let result):
-                for waiter in waiters { waiter(result) }
-            case .setMemberID(let member):
-                memberID = member
-            case .persist:
-                persist()
-            case .emit(let event):
-                emit(event)
-            case .expire(let reason):
-                expire(reason: reason)
-            case .log(let level, let message, let metadata):
-                logger.log(level: level, "\(message)", metadata: metadata.mapValues { .string($0) })
-            }
-        }
-    }
-
-    private func arm(_ timer: RefreshTimer, after delay: Duration) {
-        timers.removeValue(forKey: timer)?.cancel()
-        timers[timer] = try? loop.scheduleTimer(after: delay) { [self] in timerFired(timer) }
-    }
-
-    private func cancel(_ timer: RefreshTimer) {
-        timers.removeValue(forKey: timer)?.cancel()
-    }
-
-    /// Before sending a refresh with a shared store: tokens another process already
-    /// refreshed are adopted instead; otherwise the cross-process lock is taken if free,
-    /// and the store read again under it (the other process may have just finished).
-    private func acquireLock() -> Refresh.LockOutcome {
-        guard let shared else { return .acquired }
-        if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: false) }
-        guard shared.tryLockRefresh() else { return .busy }
-        if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: true) }
-        return .acquired
-    }
-
-    /// The shared store's tokens for this session if they were refreshed with a refresh
-    /// token other than the one the attempt in flight would send.
-    private func refreshedElsewhere() -> LiveSession? {
-        guard case .present(let stored) = store.read(), !stored.expired,
-            stored.memberID == memberID, let access = stored.accessToken, !access.isBlank,
-            let rotated = stored.refreshToken, rotated != refresh.attemptInFlight?.refreshToken
-        else { return nil }
-        return liveSession(from: stored, access: access, lastRefresh: loop.now)
-    }
-
-    /// Ends the refresh generation and stops its timers; returns the waiters to fail once
-    /// the new state is published.
-    private func endSession(keepTokens: Bool = false) -> [TokenCompletion] {
-        let ended = refresh.endSession(keepTokens: keepTokens)
-        perform(ended.actions)
-        return ended.abandoned
-    }
-
-    private func fail(_ waiters: [TokenCompletion], _ error: SessionError) {
-        for waiter in waiters { waiter(.failure(error)) }
-    }
-
-    // MARK: - Transitions the session makes by itself
-
-    /// IN → EXPIRED: tokens gone, member id kept, the store remembers the expiry.
-    private func expire(reason: String) {
-        guard (try? machine.apply(.expire)) != nil else { return }
-        let abandoned = endSession()
-        persist()
-        publish(.sessionExpired)
-        logger.notice("session expired", metadata: ["reason": "\(reason)"])
-        emit(.sessionExpired(reason: reason))
-        fail(abandoned, Refresh.expiredError)
-    }
-
-    private func followLogout() {
-        guard (try? machine.apply(.logout)) != nil else { return }
-        memberID = nil
-        let abandoned = endSession()
-        publish(.loggedOut)
-        emit(.signedOut(reason: .otherProcess))
-        fail(abandoned, SessionError(.sessionEnded, "logged out in another process"))
-    }
-
-    private func followSignIn(_ stored: StoredSession, access: Secret) {
-        guard (try? machine.apply(.signIn)) != nil else { return }
-        let abandoned = endSession()
-        memberID = stored.memberID
-        refresh.sessionBegan(liveSession(from: stored, access: access))
-        publish(.loggedIn)
-        emit(.signedIn(memberID: memberID))
-        perform(refresh.scheduleProactive(now: loop.now, unitRandom: configuration.random()))
-        fail(abandoned, SessionError(.sessionEnded, "another session was signed in elsewhere"))
-    }
-
-    // MARK: - Store
-
-    /// Adopts what the store holds, as the starting state (not a transition).
-    private func restore(from read: StoreRead) {
-        guard case .present(let stored) = read else { return }
-        if stored.expired {
-            machine = SessionStateMachine(state: .sessionExpired)
-            memberID = stored.memberID
-        } else if let access = stored.accessToken, !access.isBlank {
-            machine = SessionStateMachine(state: .loggedIn)
-            memberID = stored.memberID
-            refresh.sessionBegan(liveSession(from: stored, access: access))
-        }
-    }
-
-    /// A stored session in memory: its expiry moves from the wall clock (stored) to the
-    /// monotonic loop clock (used).
-    private func liveSession(from stored: StoredSession, access: Secret, lastRefresh: Duration? = nil) -> LiveSession {
-        let remaining = policy.clampedLifetime((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock())
-        return LiveSession(
-            accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
-            lifetime: remaining, externalUserID: stored.externalUserID ?? refresh.live?.externalUserID,
-            lastRefresh: lastRefresh)
-    }
-
-    /// What the store should hold now (nil: nothing).
-    private func storedForm() -> StoredSession? {
-        switch machine.state {
-        case .loggedOut:
-            return nil
-        case .sessionExpired:
-            return StoredSession(memberID: memberID, expired: true)
-        case .loggedIn:
-            guard let live = refresh.live else { return nil }
-            let remaining = live.expiresAt - loop.now
-            return StoredSession(
-                accessToken: live.accessToken, refreshToken: live.refreshToken,
-                accessTokenExpiresAt: configuration.wallClock() + remaining,
-                memberID: memberID, externalUserID: live.externalUserID)
-        }
-    }
-
-    /// Writes the current session (or clears, when there is none); a failure is reported
-    /// and retried, never a logout.
-    private func persist() {
-        if let error = storeSync.save(storedForm()) {
-            emit(.storeError(error))
-        }
-    }
-
-    // MARK: - Helpers
-
-    private func checkOpen() throws(SessionError) {
-        if closed { throw SessionError(.shutDown, "the session manager was closed") }
-    }
-
-    private func notUsableError() -> SessionError {
-        if closed { return SessionError(.shutDown, "the session manager was closed") }
-        switch machine.state {
-        case .sessionExpired: return Refresh.expiredError
-        default: return SessionError(.notLoggedIn, "no one is signed in")
-        }
-    }
-
-    /// An authority completion whose answer runs on this loop thread, never inline.
-    private func completion<Output: Sendable>(
-        _ handle: @escaping @Sendable (Result<Output, AuthorityError>, Duration) -> Void
-    ) -> AuthorityCompletion<Output> {
-        AuthorityCompletion(clock: { [loop] in loop.now }) { [loop] result, receivedAt in
-            try? loop.execute { handle(result, receivedAt) }
-        }
-    }
-
-    /// The snapshot first, then the state: a thread that sees the new state never reads
-    /// an older snapshot.
-    private func publish(_ newState: SessionState) {
-        publishSnapshot()
-        state.value = newState
-    }
-
-    private func publishSnapshot() {
-        let live = refresh.live
-        let current = Snapshot(
-            hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
-            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt)
-        snapshot.withLockedValue { $0 = current }
-    }
-
-    private func emit(_ event: SessionEvent) {
-        logger.debug("session event", metadata: ["event": "\(event)"])
-        events.emit(event)
     }
 }

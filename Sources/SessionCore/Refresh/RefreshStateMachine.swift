@@ -1,3 +1,7 @@
+// One file on purpose (~580 lines, a third of them comments): the phase, the tokens and
+// the generation are `private(set)`, so only the event functions in this file can move the
+// machine. Splitting it across files would open its state to the whole module.
+
 import Logging
 
 /// The token refresh of one session as a pure value: single-flight, proactive timer,

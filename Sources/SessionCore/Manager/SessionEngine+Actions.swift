@@ -1,0 +1,220 @@
+import LoopFlow
+import Logging
+
+/// What `SessionEngine` does on behalf of its state machines: the actions of the refresh
+/// machine, the transitions the session makes by itself (expiry, following another
+/// process), the store and the flows. Loop thread only, like the whole engine.
+extension SessionEngine {
+    // MARK: - Actions
+
+    /// Runs what the refresh state machine decided, in order.
+    func perform(_ actions: [Refresh.Action]) {
+        for action in actions {
+            switch action {
+            case .arm(let timer, let delay):
+                arm(timer, after: delay)
+            case .cancel(let timer):
+                cancel(timer)
+            case .acquireLock:
+                perform(refresh.lockAttempted(acquireLock(), now: loop.now, unitRandom: configuration.random()))
+            case .releaseLock:
+                shared?.unlockRefresh()
+            case .sendRefresh(let identity):
+                guard let refreshToken = identity.refreshToken else { continue }
+                authority.refresh(
+                    RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: identity.reason),
+                    completion: completion { [self] result, receivedAt in authorityAnswered(identity, result, at: receivedAt) })
+            case .sendReauthentication(let identity, let externalUserID):
+                authority.reauthenticate(
+                    externalUserID: externalUserID,
+                    completion: completion { [self] result, receivedAt in authorityAnswered(identity, result, at: receivedAt) })
+            case .validate(let token, let generation):
+                authority.validate(
+                    accessToken: token,
+                    completion: completion { [self] (result: Result<Bool, AuthorityError>, _) in
+                        validationAnswered(generation: generation, token: token, result: result)
+                    })
+            case .answer(let waiters, let result):
+                for waiter in waiters { waiter(result) }
+            case .setMemberID(let member):
+                memberID = member
+            case .persist:
+                persist()
+            case .emit(let event):
+                emit(event)
+            case .expire(let reason):
+                expire(reason: reason)
+            case .log(let level, let message, let metadata):
+                logger.log(level: level, "\(message)", metadata: metadata.mapValues { .string($0) })
+            }
+        }
+    }
+
+    func arm(_ timer: RefreshTimer, after delay: Duration) {
+        timers.removeValue(forKey: timer)?.cancel()
+        timers[timer] = try? loop.scheduleTimer(after: delay) { [self] in timerFired(timer) }
+    }
+
+    func cancel(_ timer: RefreshTimer) {
+        timers.removeValue(forKey: timer)?.cancel()
+    }
+
+    /// Before sending a refresh with a shared store: tokens another process already
+    /// refreshed are adopted instead; otherwise the cross-process lock is taken if free,
+    /// and the store read again under it (the other process may have just finished).
+    func acquireLock() -> Refresh.LockOutcome {
+        guard let shared else { return .acquired }
+        if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: false) }
+        guard shared.tryLockRefresh() else { return .busy }
+        if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: true) }
+        return .acquired
+    }
+
+    /// The shared store's tokens for this session if they were refreshed with a refresh
+    /// token other than the one the attempt in flight would send.
+    func refreshedElsewhere() -> LiveSession? {
+        guard case .present(let stored) = store.read(), !stored.expired,
+            stored.memberID == memberID, let access = stored.accessToken, !access.isBlank,
+            let rotated = stored.refreshToken, rotated != refresh.attemptInFlight?.refreshToken
+        else { return nil }
+        return liveSession(from: stored, access: access, lastRefresh: loop.now)
+    }
+
+    /// Ends the refresh generation and stops its timers; returns the waiters to fail once
+    /// the new state is published.
+    func endSession(keepTokens: Bool = false) -> [TokenCompletion] {
+        let ended = refresh.endSession(keepTokens: keepTokens)
+        perform(ended.actions)
+        return ended.abandoned
+    }
+
+    func fail(_ waiters: [TokenCompletion], _ error: SessionError) {
+        for waiter in waiters { waiter(.failure(error)) }
+    }
+
+    // MARK: - Transitions the session makes by itself
+
+    /// IN → EXPIRED: tokens gone, member id kept, the store remembers the expiry.
+    func expire(reason: String) {
+        guard (try? machine.apply(.expire)) != nil else { return }
+        let abandoned = endSession()
+        persist()
+        publish(.sessionExpired)
+        logger.notice("session expired", metadata: ["reason": "\(reason)"])
+        emit(.sessionExpired(reason: reason))
+        fail(abandoned, Refresh.expiredError)
+    }
+
+    func followLogout() {
+        guard (try? machine.apply(.logout)) != nil else { return }
+        memberID = nil
+        let abandoned = endSession()
+        publish(.loggedOut)
+        emit(.signedOut(reason: .otherProcess))
+        fail(abandoned, SessionError(.sessionEnded, "logged out in another process"))
+    }
+
+    func followSignIn(_ stored: StoredSession, access: Secret) {
+        guard (try? machine.apply(.signIn)) != nil else { return }
+        let abandoned = endSession()
+        memberID = stored.memberID
+        refresh.sessionBegan(liveSession(from: stored, access: access))
+        publish(.loggedIn)
+        emit(.signedIn(memberID: memberID))
+        perform(refresh.scheduleProactive(now: loop.now, unitRandom: configuration.random()))
+        fail(abandoned, SessionError(.sessionEnded, "another session was signed in elsewhere"))
+    }
+
+    // MARK: - Store
+
+    /// Adopts what the store holds, as the starting state (not a transition).
+    func restore(from read: StoreRead) {
+        guard case .present(let stored) = read else { return }
+        if stored.expired {
+            machine = SessionStateMachine(state: .sessionExpired)
+            memberID = stored.memberID
+        } else if let access = stored.accessToken, !access.isBlank {
+            machine = SessionStateMachine(state: .loggedIn)
+            memberID = stored.memberID
+            refresh.sessionBegan(liveSession(from: stored, access: access))
+        }
+    }
+
+    /// A stored session in memory: its expiry moves from the wall clock (stored) to the
+    /// monotonic loop clock (used).
+    func liveSession(from stored: StoredSession, access: Secret, lastRefresh: Duration? = nil) -> LiveSession {
+        let remaining = policy.clampedLifetime((stored.accessTokenExpiresAt ?? .zero) - configuration.wallClock())
+        return LiveSession(
+            accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
+            lifetime: remaining, externalUserID: stored.externalUserID ?? refresh.live?.externalUserID,
+            lastRefresh: lastRefresh)
+    }
+
+    /// What the store should hold now (nil: nothing).
+    func storedForm() -> StoredSession? {
+        switch machine.state {
+        case .loggedOut:
+            return nil
+        case .sessionExpired:
+            return StoredSession(memberID: memberID, expired: true)
+        case .loggedIn:
+            guard let live = refresh.live else { return nil }
+            let remaining = live.expiresAt - loop.now
+            return StoredSession(
+                accessToken: live.accessToken, refreshToken: live.refreshToken,
+                accessTokenExpiresAt: configuration.wallClock() + remaining,
+                memberID: memberID, externalUserID: live.externalUserID)
+        }
+    }
+
+    /// Writes the current session (or clears, when there is none); a failure is reported
+    /// and retried, never a logout.
+    func persist() {
+        if let error = storeSync.save(storedForm()) {
+            emit(.storeError(error))
+        }
+    }
+
+    // MARK: - Helpers
+
+    func checkOpen() throws(SessionError) {
+        if closed { throw SessionError(.shutDown, "the session manager was closed") }
+    }
+
+    func notUsableError() -> SessionError {
+        if closed { return SessionError(.shutDown, "the session manager was closed") }
+        switch machine.state {
+        case .sessionExpired: return Refresh.expiredError
+        default: return SessionError(.notLoggedIn, "no one is signed in")
+        }
+    }
+
+    /// An authority completion whose answer runs on this loop thread, never inline.
+    func completion<Output: Sendable>(
+        _ handle: @escaping @Sendable (Result<Output, AuthorityError>, Duration) -> Void
+    ) -> AuthorityCompletion<Output> {
+        AuthorityCompletion(clock: { [loop] in loop.now }) { [loop] result, receivedAt in
+            try? loop.execute { handle(result, receivedAt) }
+        }
+    }
+
+    /// The snapshot first, then the state: a thread that sees the new state never reads
+    /// an older snapshot.
+    func publish(_ newState: SessionState) {
+        publishSnapshot()
+        state.value = newState
+    }
+
+    func publishSnapshot() {
+        let live = refresh.live
+        let current = Snapshot(
+            hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
+            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt)
+        snapshot.withLockedValue { $0 = current }
+    }
+
+    func emit(_ event: SessionEvent) {
+        logger.debug("session event", metadata: ["event": "\(event)"])
+        events.emit(event)
+    }
+}
