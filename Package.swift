@@ -135,6 +135,8 @@ let package = Package(
 // Warnings are errors in the test command (scripts/test.sh builds with
 // `-Xswiftc -warnings-as-errors`), not here: a setting in the manifest would be forced on every
 // package that depends on this one, and a new compiler's new warning would break its build.
+// (SwiftPM 6.3 gives that flag to local packages' targets only: remote dependencies such as
+// swift-crypto are compiled with -suppress-warnings and without it.)
 for target in package.targets where target.type != .system {
     var settings = target.swiftSettings ?? []
     settings.append(.swiftLanguageMode(.v6))

@@ -29,8 +29,8 @@ let package = Package(
         // The raw libuv floor the benchmark compares against (C, in the same process).
         .target(
             name: "CBaseline",
-            // sessionflow.h only for its types: the library itself is loaded with dlopen.
-            cSettings: [.headerSearchPath("../../../Bindings/include")],
+            // sessionflow.h only for its types (the library itself is loaded with dlopen): included
+            // by its relative path, as SwiftPM takes no header search path outside the package.
             linkerSettings: [.linkedLibrary("uv"), .linkedLibrary("pthread"), .linkedLibrary("dl")]
         ),
         .executableTarget(

@@ -35,7 +35,7 @@ cd "$consumer"
 swift package resolve
 echo "== dependencies of a package that uses SessionCore only"
 swift package show-dependencies --format flatlist | tee dependencies.txt
-forbidden=$( (cat dependencies.txt; cat Package.resolved 2>/dev/null) | grep -io 'opencombine\|malloc-interposer' | sort -u || true)
+forbidden=$( (cat dependencies.txt; cat Package.resolved 2>/dev/null) | grep -io 'opencombine\|malloc-interposer' | sort -uf || true)
 if [ -n "$forbidden" ]; then
     echo "a consumer of SessionCore resolves the tools' dependencies: $(echo "$forbidden" | tr '\n' ' ')" >&2
     exit 1
