@@ -5,8 +5,9 @@ import SessionCore
 
 /// A `SessionManager` on an event loop of its own, with everything it says kept: its events
 /// from the first one, its states (when asked) and its log lines. The one session harness of
-/// every test target; the targets add what only they need in extensions (SessionCoreTests'
-/// `Harness`, SessionFileStoreTests' `ObservedSession`, SessionOAuthTests' `LiveSession`).
+/// every test target; each adds only its own setup: SessionCoreTests' `Harness` (virtual time,
+/// scripted authority), SessionFileStoreTests' `observedSession` and `participant` (file
+/// stores), SessionOAuthTests' `LiveSession` (the OAuth authority against a real server).
 ///
 /// With a `ManualClock` the loop runs in virtual time (`advance(by:)`); without one, on the
 /// system clock.
