@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Builds the benchmark (release) and runs it: SessionFlow against the raw libuv floor and the
-# Swift peers, in one run. Arguments go to loopflow-bench (--json, --smoke, --only ...).
+# Builds the benchmark (release, tools package Tools/, scratch path Tools/.build) and runs it:
+# SessionFlow against the raw libuv floor and the Swift peers, in one run. Arguments go to
+# loopflow-bench (--json, --smoke, --no-peers, --only ...).
 # Usage: bash scripts/bench.sh [ARGS...]
 source "$(dirname "$0")/setup.sh"
 # Build output to stderr: stdout carries only the report (so --json stays parseable).
+# libsessionflow.so for the C fan-out comes from the root package's release build.
 swift build -c release --product sessionflow >&2
-swift build -c release --product loopflow-allocs >&2
-swift build -c release --product loopflow-bench >&2
-exec .build/release/loopflow-bench "$@"
+swift build -c release --package-path Tools --product loopflow-allocs >&2
+swift build -c release --package-path Tools --product loopflow-bench >&2
+# loopflow-bench takes the first --sessionflow-lib it is given: one in ARGS wins.
+exec Tools/.build/release/loopflow-bench "$@" --sessionflow-lib "$PWD/.build/release/libsessionflow.so"

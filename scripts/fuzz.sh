@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (AddressSanitizer, own scratch path .build-fuzz) and runs each
+# Builds the libFuzzer targets of the tools package Tools/ (AddressSanitizer, own scratch path
+# .build-fuzz, which builds the root package's modules with the same instrumentation) and runs each
 # for SECONDS on a temporary copy of its seed corpus (Fuzz/corpus/NAME is never written).
 # Prints each target's execution count; exits non-zero if any target crashed, leaked or
 # broke one of its properties, keeping the input under .build-fuzz/fuzz-failures/.
@@ -11,7 +12,7 @@ seconds=${1:-60}
 # the frontend only the last -sanitize= it sees, so Swift code would get ASan and no coverage
 # (libFuzzer: "no interesting inputs ... Is the code instrumented?"). The combined
 # -Xswiftc flag comes last and instruments every Swift module with both.
-build=(swift build --sanitize=fuzzer --sanitize=address -Xswiftc -sanitize=fuzzer,address
+build=(swift build --package-path Tools --sanitize=fuzzer --sanitize=address -Xswiftc -sanitize=fuzzer,address
     --scratch-path .build-fuzz)
 for product in fuzz-token-response fuzz-store-decoder; do
     "${build[@]}" --product "$product"
@@ -49,7 +50,7 @@ run() {
         rm -rf "$kept" && mkdir -p "$kept"
         cp "$work/$name/artifacts/"* "$kept/" 2>/dev/null || true
         cp "$log" "$kept/fuzz.log"
-        grep -E "Fatal error|ERROR: |SUMMARY: |#[0-9]+ 0x[0-9a-f]+ in .* $PWD/Sources/" "$log" | head -20 >&2 || true
+        grep -E "Fatal error|ERROR: |SUMMARY: |#[0-9]+ 0x[0-9a-f]+ in .* $PWD/(Tools/)?Sources/" "$log" | head -20 >&2 || true
         for input in "$kept"/crash-* "$kept"/leak-* "$kept"/timeout-* "$kept"/oom-*; do
             if [ -e "$input" ]; then echo "  reproduce: SWIFT_BACKTRACE=enable=no $bin/$product $input" >&2; fi
         done

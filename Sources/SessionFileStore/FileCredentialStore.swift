@@ -247,15 +247,15 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     // MARK: Format
 
     /// What the file holds, once decrypted.
-    package struct Document: Codable {
-        package var version = 1
-        package var active: String?
-        package var accounts: [String: Record] = [:]
+    @_spi(Fuzzing) public struct Document: Codable {
+        public var version = 1
+        public var active: String?
+        public var accounts: [String: Record] = [:]
 
-        package init() {}
+        public init() {}
     }
 
-    package struct Record: Codable {
+    @_spi(Fuzzing) public struct Record: Codable {
         var accessToken: String?
         var refreshToken: String?
         var expiresAtNanoseconds: Int64?
@@ -275,7 +275,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             expired = session.expired
         }
 
-        package var session: StoredSession {
+        public var session: StoredSession {
             StoredSession(
                 accessToken: accessToken.map(Secret.init), refreshToken: refreshToken.map(Secret.init),
                 accessTokenExpiresAt: expiresAtNanoseconds.map { .nanoseconds($0) },
@@ -322,8 +322,8 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     /// The document in a store file's bytes: header, then AES-GCM (authenticating the
-    /// header), then JSON. Throws for anything else. Pure (package: the fuzz target calls it).
-    package static func decode(_ bytes: [UInt8], key: SymmetricKey?) throws -> Document {
+    /// header), then JSON. Throws for anything else. Pure (SPI Fuzzing: the fuzz target in Tools/ calls it).
+    @_spi(Fuzzing) public static func decode(_ bytes: [UInt8], key: SymmetricKey?) throws -> Document {
         guard bytes.count > magic.count, Array(bytes.prefix(magic.count)) == magic else {
             throw DecodeFailure("not a SessionFlow store (bad header)")
         }
@@ -334,14 +334,14 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     /// A store file's bytes for `document` (the inverse of `decode`).
-    package static func encode(_ document: Document, key: SymmetricKey) throws -> [UInt8] {
+    @_spi(Fuzzing) public static func encode(_ document: Document, key: SymmetricKey) throws -> [UInt8] {
         try seal(JSONEncoder().encode(document), key: key)
     }
 
     /// A store file's bytes around any plaintext: header, then AES-GCM (authenticating the
     /// header). `encode` seals a document's JSON; the fuzz target seals arbitrary bytes so
     /// that `decode`'s JSON decoding is reached behind valid authentication.
-    package static func seal(_ plaintext: some DataProtocol, key: SymmetricKey) throws -> [UInt8] {
+    @_spi(Fuzzing) public static func seal(_ plaintext: some DataProtocol, key: SymmetricKey) throws -> [UInt8] {
         let box = try AES.GCM.seal(plaintext, using: key, authenticating: magic)
         guard let combined = box.combined else { throw DecodeFailure("no combined form") }
         return magic + Array(combined)

@@ -162,14 +162,14 @@ public final class OAuthAuthority: SessionAuthority {
 }
 
 /// What the server answered.
-/// An HTTP answer as the parsers see it (package: the fuzz targets call the parsers).
-package struct HTTPAnswer: Sendable {
-    package let status: Int
-    package let retryAfter: Duration?
-    package let body: Data
-    package let redactions: [Secret]
+/// An HTTP answer as the parsers see it (SPI Fuzzing: the fuzz targets in Tools/ call the parsers).
+@_spi(Fuzzing) public struct HTTPAnswer: Sendable {
+    public let status: Int
+    public let retryAfter: Duration?
+    public let body: Data
+    public let redactions: [Secret]
 
-    package init(status: Int, retryAfter: Duration?, body: Data, redactions: [Secret]) {
+    public init(status: Int, retryAfter: Duration?, body: Data, redactions: [Secret]) {
         self.status = status
         self.retryAfter = retryAfter
         self.body = body
@@ -181,9 +181,9 @@ package struct HTTPAnswer: Sendable {
     }
 }
 
-package enum TokenResponse {
+@_spi(Fuzzing) public enum TokenResponse {
     /// A 200 with the fields RFC 6749 §5.1 requires, or the error it stands for.
-    package static func grant(from answer: HTTPAnswer, defaultLifetime: Duration) -> Result<TokenGrant, AuthorityError> {
+    public static func grant(from answer: HTTPAnswer, defaultLifetime: Duration) -> Result<TokenGrant, AuthorityError> {
         guard answer.status == 200 else { return .failure(error(from: answer)) }
         guard let object = answer.json else {
             return .failure(.transient("the token answer is not JSON"))
@@ -211,7 +211,7 @@ package enum TokenResponse {
     }
 
     /// The error an unsuccessful answer stands for (RFC 6749 §5.2).
-    package static func error(from answer: HTTPAnswer) -> AuthorityError {
+    public static func error(from answer: HTTPAnswer) -> AuthorityError {
         let object = answer.json
         // Everything the server wrote is scrubbed of what we sent it: a server may echo the
         // refresh token in any field (the fuzzer found `error` itself).
@@ -257,11 +257,11 @@ enum FormEncoding {
 }
 
 /// `Retry-After`: delay-seconds or an HTTP-date.
-package enum RetryAfter {
+@_spi(Fuzzing) public enum RetryAfter {
     /// `Retry-After` (RFC 9110 §10.2.3): delay-seconds, or an HTTP-date in the IMF-fixdate
     /// form ("Sun, 06 Nov 1994 08:49:37 GMT"), parsed by hand (ASCII only): anything else is
     /// nil. (Foundation's DateFormatter trapped on a combining mark a server can send.)
-    package static func parse(_ value: String?) -> Duration? {
+    public static func parse(_ value: String?) -> Duration? {
         guard let value, value.utf8.count <= 64 else { return nil }
         // (delay-seconds is 1*DIGIT: "+5" and "-1" are not Retry-After values.)
         let bytes = Array(value.utf8.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed())

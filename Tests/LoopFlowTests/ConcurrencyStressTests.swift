@@ -1,4 +1,5 @@
 import Foundation
+import SessionFlowTestSupport
 import Testing
 
 @testable import LoopFlow

@@ -1,6 +1,7 @@
 import CLibUV
 import Foundation
 import Synchronization
+import SessionFlowTestSupport
 import Testing
 
 @testable import LoopFlow

@@ -1,3 +1,4 @@
+import SessionFlowTestSupport
 import Testing
 
 @testable import LoopFlow

@@ -21,20 +21,6 @@ func withLoop<T>(
     }
 }
 
-/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-func eventually(
-    timeout: Duration = .seconds(20),
-    _ condition: () -> Bool
-) async -> Bool {
-    let clock = ContinuousClock()
-    let deadline = clock.now + timeout
-    while clock.now < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(1))
-    }
-    return condition()
-}
-
 /// Thread-safe list of what callbacks saw.
 final class Recorder<Element: Sendable>: @unchecked Sendable {
     private let box = LockedBox<[Element]>([])

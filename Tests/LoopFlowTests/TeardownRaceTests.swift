@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import SessionFlowTestSupport
 import Testing
 
 @testable import LoopFlow

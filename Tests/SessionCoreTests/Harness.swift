@@ -1,6 +1,7 @@
 import InMemoryLogging
 import Logging
 import LoopFlow
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionCore
@@ -112,54 +113,28 @@ final class ScriptedAuthority: SessionAuthority, @unchecked Sendable {
     }
 }
 
-/// A session on a loop in virtual time, with everything it says captured.
-final class Harness: @unchecked Sendable {
-    let clock = ManualClock()
-    let loop: EventLoop
-    let authority: ScriptedAuthority
-    let store: MemoryCredentialStore
-    let logs = InMemoryLogHandler()
-    let manager: SessionManager
-    let events = LockedBox<[SessionEvent]>([])
-    let states = LockedBox<[SessionState]>([])
-    private var subscriptions: [FlowSubscription] = []
+/// A session on a loop in virtual time, with everything it says captured: the shared
+/// harness on a `ManualClock`, over a scripted authority and a memory store, jitter pinned.
+typealias Harness = SessionHarness<ScriptedAuthority, MemoryCredentialStore>
 
-    init(
+extension SessionHarness where Authority == ScriptedAuthority, Store == MemoryCredentialStore {
+    convenience init(
         authority: ScriptedAuthority = ScriptedAuthority(),
         store: MemoryCredentialStore = MemoryCredentialStore(),
         configure: (inout SessionConfiguration) -> Void = { _ in }
-    ) throws {
-        self.authority = authority
-        self.store = store
-        loop = try EventLoop(name: "session-test", clock: .manual(clock))
+    ) async throws {
+        let clock = ManualClock()
         authority.clock = { [clock] in clock.now }
-        var logHandler = logs
-        logHandler.logLevel = .trace
-        var configuration = SessionConfiguration()
-        configuration.random = { 0 }  // jitter pinned; tests that check jitter bounds set their own
-        configuration.logger = Logger(label: "session-test", factory: { _ in logHandler })
-        configure(&configuration)
-        manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: configuration)
-        let events = self.events
-        let states = self.states
-        subscriptions.append(try manager.events.subscribe(onEvent: { event in events.withLockedValue { $0.append(event) } }))
-        subscriptions.append(try manager.subscribeToSessionState(onState: { state in states.withLockedValue { $0.append(state) } }))
+        try await self.init(
+            loopName: "session-test", authority: authority, store: store, manualClock: clock, recordStates: true
+        ) { configuration in
+            configuration.random = { 0 }  // jitter pinned; tests that check jitter bounds set their own
+            configure(&configuration)
+        }
     }
 
-    deinit {
-        for subscription in subscriptions { subscription.close() }
-        _ = try? loop.shutdown()
-    }
-
-    /// Lets everything already posted run (the loop and both flows).
-    func settle() async throws {
-        for _ in 0..<3 { try await loop.submit {} }
-    }
-
-    func advance(by duration: Duration) async throws {
-        await clock.advance(by: duration)
-        try await settle()
-    }
+    /// The virtual clock the loop runs on.
+    var clock: ManualClock { manualClock! }
 
     /// Signs in with sentinel tokens (number `n`).
     func signIn(
@@ -171,24 +146,13 @@ final class Harness: @unchecked Sendable {
         try await settle()
     }
 
-    var recordedEvents: [SessionEvent] { events.withLockedValue { $0 } }
-    var recordedStates: [SessionState] { states.withLockedValue { $0 } }
-
     func waitingCallers() async throws -> Int {
         try await loop.submit { [manager] in manager.engine.waitingCallers }
     }
 
-    /// Everything this session said — log lines with metadata, events — as text.
-    var allOutput: String {
-        let logText = logs.entries.map { entry in
-            "\(entry.level) \(entry.message) \(entry.metadata) \(entry.error.map { "\($0)" } ?? "")"
-        }.joined(separator: "\n")
-        return logText + "\n" + recordedEvents.map(\.description).joined(separator: "\n")
-    }
-
     /// Fails the test if a sentinel token reached any output.
     func expectNoSecretsInOutput(sourceLocation: SourceLocation = #_sourceLocation) {
-        let output = allOutput
+        let output = self.output
         for sentinel in Sentinel.all {
             #expect(!output.contains(sentinel), "a token reached the output", sourceLocation: sourceLocation)
         }

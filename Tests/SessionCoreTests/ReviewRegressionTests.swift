@@ -1,4 +1,5 @@
 import LoopFlow
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionCore
@@ -7,7 +8,7 @@ import Testing
 struct ReviewRegressionTests {
     // a 401 on the current token with no refresh token hands the refused token back as success.
     @Test func a401WithoutARefreshTokenNeverHandsBackTheRefusedToken() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.manager.signIn(SessionTokens(
             accessToken: Sentinel.access(1), refreshToken: nil, expiresIn: .seconds(3600), memberID: "m"))
         try await h.settle()
@@ -24,7 +25,7 @@ struct ReviewRegressionTests {
 
     // terminal refresh + re-authentication answering `configuration` → stays LOGGED_IN forever.
     @Test func aReauthenticationConfigurationErrorStillExpiresTheSession() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.reauthentication = [.fail(.configuration("invalid_client", "nope"))]
         try await h.signIn(1, lifetime: .seconds(3600), external: "ext-1")
         h.authority.enqueue(.fail(.terminal()))
@@ -37,7 +38,7 @@ struct ReviewRegressionTests {
     // terminal refresh + transient re-authentication failure → the dead refresh token is
     // re-sent on backoff and re-authentication is tried again and again.
     @Test func aTransientReauthenticationFailureIsNotRetriedWithTheDeadToken() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.reauthentication = [.fail(.transient("offline")), .fail(.transient("offline")), .fail(.transient("offline"))]
         try await h.signIn(1, lifetime: .seconds(3600), external: "ext-1")
         h.authority.enqueue(.fail(.terminal()), .fail(.terminal()), .fail(.terminal()))
@@ -50,11 +51,11 @@ struct ReviewRegressionTests {
     // A refresh that answers just after its timeout is for the current session: if it was
     // dropped, the retry would re-send the refresh token the server already rotated.
     @Test func aSuccessArrivingAfterItsTimeoutIsAdoptedSoTheRotatedTokenIsKept() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let caller = Task { try await h.manager.freshAccessToken() }
-        #expect(await eventually { (try? await h.waitingCallers()) == 1 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 1 })
         try await h.advance(by: .seconds(30))  // timeout → backoff 1 s
         _ = await caller.result
         let rotated = h.authority.nextGrant()
@@ -73,7 +74,7 @@ struct ReviewRegressionTests {
 
     // a 5-minute access token (Keycloak's default) is refreshed every minimumInterval forever.
     @Test func aFiveMinuteTokenIsRefreshedAtHalfLifeNotEveryTenSeconds() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.defaultLifetime = .seconds(300)
         try await h.signIn(1, lifetime: .seconds(300))
         try await h.advance(by: .seconds(120))
@@ -82,7 +83,7 @@ struct ReviewRegressionTests {
 
     // a waiter failed by logout runs before the state/snapshot say logged out.
     @Test func waitersAbandonedByLogoutSeeTheLoggedOutState() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let seen = LockedBox<(SessionError.Code?, Bool, SessionState)?>(nil)
@@ -90,7 +91,7 @@ struct ReviewRegressionTests {
         try manager.freshAccessToken { result in
             seen.withLockedValue { $0 = (result.failureCode, manager.isLoggedIn(), manager.state.value) }
         }
-        #expect(await eventually { (try? await h.waitingCallers()) == 1 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 1 })
         try await h.manager.logout()
         try await h.settle()
         let s = seen.withLockedValue { $0 }
@@ -102,7 +103,7 @@ struct ReviewRegressionTests {
     @Test func aLogoutTheStoreMissedIsWrittenAtCloseAndNotRestoredNextStart() async throws {
         let store = MemoryCredentialStore()
         do {
-            let h = try Harness(store: store)
+            let h = try await Harness(store: store)
             try await h.signIn(1, member: "alice")
             store.failure = StoreError("io error")
             try await h.manager.logout()
@@ -111,7 +112,7 @@ struct ReviewRegressionTests {
             await h.manager.close()          // ...but close() before the 5 s retry never clears it
             try await h.settle()
         }
-        let next = try Harness(store: store)
+        let next = try await Harness(store: store)
         #expect(next.manager.state.value == .loggedOut, "restored \(next.manager.state.value) for \(next.manager.memberID ?? "nil")")
     }
 }

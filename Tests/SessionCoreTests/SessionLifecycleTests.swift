@@ -1,4 +1,5 @@
 import LoopFlow
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionCore
@@ -6,11 +7,11 @@ import Testing
 @Suite("Generations, 401s and resume")
 struct GenerationAndUnauthorizedTests {
     @Test func logoutDuringARefreshDiscardsItsResult() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let caller = Task { try await h.manager.freshAccessToken() }
-        #expect(await eventually { (try? await h.waitingCallers()) == 1 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 1 })
         try await h.manager.logout()
         #expect(await caller.result.failureCode == .sessionEnded)
         let writesAfterLogout = h.store.writes
@@ -27,11 +28,11 @@ struct GenerationAndUnauthorizedTests {
     }
 
     @Test func aLateInvalidGrantForThePreviousUserLeavesTheNewSessionUntouched() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero, member: "alice")
         h.authority.enqueue(.hang)
         try h.manager.resume()  // due: refresh for alice goes out and hangs
-        #expect(await eventually { h.authority.heldCount == 1 })
+        #expect(await eventually(timeout: .seconds(10)) { h.authority.heldCount == 1 })
         try await h.manager.logout()
         try await h.signIn(2, lifetime: .seconds(3600), member: "bob")
         h.authority.release(.fail(.terminal()))
@@ -44,11 +45,11 @@ struct GenerationAndUnauthorizedTests {
     }
 
     @Test func fiveParallel401sWithTheSameTokenCauseOneRefresh() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         h.authority.enqueue(.hang)
         let callers = (0..<5).map { _ in Task { try await h.manager.handleUnauthorized(token: Sentinel.access(1)) } }
-        #expect(await eventually { (try? await h.waitingCallers()) == 5 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 5 })
         let grant = h.authority.nextGrant()
         h.authority.release(.grant(grant))
         for caller in callers { #expect(try await caller.value == grant.accessToken) }
@@ -60,7 +61,7 @@ struct GenerationAndUnauthorizedTests {
     }
 
     @Test func a401WithAnAlreadyReplacedTokenDoesNotRefresh() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         let current = try await h.manager.handleUnauthorized(token: Secret("an older token"))
         #expect(current == Sentinel.access(1))
@@ -68,7 +69,7 @@ struct GenerationAndUnauthorizedTests {
     }
 
     @Test func a401ForATokenFreshFromA401RefreshIsNeverALoop() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         let fresh = try await h.manager.handleUnauthorized(token: Sentinel.access(1))
         let error = await #expect(throws: SessionError.self) {
@@ -79,7 +80,7 @@ struct GenerationAndUnauthorizedTests {
     }
 
     @Test func resumeValidatesThroughTheAuthority() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.validation = .success(true)
         try await h.signIn(1, lifetime: .seconds(3600))
         try h.manager.resume()
@@ -96,7 +97,7 @@ struct GenerationAndUnauthorizedTests {
     }
 
     @Test func resumeIsCoalescedWithARefreshAlreadyDue() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.validation = .success(true)
         try await h.signIn(1, lifetime: .zero)  // due at once
         h.authority.enqueue(.hang)
@@ -109,7 +110,7 @@ struct GenerationAndUnauthorizedTests {
     }
 
     @Test func resumeWithoutValidationChecksExpiry() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         try h.manager.resume()
         try await h.settle()
@@ -127,7 +128,7 @@ struct StartAndStoreTests {
     }
 
     @Test func aStoredSessionIsRestoredLoggedIn() async throws {
-        let h = try Harness(store: MemoryCredentialStore(Self.stored(expiresInFromNow: .seconds(3600))))
+        let h = try await Harness(store: MemoryCredentialStore(Self.stored(expiresInFromNow: .seconds(3600))))
         #expect(h.manager.state.value == .loggedIn)
         #expect(h.manager.isLoggedIn())
         #expect(h.manager.memberID == "m-1")
@@ -141,7 +142,7 @@ struct StartAndStoreTests {
     }
 
     @Test func anExpiredStoredSessionIsRefreshedAtStart() async throws {
-        let h = try Harness(store: MemoryCredentialStore(Self.stored(expiresInFromNow: .seconds(-60))))
+        let h = try await Harness(store: MemoryCredentialStore(Self.stored(expiresInFromNow: .seconds(-60))))
         try await h.settle()
         #expect(h.authority.refreshCount == 1)
         #expect(h.authority.refreshRequests.first?.reason == .restore)
@@ -152,7 +153,7 @@ struct StartAndStoreTests {
     @Test func aNetworkFailureAtStartNeverLogsAnyoneOut() async throws {
         let authority = ScriptedAuthority()
         authority.enqueue(.fail(.transient("network unreachable")), .fail(.transient("network unreachable")))
-        let h = try Harness(authority: authority, store: MemoryCredentialStore(Self.stored(expiresInFromNow: .seconds(-60))))
+        let h = try await Harness(authority: authority, store: MemoryCredentialStore(Self.stored(expiresInFromNow: .seconds(-60))))
         try await h.advance(by: .seconds(5))
         #expect(h.manager.state.value == .loggedIn)
         #expect(h.recordedStates == [.loggedIn])
@@ -163,7 +164,7 @@ struct StartAndStoreTests {
     }
 
     @Test func anExpiredSessionIsRestoredAsExpired() async throws {
-        let h = try Harness(store: MemoryCredentialStore(StoredSession(memberID: "m-3", expired: true)))
+        let h = try await Harness(store: MemoryCredentialStore(StoredSession(memberID: "m-3", expired: true)))
         #expect(h.manager.state.value == .sessionExpired)
         #expect(h.manager.memberID == "m-3")
         #expect(!h.manager.isLoggedIn())
@@ -172,7 +173,7 @@ struct StartAndStoreTests {
     @Test func anUnavailableStoreLogsNoOneOutAndIsReadWhenItComesBack() async throws {
         let store = MemoryCredentialStore(Self.stored(expiresInFromNow: .seconds(3600)))
         store.failure = StoreError("keyring locked")
-        let h = try Harness(store: store)
+        let h = try await Harness(store: store)
         try await h.settle()
         #expect(h.manager.state.value == .loggedOut)
         #expect(h.recordedEvents == [.storeError(StoreError("keyring locked"))])
@@ -187,7 +188,7 @@ struct StartAndStoreTests {
     }
 
     @Test func aFailedWriteKeepsTheSessionAndCatchesUpLater() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1)
         h.store.failure = StoreError("disk full")
         let rotated = h.authority.nextGrant()
@@ -202,7 +203,7 @@ struct StartAndStoreTests {
     }
 
     @Test func aLogoutTheStoreMissedIsCompletedWhenItComesBack() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1)
         h.store.failure = StoreError("io error")
         try await h.manager.logout()
@@ -219,7 +220,7 @@ struct StartAndStoreTests {
 struct SessionSecretTests {
     @Test func noSentinelTokenReachesAnyLogEventOrError() async throws {
         // A session that goes through everything, with trace logging captured
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.validation = .success(true)
         try await h.signIn(1, lifetime: .seconds(3600), external: "ext")
         h.authority.enqueue(.fail(.transient("reset")), .fail(.configuration("invalid_client", "bad")))
@@ -248,6 +249,6 @@ struct SessionSecretTests {
         #expect(h.logs.entries.contains { $0.level == .trace || $0.level == .debug })
         h.expectNoSecretsInOutput()
         // and the output does carry the events, so the scan looked at real text
-        #expect(h.allOutput.contains("tokenRefreshed"))
+        #expect(h.output.contains("tokenRefreshed"))
     }
 }

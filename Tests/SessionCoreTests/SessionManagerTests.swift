@@ -1,4 +1,5 @@
 import LoopFlow
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionCore
@@ -6,7 +7,7 @@ import Testing
 @Suite("SessionManager: sign in, logout, reconfigure")
 struct SessionManagerTests {
     @Test func signInStoresTheSessionAndAnnouncesIt() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.settle()
         #expect(h.recordedEvents == [.initialSession(.loggedOut)])
         #expect(!h.manager.isLoggedIn())
@@ -23,7 +24,7 @@ struct SessionManagerTests {
     }
 
     @Test func signingInTwiceIsAnIllegalTransitionThatChangesNothing() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, member: "first")
         let error = await #expect(throws: SessionError.self) {
             try await h.manager.signIn(SessionTokens(
@@ -36,7 +37,7 @@ struct SessionManagerTests {
     }
 
     @Test func aBlankAccessTokenIsRefused() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         let error = await #expect(throws: SessionError.self) {
             try await h.manager.signIn(SessionTokens(accessToken: Secret("  "), refreshToken: nil, expiresIn: .seconds(60)))
         }
@@ -45,7 +46,7 @@ struct SessionManagerTests {
     }
 
     @Test func logoutClearsTheStoreFirstThenStopsTimersThenRevokes() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.storeToCheckAtRevocation = h.store
         try await h.signIn(1)
         #expect(h.clock.armedTimerCount == 1)  // the proactive refresh
@@ -68,7 +69,7 @@ struct SessionManagerTests {
     }
 
     @Test func anOfflineLogoutStillLogsOutLocally() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.revocationFails = true
         try await h.signIn(1)
         try await h.manager.logout()
@@ -79,13 +80,13 @@ struct SessionManagerTests {
     }
 
     @Test func logoutWhenLoggedOutIsIllegal() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         let error = await #expect(throws: SessionError.self) { try await h.manager.logout() }
         #expect(error?.code == .illegalTransition)
     }
 
     @Test func reconfigureForgetsTheMemberAfterExpiryOnly() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, member: "m-1")
         let refused = await #expect(throws: SessionError.self) { try await h.manager.reconfigure() }
         #expect(refused?.code == .illegalTransition)
@@ -102,7 +103,7 @@ struct SessionManagerTests {
     }
 
     @Test func aListenerMayAskForATokenFromInsideItsCallback() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         let answers = LockedBox<[Result<Secret, SessionError>]>([])
         let manager = h.manager
         let subscription = try manager.subscribeToSessionState(onState: { state in
@@ -117,26 +118,15 @@ struct SessionManagerTests {
     }
 
     @Test func callsAfterTheLoopIsGoneFailCleanlyAndWaitersAreAnswered() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let waiter = Task { try await h.manager.freshAccessToken() }
-        #expect(await eventually { (try? await h.waitingCallers()) == 1 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 1 })
         try h.loop.shutdown()
         let result = await waiter.result
         #expect(result.failureCode == .shutDown)
         let error = await #expect(throws: SessionError.self) { try await h.manager.logout() }
         #expect(error?.code == .shutDown)
     }
-}
-
-/// Polls an async condition.
-func eventually(timeout: Duration = .seconds(10), _ condition: () async -> Bool) async -> Bool {
-    let clock = ContinuousClock()
-    let deadline = clock.now + timeout
-    while clock.now < deadline {
-        if await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(1))
-    }
-    return await condition()
 }

@@ -1,4 +1,5 @@
 import LoopFlow
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionCore
@@ -6,7 +7,7 @@ import Testing
 @Suite("Token refresh")
 struct TokenRefreshTests {
     @Test func fiftyConcurrentCallersOnAnExpiredTokenShareOneRefresh() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         try await h.loop.submit { h.manager.engine.cancelProactiveRefreshForTesting() }
         try await h.advance(by: .seconds(3601))  // expired, never refreshed
@@ -14,7 +15,7 @@ struct TokenRefreshTests {
         h.authority.enqueue(.hang)
         // When 50 callers ask at once
         let callers = (0..<50).map { _ in Task { try await h.manager.freshAccessToken() } }
-        #expect(await eventually { (try? await h.waitingCallers()) == 50 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 50 })
         let grant = h.authority.nextGrant()
         h.authority.release(.grant(grant))
         // Then one refresh served them all, with its result
@@ -26,11 +27,11 @@ struct TokenRefreshTests {
     }
 
     @Test func everyWaiterGetsTheSharedRefreshsError() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero)  // due at once
         h.authority.enqueue(.hang)
         let callers = (0..<5).map { _ in Task { try await h.manager.freshAccessToken() } }
-        #expect(await eventually { (try? await h.waitingCallers()) == 5 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 5 })
         h.authority.release(.fail(.transient("503 from upstream", retryAfter: nil)))
         for caller in callers {
             #expect(await caller.result.failureCode == .transient)
@@ -39,7 +40,7 @@ struct TokenRefreshTests {
     }
 
     @Test func fourFiftyNineBeforeExpiryRefreshesFiveOhOneDoesNot() async throws {
-        let h = try Harness { $0.policy.proactiveJitter = 0 }
+        let h = try await Harness { $0.policy.proactiveJitter = 0 }
         try await h.signIn(1, lifetime: .seconds(3600))
         // 5:01 before expiry: the current token comes back, no refresh
         await h.clock.advance(by: .seconds(3600 - 301))
@@ -48,7 +49,7 @@ struct TokenRefreshTests {
         #expect(h.authority.refreshCount == 0)
         // 4:59 before expiry: the proactive timer (at 5:00) has refreshed; an on-demand call
         // at 4:59 of a token that never got its proactive refresh does too
-        let h2 = try Harness { $0.policy.proactiveJitter = 0 }
+        let h2 = try await Harness { $0.policy.proactiveJitter = 0 }
         try await h2.signIn(1, lifetime: .seconds(3600))
         try await h2.loop.submit { h2.manager.engine.cancelProactiveRefreshForTesting() }
         await h2.clock.advance(by: .seconds(3600 - 299))
@@ -59,7 +60,7 @@ struct TokenRefreshTests {
     }
 
     @Test func theProactiveTimerFiresAtExpiryMinusMarginAndFollowsEachNewLifetime() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         try await h.advance(by: .seconds(3299))
         #expect(h.authority.refreshCount == 0)
@@ -77,7 +78,7 @@ struct TokenRefreshTests {
     }
 
     @Test func proactiveJitterOnlyMakesTheRefreshEarlierWithinItsBound() async throws {
-        let h = try Harness { $0.random = { 0.999_999 } }
+        let h = try await Harness { $0.random = { 0.999_999 } }
         try await h.signIn(1, lifetime: .seconds(3600))
         // jitter 0.999999 of 10% of the 300 s margin: due at 3270.00003 s, not 3300 s
         try await h.advance(by: .seconds(3270))
@@ -87,7 +88,7 @@ struct TokenRefreshTests {
     }
 
     @Test func aWallClockAnHourFastRefreshesNothingEarly() async throws {
-        let h = try Harness { configuration in
+        let h = try await Harness { configuration in
             configuration.wallClock = { SessionConfiguration.realtime() + .seconds(3600) }
         }
         try await h.signIn(1, lifetime: .seconds(3600))
@@ -103,7 +104,7 @@ struct TokenRefreshTests {
         let stored = StoredSession(
             accessToken: Sentinel.access(9), refreshToken: Sentinel.refresh(9),
             accessTokenExpiresAt: fast() + .seconds(3600), memberID: "m")
-        let h = try Harness(store: MemoryCredentialStore(stored)) { $0.wallClock = fast }
+        let h = try await Harness(store: MemoryCredentialStore(stored)) { $0.wallClock = fast }
         try await h.advance(by: .seconds(3000))
         #expect(try await h.manager.freshAccessToken() == Sentinel.access(9))
         #expect(h.authority.refreshCount == 0)
@@ -112,7 +113,7 @@ struct TokenRefreshTests {
     }
 
     @Test func expiresInZeroCannotSpin() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.defaultLifetime = .zero
         try await h.signIn(1, lifetime: .zero)
         try await h.advance(by: .seconds(60))
@@ -123,7 +124,7 @@ struct TokenRefreshTests {
     }
 
     @Test func transientFailuresBackOffOneTwoFourEightSixteenThirtyThirtyAndSuccessResets() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         for _ in 0..<7 { h.authority.enqueue(.fail(.transient("connection refused"))) }
         h.authority.enqueue(.grant(h.authority.nextGrant()))
@@ -151,7 +152,7 @@ struct TokenRefreshTests {
     }
 
     @Test func backoffJitterStaysWithinItsBounds() async throws {
-        let h = try Harness { $0.random = { 0.999_999 } }
+        let h = try await Harness { $0.random = { 0.999_999 } }
         try await h.signIn(1, lifetime: .seconds(3600))
         for _ in 0..<7 { h.authority.enqueue(.fail(.transient("timeout"))) }
         try await h.advance(by: .seconds(3600))
@@ -166,7 +167,7 @@ struct TokenRefreshTests {
     }
 
     @Test func aTooManyRequestsAnswerWithRetryAfterTwentyWaitsAtLeastTwentySeconds() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         h.authority.enqueue(.fail(AuthorityError(.transient, code: "429", message: "too many requests", retryAfter: .seconds(20))))
         try await h.advance(by: .seconds(3300))
@@ -179,7 +180,7 @@ struct TokenRefreshTests {
     }
 
     @Test func aTerminalAnswerExpiresTheSessionAndKeepsOnlyTheMember() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero, member: "m-7")
         h.authority.enqueue(.fail(.terminal("invalid_grant", "refresh token revoked")))
         let caller = Task { try await h.manager.freshAccessToken() }
@@ -199,7 +200,7 @@ struct TokenRefreshTests {
     }
 
     @Test func reAuthenticationIsTriedOnceBeforeExpiring() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         h.authority.reauthentication = [.grant(h.authority.nextGrant())]
         try await h.signIn(1, lifetime: .seconds(3600), external: "ext-1")
         h.authority.enqueue(.fail(.terminal()))
@@ -215,7 +216,7 @@ struct TokenRefreshTests {
     }
 
     @Test func aConfigurationErrorIsNeverRetriedAutomatically() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .seconds(3600))
         h.authority.enqueue(.fail(.configuration("invalid_client", "unknown client")))
         try await h.advance(by: .seconds(3300))
@@ -227,11 +228,11 @@ struct TokenRefreshTests {
     }
 
     @Test func aHungRefreshTimesOutAndFreesTheSlot() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero)
         h.authority.enqueue(.hang)
         let caller = Task { try await h.manager.freshAccessToken() }
-        #expect(await eventually { (try? await h.waitingCallers()) == 1 })
+        #expect(await eventually(timeout: .seconds(10)) { (try? await h.waitingCallers()) == 1 })
         try await h.advance(by: .seconds(30))
         #expect(await caller.result.failureCode == .transient)
         // The slot is free: the backoff retry (1 s later) goes out and succeeds
@@ -246,7 +247,7 @@ struct TokenRefreshTests {
     }
 
     @Test func aRotatedRefreshTokenIsStoredBeforeAnyWaiterResumesAndAMissingOneKeepsTheOld() async throws {
-        let h = try Harness()
+        let h = try await Harness()
         try await h.signIn(1, lifetime: .zero)
         let rotated = h.authority.nextGrant()
         h.authority.enqueue(.grant(rotated))

@@ -2,9 +2,10 @@ import Crypto
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
-@testable import SessionFileStore
+@_spi(Fuzzing) @testable import SessionFileStore
 
 #if canImport(Glibc)
 import Glibc
@@ -58,7 +59,7 @@ struct CrashConsistencyTests {
     }
 
     private static func campaign() throws -> CrashTally {
-        let probe = sessionProbeExecutable()
+        let probe = try sessionProbeExecutable()
         let tmp = TemporaryDirectory()
         var tally = CrashTally()
         let started = ContinuousClock.now

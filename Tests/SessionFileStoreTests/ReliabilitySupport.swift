@@ -1,6 +1,7 @@
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionFileStore
@@ -15,13 +16,6 @@ import Glibc
 var runningAsRoot: Bool { geteuid() == 0 }
 
 func errnoDescription() -> String { String(cString: strerror(errno)) }
-
-/// The session-probe executable, built beside this test binary (`swift build --build-tests`
-/// builds every product).
-func sessionProbeExecutable() -> String {
-    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-    return URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("session-probe").path
-}
 
 struct SetupFailure: Error, CustomStringConvertible {
     let description: String
@@ -40,9 +34,6 @@ final class ChildProcess {
     private(set) var lines: [String] = []
 
     init(_ executable: String, _ arguments: [String]) throws {
-        guard access(executable, X_OK) == 0 else {
-            throw SetupFailure(description: "\(executable) is missing: build it with `swift build --build-tests`")
-        }
         var fds: [Int32] = [-1, -1]
         // A socket pair, made close-on-exec atomically (pipe2 is not visible from Swift).
         let kind = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
@@ -236,45 +227,19 @@ final class GrantingAuthority: SessionAuthority, @unchecked Sendable {
     }
 }
 
-/// A SessionManager on its own loop, its events kept from the first one.
-final class ObservedSession: Sendable {
-    let loop: EventLoop
-    let manager: SessionManager
-    let events = LockedBox<[SessionEvent]>([])
-    let subscription: FlowSubscription
-
-    init(store: any CredentialStore, authority: any SessionAuthority = OfflineAuthority()) async throws {
-        loop = try EventLoop(name: "store-fault")
-        var configuration = SessionConfiguration()
+/// A SessionManager on its own loop over `store`, its events kept from the first one (the
+/// shared harness, the store retried every 100 ms).
+func observedSession<Authority: SessionAuthority, Store: CredentialStore>(
+    store: Store, authority: Authority
+) async throws -> SessionHarness<Authority, Store> {
+    try await SessionHarness(loopName: "store-fault", authority: authority, store: store) { configuration in
         configuration.storeRetryInterval = .milliseconds(100)
-        let events = self.events
-        let loop = self.loop
-        let started = configuration
-        // Made and subscribed in one loop job: the start events cannot run in between.
-        (manager, subscription) = try await loop.submit {
-            let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: started)
-            let subscription = try manager.events.subscribe(onEvent: { event in events.withLockedValue { $0.append(event) } })
-            return (manager, subscription)
-        }
     }
+}
 
-    var storeErrors: [String] {
-        events.withLockedValue { events in
-            events.compactMap { if case .storeError(let error) = $0 { error.message } else { nil } }
-        }
-    }
-
-    /// The first store error whose message contains `text`, waiting up to `seconds`.
-    func storeError(containing text: String, within seconds: Double = 5) async -> String? {
-        _ = await within(seconds) { self.storeErrors.contains { $0.contains(text) } }
-        return storeErrors.first { $0.contains(text) }
-    }
-
-    func stop() async {
-        subscription.close()
-        await manager.close()
-        _ = try? loop.shutdown()
-    }
+/// The same on an authority that never answers successfully.
+func observedSession<Store: CredentialStore>(store: Store) async throws -> SessionHarness<OfflineAuthority, Store> {
+    try await observedSession(store: store, authority: OfflineAuthority())
 }
 
 func tokens(_ member: String, access: String = sentinelAccess, refresh: String = sentinelRefresh) -> SessionTokens {

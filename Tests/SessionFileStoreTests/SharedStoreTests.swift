@@ -1,6 +1,7 @@
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionFileStore
@@ -30,37 +31,10 @@ final class RotatingAuthority: SessionAuthority, @unchecked Sendable {
 
 /// A session with its own loop and its own store instance (its own lock file descriptor),
 /// as a second process would have.
-final class Participant: Sendable {
-    let loop: EventLoop
-    let manager: SessionManager
-    let events = LockedBox<[SessionEvent]>([])
-    let subscription: FlowSubscription
-
-    init(directory: String, authority: any SessionAuthority) async throws {
-        loop = try EventLoop(name: "participant")
-        let events = self.events
-        let loop = self.loop
-        (manager, subscription) = try await loop.submit {
-            let manager = try SessionManager(loop: loop, authority: authority, store: FileCredentialStore(directory: directory))
-            let subscription = try manager.events.subscribe(onEvent: { event in events.withLockedValue { $0.append(event) } })
-            return (manager, subscription)
-        }
-    }
-
-    func stop() async {
-        subscription.close()
-        await manager.close()
-        _ = try? loop.shutdown()
-    }
-}
-
-func within(_ seconds: Double = 5, _ condition: () -> Bool) async -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(5))
-    }
-    return condition()
+func participant<Authority: SessionAuthority>(
+    directory: String, authority: Authority
+) async throws -> SessionHarness<Authority, FileCredentialStore> {
+    try await SessionHarness(loopName: "participant", authority: authority, store: FileCredentialStore(directory: directory))
 }
 
 @Suite("Shared file store", .serialized)
@@ -72,8 +46,8 @@ struct SharedStoreTests {
         try FileCredentialStore(directory: tmp.store).write(StoredSession(
             accessToken: Secret("old-access"), refreshToken: Secret("old-refresh"),
             accessTokenExpiresAt: .seconds(1), memberID: "alice"))
-        let a = try await Participant(directory: tmp.store, authority: authority)
-        let b = try await Participant(directory: tmp.store, authority: authority)
+        let a = try await participant(directory: tmp.store, authority: authority)
+        let b = try await participant(directory: tmp.store, authority: authority)
         async let tokenA = a.manager.freshAccessToken()
         async let tokenB = b.manager.freshAccessToken()
         let (ta, tb) = try await (tokenA, tokenB)
@@ -93,26 +67,26 @@ struct SharedStoreTests {
     @Test func anotherProcessesSignInRefreshAndLogoutAppearWithinASecond() async throws {
         let tmp = TemporaryDirectory()
         let authority = RotatingAuthority()
-        let a = try await Participant(directory: tmp.store, authority: authority)
-        let b = try await Participant(directory: tmp.store, authority: authority)
+        let a = try await participant(directory: tmp.store, authority: authority)
+        let b = try await participant(directory: tmp.store, authority: authority)
         // sign-in in A shows up in B
         try await a.manager.signIn(SessionTokens(
             accessToken: Secret("a-access"), refreshToken: Secret("a-refresh"), expiresIn: .seconds(3600), memberID: "alice"))
-        #expect(await within(1) { b.manager.state.value == .loggedIn })
+        #expect(await eventually(timeout: .seconds(1)) { b.manager.state.value == .loggedIn })
         #expect(b.manager.memberID == "alice")
         // a refresh in A (forced by a 401) is adopted by B without a request of its own
         let fresh = try await a.manager.handleUnauthorized(token: Secret("a-access"))
         #expect(fresh.reveal() == "rotated-access-1")
-        #expect(await within(1) { (try? awaitToken(b.manager)) == "rotated-access-1" })
+        #expect(await eventually(timeout: .seconds(1)) { (try? awaitToken(b.manager)) == "rotated-access-1" })
         #expect(authority.refreshes == 1)
         // (the event is delivered on B's loop after the token is visible: wait for it)
-        #expect(await within(1) {
+        #expect(await eventually(timeout: .seconds(1)) {
             b.events.withLockedValue { $0 }.contains { if case .tokenRefreshed(_, .sharedStore) = $0 { true } else { false } }
         })
         // logout in A logs B out
         try await a.manager.logout()
-        #expect(await within(1) { b.manager.state.value == .loggedOut })
-        #expect(await within(1) { b.events.withLockedValue { $0 }.contains(.signedOut(reason: .otherProcess)) })
+        #expect(await eventually(timeout: .seconds(1)) { b.manager.state.value == .loggedOut })
+        #expect(await eventually(timeout: .seconds(1)) { b.events.withLockedValue { $0 }.contains(.signedOut(reason: .otherProcess)) })
         await a.stop()
         await b.stop()
     }

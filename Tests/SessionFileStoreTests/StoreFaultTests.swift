@@ -1,6 +1,7 @@
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionFileStore
@@ -75,7 +76,7 @@ struct StoreFaultTests {
         try mount.remountReadOnly()
         print("read-only: a tmpfs remounted read-only (EROFS)")
 
-        let observed = try await ObservedSession(store: FileCredentialStore(directory: directory))
+        let observed = try await observedSession(store: FileCredentialStore(directory: directory))
         // Reading still works: the stored session is restored
         #expect(observed.manager.state.value == .loggedIn)
         #expect(observed.manager.memberID == "alice")
@@ -85,7 +86,7 @@ struct StoreFaultTests {
         #expect(message != nil, "store errors: \(observed.storeErrors)")
         #expect(message?.contains(directory) == true)
         try await observed.manager.signIn(tokens("bob", access: "bob-access", refresh: "bob-refresh"))
-        #expect(await within(3) { observed.storeErrors.filter { $0.contains("Read-only file system") }.count >= 2 })
+        #expect(await eventually(timeout: .seconds(3)) { observed.storeErrors.filter { $0.contains("Read-only file system") }.count >= 2 })
         // The session goes on in memory
         #expect(observed.manager.state.value == .loggedIn)
         #expect(observed.manager.memberID == "bob")
@@ -123,7 +124,7 @@ struct StoreFaultTests {
             print("read-only: cannot mount a tmpfs (\(reason)); fallback: a 0500 directory")
             chmod(directory, 0o500)
             defer { chmod(directory, 0o700) }
-            let observed = try await ObservedSession(store: FileCredentialStore(directory: directory))
+            let observed = try await observedSession(store: FileCredentialStore(directory: directory))
             #expect(observed.manager.state.value == .loggedIn)
             try await observed.manager.logout()
             try await observed.manager.signIn(tokens("bob", access: "bob-access", refresh: "bob-refresh"))
@@ -161,9 +162,9 @@ struct StoreFaultTests {
         // (It used to read as "another process is refreshing": the engine retried every 50 ms
         // until the attempt timed out, and the session died at expiry.)
         let authority = GrantingAuthority()
-        let observed = try await ObservedSession(store: FileCredentialStore(directory: directory), authority: authority)
+        let observed = try await observedSession(store: FileCredentialStore(directory: directory), authority: authority)
         #expect(observed.manager.state.value == .loggedIn)
-        let refreshed = await within(2) { authority.refreshes > 0 }
+        let refreshed = await eventually(timeout: .seconds(2)) { authority.refreshes > 0 }
         #expect(refreshed, "the refresh never reached the authority")
         if refreshed {
             // the new tokens cannot be stored: reported, kept in memory
@@ -257,7 +258,7 @@ struct StoreFaultTests {
         try FileCredentialStore(directory: directory).write(session("alice"))
         _ = system("rm -rf '\(parent)'")  // a profile cleaned up, a volume not mounted yet
 
-        let observed = try await ObservedSession(store: FileCredentialStore(directory: directory))
+        let observed = try await observedSession(store: FileCredentialStore(directory: directory))
         #expect(observed.manager.state.value == .loggedOut)
         try await Task.sleep(for: .milliseconds(100))
         #expect(observed.storeErrors.isEmpty, "nothing stored is not an error: \(observed.storeErrors)")
@@ -268,7 +269,7 @@ struct StoreFaultTests {
         #expect(observed.manager.state.value == .loggedIn)
         // The parent returns: the store is brought up to date (retried every 100 ms here)
         mkdir(parent, 0o755)
-        let caughtUp = await within(3) {
+        let caughtUp = await eventually(timeout: .seconds(3)) {
             summary(of: FileCredentialStore(directory: directory).read()) == "present bob bob-access"
         }
         #expect(caughtUp)
@@ -303,10 +304,10 @@ struct StoreFaultTests {
             print("permission denied: not root; the store directory is chmod 000")
             chmod(directory, 0)
             defer { chmod(directory, 0o700) }
-            let observed = try await ObservedSession(store: FileCredentialStore(directory: directory))
+            let observed = try await observedSession(store: FileCredentialStore(directory: directory))
             #expect(await observed.storeError(containing: "Permission denied") != nil, "\(observed.storeErrors)")
             try await observed.manager.signIn(tokens("bob", access: "bob-access", refresh: "bob-refresh"))
-            #expect(await within(3) { observed.storeErrors.filter { $0.contains("Permission denied") }.count >= 2 })
+            #expect(await eventually(timeout: .seconds(3)) { observed.storeErrors.filter { $0.contains("Permission denied") }.count >= 2 })
             #expect(observed.manager.state.value == .loggedIn)
             await observed.stop()
             chmod(directory, 0o700)
@@ -330,7 +331,7 @@ struct StoreFaultTests {
         defer { mount?.unmount() }
         let directory = (mount?.path ?? tmp.path) + "/store"
         defer { _ = FileIO.injectedWriteErrors.withLockedValue { $0.removeValue(forKey: directory) } }
-        let observed = try await ObservedSession(store: FileCredentialStore(directory: directory))
+        let observed = try await observedSession(store: FileCredentialStore(directory: directory))
         try await observed.manager.signIn(tokens("alice"))
         #expect(observed.storeErrors.isEmpty)
         #expect(summary(of: FileCredentialStore(directory: directory).read()) == aliceStored)
@@ -374,7 +375,7 @@ struct StoreFaultTests {
         } else {
             _ = FileIO.injectedWriteErrors.withLockedValue { $0.removeValue(forKey: directory) }
         }
-        #expect(await within(3) { summary(of: FileCredentialStore(directory: directory).read()) == "present bob bob-access" })
+        #expect(await eventually(timeout: .seconds(3)) { summary(of: FileCredentialStore(directory: directory).read()) == "present bob bob-access" })
         await observed.stop()
         #expect(!observed.storeErrors.contains { $0.contains("bob-access") || $0.contains(sentinelAccess) })
     }
@@ -389,7 +390,7 @@ struct StoreFaultTests {
         let damaged = damage(contents(store.path), kind)
         replaceFile(store.path, with: damaged, staging: tmp.path + "/staging")
 
-        let observed = try await ObservedSession(store: FileCredentialStore(directory: tmp.store))
+        let observed = try await observedSession(store: FileCredentialStore(directory: tmp.store))
         let message = await observed.storeError(containing: "damaged")
         #expect(message != nil, "store errors: \(observed.storeErrors)")
         #expect(observed.manager.state.value == .loggedOut)
@@ -410,7 +411,7 @@ struct StoreFaultTests {
     func aStoreDamagedUnderARunningSessionIsKeptAsideAndWrittenAgain(kind: String) async throws {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store)
-        let observed = try await ObservedSession(store: FileCredentialStore(directory: tmp.store))
+        let observed = try await observedSession(store: FileCredentialStore(directory: tmp.store))
         try await observed.manager.signIn(tokens("alice"))
         try await Task.sleep(for: .milliseconds(100))  // our own write's watch events pass
         let damaged = damage(contents(store.path), kind)
@@ -418,7 +419,7 @@ struct StoreFaultTests {
 
         let message = await observed.storeError(containing: "damaged")
         #expect(message != nil, "store errors: \(observed.storeErrors)")
-        #expect(await within(3) { summary(of: store.read()) == aliceStored }, "written again from memory")
+        #expect(await eventually(timeout: .seconds(3)) { summary(of: store.read()) == aliceStored }, "written again from memory")
         #expect(observed.manager.state.value == .loggedIn)
         await observed.stop()
         let aside = tmp.files().filter { $0.hasPrefix("session.sfstore.damaged-") }

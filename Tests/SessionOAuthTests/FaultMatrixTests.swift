@@ -1,6 +1,7 @@
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionOAuth
@@ -99,7 +100,7 @@ struct FaultMatrixTests {
             }
             #expect(error.code == .transient)
             // Every failure is reported with its place in the schedule, then a retry works.
-            #expect(await within(15) { session.refreshes(reason: .retry) == 1 }, "\(fault.name): no successful retry")
+            #expect(await eventually(timeout: .seconds(15), every: .milliseconds(20)) { session.refreshes(reason: .retry) == 1 }, "\(fault.name): no successful retry")
             let failures = session.failures
             #expect(failures.map(\.attempt) == Array(1...attempts), "\(fault.name): \(failures)")
             for failure in failures {
@@ -126,7 +127,7 @@ struct FaultMatrixTests {
             }
             #expect(error.code == .sessionExpired)
             #expect(session.manager.state.value == .sessionExpired)
-            #expect(await within(2) { session.recorded.contains { if case .sessionExpired = $0 { true } else { false } } })
+            #expect(await eventually(timeout: .seconds(2), every: .milliseconds(20)) { session.recordedEvents.contains { if case .sessionExpired = $0 { true } else { false } } })
             #expect(session.failures.isEmpty, "a terminal answer is not retried")
             let stored = session.store.session
             #expect(stored?.expired == true && stored?.accessToken == nil && stored?.refreshToken == nil)
@@ -138,7 +139,7 @@ struct FaultMatrixTests {
                 break
             }
             #expect(error.code == .configuration)
-            #expect(await within(2) { session.failures.count == 1 })
+            #expect(await eventually(timeout: .seconds(2), every: .milliseconds(20)) { session.failures.count == 1 })
             #expect(session.failures.first?.retryIn == nil && session.failures.first?.error.kind == .configuration)
             // Nothing more is sent on its own: the client must be fixed first.
             try await Task.sleep(for: .seconds(1))
@@ -152,8 +153,8 @@ struct FaultMatrixTests {
                 break
             }
             #expect(token != tokens.accessToken)
-            #expect(await within(2) { session.refreshes(reason: .onDemand) == 1 })
-            let refreshed = session.recorded.compactMap { event -> Duration? in
+            #expect(await eventually(timeout: .seconds(2), every: .milliseconds(20)) { session.refreshes(reason: .onDemand) == 1 })
+            let refreshed = session.recordedEvents.compactMap { event -> Duration? in
                 if case .tokenRefreshed(let expiresIn, .onDemand) = event { expiresIn } else { nil }
             }
             #expect(refreshed == [lifetime], "\(fault.name)")
@@ -181,12 +182,12 @@ struct FaultMatrixTests {
 extension LiveSession {
     /// The refresh failures reported so far.
     var failures: [(attempt: Int, retryIn: Duration?, error: AuthorityError)] {
-        recorded.compactMap { event in
+        recordedEvents.compactMap { event in
             if case .refreshFailed(let attempt, let retryIn, let error) = event { (attempt, retryIn, error) } else { nil }
         }
     }
 
     func refreshes(reason: RefreshReason) -> Int {
-        recorded.filter { if case .tokenRefreshed(_, let why) = $0 { why == reason } else { false } }.count
+        recordedEvents.filter { if case .tokenRefreshed(_, let why) = $0 { why == reason } else { false } }.count
     }
 }

@@ -2,18 +2,13 @@ import Foundation
 import LoopFlow
 import SessionCore
 import SessionFileStore
+import SessionFlowTestSupport
 import Testing
-
-/// The session-probe executable, built beside this test binary.
-func probePath() -> String {
-    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-    return URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("session-probe").path
-}
 
 /// Runs a probe process; returns what it printed.
 func runProbe(store: String, server: OAuthServer) throws -> Process {
     let process = Process()
-    process.executableURL = URL(fileURLWithPath: probePath())
+    process.executableURL = URL(fileURLWithPath: try sessionProbeExecutable())
     process.arguments = [store, server.base.appendingPathComponent("oauth/token").absoluteString, "sessionflow-public"]
     process.standardOutput = Pipe()
     process.standardError = Pipe()
@@ -89,7 +84,7 @@ struct WatchSessionOAuthTests {
         try process.run()
         input.fileHandleForWriting.write(Data((tokens.refreshToken!.reveal() + "\n").utf8))
         try input.fileHandleForWriting.close()
-        #expect(try await within(10) { try await server.stats()["refresh_grants"] == 1 })
+        #expect(try await eventually(timeout: .seconds(10), every: .milliseconds(20)) { try await server.stats()["refresh_grants"] == 1 })
         try await Task.sleep(for: .milliseconds(300))
         kill(process.processIdentifier, SIGINT)
         let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)

@@ -3,58 +3,29 @@ import InMemoryLogging
 import Logging
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
-@testable import SessionOAuth
+@_spi(Fuzzing) @testable import SessionOAuth
 
-/// A session on a real loop, against the real server, with its logs captured.
-final class LiveSession: @unchecked Sendable {
-    let loop: EventLoop
-    let manager: SessionManager
-    let store: MemoryCredentialStore
-    let logs = InMemoryLogHandler()
-    let events = LockedBox<[SessionEvent]>([])
-    let subscription: FlowSubscription
+/// A session on a real loop, against the real server, with its logs captured: the shared
+/// harness over the OAuth authority and a memory store.
+typealias LiveSession = SessionHarness<OAuthAuthority, MemoryCredentialStore>
 
-    init(
+extension SessionHarness where Authority == OAuthAuthority, Store == MemoryCredentialStore {
+    convenience init(
         _ server: OAuthServer, introspection: Bool = false,
         configure: (inout SessionConfiguration) -> Void = { _ in },
         oauth: (inout OAuthConfiguration) -> Void = { _ in }
     ) async throws {
-        loop = try EventLoop(name: "oauth-test")
-        store = MemoryCredentialStore()
-        var handler = logs
-        handler.logLevel = .trace
-        var configuration = SessionConfiguration()
-        configuration.logger = Logger(label: "oauth-test", factory: { _ in handler })
-        configuration.policy.minimumInterval = .milliseconds(300)
-        configure(&configuration)
         var oauthConfiguration = server.configuration(introspection: introspection)
         oauth(&oauthConfiguration)
-        let authority = OAuthAuthority(oauthConfiguration)
-        let loop = self.loop
-        let store = self.store
-        let events = self.events
-        let made = configuration
-        (manager, subscription) = try await loop.submit {
-            let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: made)
-            let subscription = try manager.events.subscribe(onEvent: { event in events.withLockedValue { $0.append(event) } })
-            return (manager, subscription)
+        try await self.init(
+            loopName: "oauth-test", authority: OAuthAuthority(oauthConfiguration), store: MemoryCredentialStore()
+        ) { configuration in
+            configuration.policy.minimumInterval = .milliseconds(300)
+            configure(&configuration)
         }
-    }
-
-    func stop() async {
-        subscription.close()
-        await manager.close()
-        _ = try? loop.shutdown()
-    }
-
-    var recorded: [SessionEvent] { events.withLockedValue { $0 } }
-
-    /// Every log line and event this session produced.
-    var output: String {
-        logs.entries.map { "\($0.message) \($0.metadata)" }.joined(separator: "\n")
-            + recorded.map(\.description).joined(separator: "\n")
     }
 }
 
@@ -67,15 +38,15 @@ struct OAuthAuthorityTests {
         try await session.manager.signIn(tokens)
         // 8 s tokens are refreshed at half-life, each time with the rotated refresh token
         let proactive: @Sendable () -> Int = {
-            session.recorded.filter { if case .tokenRefreshed(_, .proactive) = $0 { true } else { false } }.count
+            session.recordedEvents.filter { if case .tokenRefreshed(_, .proactive) = $0 { true } else { false } }.count
         }
-        #expect(await within(30) { proactive() >= 2 })
+        #expect(await eventually(timeout: .seconds(30), every: .milliseconds(20)) { proactive() >= 2 })
         #expect(try await server.stats()["refresh_grants"]! >= 2)
         #expect(session.store.session?.refreshToken != tokens.refreshToken)
         // Right after a refresh (the server revokes a token's access token with its refresh
         // token, so the check must not straddle the next rotation, ~4 s later).
         let seen = proactive()
-        #expect(await within(10) { proactive() > seen })
+        #expect(await eventually(timeout: .seconds(10), every: .milliseconds(20)) { proactive() > seen })
         let token = try await session.manager.freshAccessToken()
         #expect(try await server.me(token) == 200)
         // the first refresh token was rotated away: the server refuses it now
@@ -114,7 +85,7 @@ struct OAuthAuthorityTests {
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
         try await session.manager.logout()
-        #expect(try await within(5) { try await server.stats()["revocations"] == 1 })
+        #expect(try await eventually(timeout: .seconds(5), every: .milliseconds(20)) { try await server.stats()["revocations"] == 1 })
         #expect(try await server.refreshError(tokens.refreshToken!) == "invalid_grant")
         #expect(session.store.session == nil)
         await session.stop()
@@ -131,7 +102,7 @@ struct OAuthAuthorityTests {
         }
         #expect(error?.code == .sessionExpired)
         #expect(session.manager.state.value == .sessionExpired)
-        #expect(await within(2) { session.recorded.contains { if case .sessionExpired = $0 { true } else { false } } })
+        #expect(await eventually(timeout: .seconds(2), every: .milliseconds(20)) { session.recordedEvents.contains { if case .sessionExpired = $0 { true } else { false } } })
         #expect(session.manager.memberID == "alice")
         await session.stop()
     }
@@ -141,11 +112,11 @@ struct OAuthAuthorityTests {
         let session = try await LiveSession(server, introspection: true)
         try await session.manager.signIn(try await server.signIn())
         try session.manager.resume()
-        #expect(await within(5) { session.recorded.contains(.validated) })
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { session.recordedEvents.contains(.validated) })
         #expect(try await server.stats()["introspections"] == 1)
         try await server.revokeEverything(of: "alice")
         try session.manager.resume()
-        #expect(await within(5) { session.manager.state.value == .sessionExpired })
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { session.manager.state.value == .sessionExpired })
         await session.stop()
     }
 

@@ -115,13 +115,3 @@ struct ServerError: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
 }
-
-/// Polls `condition` (async) until it holds or `seconds` pass.
-func within(_ seconds: Double, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return try await condition()
-}

@@ -6,7 +6,7 @@ import SessionCore
 import SessionFileStore
 import Testing
 
-@testable import SessionOAuth
+@_spi(Fuzzing) @testable import SessionOAuth
 
 /// Secrets (DESIGN rule 7): one session through every layer — the real OAuth server, the
 /// encrypted file store, refreshes, failures of every kind, a damaged store, expiry and

@@ -1,4 +1,5 @@
 import Foundation
+import SessionFlowTestSupport
 import Testing
 
 /// Runs the built watch-session binary (beside this test binary) and returns its output.
@@ -153,14 +154,14 @@ struct WatchSessionLiveTests {
         let collected = LockedText()
         out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
         try process.run()
-        #expect(await waitFor { collected.text.contains("\"state\":\"loggedOut\"") })
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains("\"state\":\"loggedOut\"") })
         // Another process (this test) signs in through the store...
         try FileCredentialStore(directory: directory).write(storedSession())
-        #expect(await waitFor { collected.text.contains("\"event\":\"signedIn\"") })
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains("\"event\":\"signedIn\"") })
         #expect(collected.text.contains("\"state\":\"loggedIn\""))
         // ...and logs out
         try FileCredentialStore(directory: directory).clear()
-        #expect(await waitFor { collected.text.contains("otherProcess") })
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains("otherProcess") })
         // Ctrl-C: a clean exit with 130
         kill(process.processIdentifier, SIGINT)
         process.waitUntilExit()
@@ -231,13 +232,4 @@ final class LockedText: @unchecked Sendable {
     private var data = Data()
     func append(_ chunk: Data) { lock.withLock { data.append(chunk) } }
     var text: String { lock.withLock { String(decoding: data, as: UTF8.self) } }
-}
-
-func waitFor(_ seconds: Double = 5, _ condition: () -> Bool) async -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return condition()
 }

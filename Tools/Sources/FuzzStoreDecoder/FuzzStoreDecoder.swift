@@ -2,7 +2,7 @@
 // AES-GCM, JSON `Document`) and its inverse `encode(_:key:)`.
 //
 // Build and run (see Fuzz/README.md and scripts/fuzz.sh):
-//   swift build --product fuzz-store-decoder --sanitize=fuzzer --sanitize=address \
+//   swift build --package-path Tools --product fuzz-store-decoder --sanitize=fuzzer --sanitize=address \
 //       -Xswiftc -sanitize=fuzzer,address --scratch-path .build-fuzz
 //   .build-fuzz/debug/fuzz-store-decoder CORPUS_COPY
 //
@@ -28,7 +28,7 @@
 import Crypto
 import Foundation
 import SessionCore
-import SessionFileStore
+@_spi(Fuzzing) import SessionFileStore
 
 enum FuzzStore {
     /// The fixed 256-bit key of the fuzz target and its seed corpus.

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sessionflow.h"
+/* The hand-written header of the C API, for its types only (the library is loaded with dlopen).
+   Included by its path from here: SwiftPM takes no header search path outside the package. */
+#include "../../../Bindings/include/sessionflow.h"
 
 /* The fan-out of libsessionflow's C API, measured from C exactly as bl_runtime measures
  * the floor: subscriber 0 notes the time, the last one computes the time per callback. The

@@ -1,6 +1,7 @@
 // A small tour of LoopFlow: an owned loop, a StateFlow observed by a callback and by an
 // async sequence, a SharedFlow event bus, a timer, and a teardown report.
 import LoopFlow
+import Synchronization
 
 enum Connectivity: String, Sendable, Equatable {
     case offline, connecting, online
@@ -25,9 +26,9 @@ let watcher = Task {
 
 // A timer on the loop drives the story; every callback above runs on the loop thread.
 let steps: [Connectivity] = [.connecting, .connecting, .online]
-let step = LockedBox(0)
+let step = Atomic<Int>(0)
 let timer = try loop.scheduleTimer(after: .milliseconds(100), repeating: .milliseconds(100)) {
-    let index = step.withLockedValue { value in defer { value += 1 }; return value }
+    let index = step.add(1, ordering: .relaxed).oldValue
     guard index < steps.count else { return }
     events.emit("step \(index + 1): set \(steps[index].rawValue)")
     state.value = steps[index]  // an equal value (the second "connecting") notifies no one

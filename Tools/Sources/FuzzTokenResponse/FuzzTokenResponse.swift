@@ -2,7 +2,7 @@
 // `TokenResponse.error(from:)` and `RetryAfter.parse(_:)`.
 //
 // Build and run (see Fuzz/README.md and scripts/fuzz.sh):
-//   swift build --product fuzz-token-response --sanitize=fuzzer --sanitize=address \
+//   swift build --package-path Tools --product fuzz-token-response --sanitize=fuzzer --sanitize=address \
 //       -Xswiftc -sanitize=fuzzer,address --scratch-path .build-fuzz
 //   .build-fuzz/debug/fuzz-token-response -dict=Fuzz/token-response.dict CORPUS_COPY
 //
@@ -25,7 +25,7 @@
 
 import Foundation
 import SessionCore
-import SessionOAuth
+@_spi(Fuzzing) import SessionOAuth
 
 enum FuzzInput {
     /// The refresh token the "request" carried: never to appear in an error.

@@ -19,7 +19,7 @@
 //     timed out, which frees the slot by design);
 //  9. a session token is never handed out after logout completed in the same thread.
 // At the end every subscription is closed and every release must have run.
-// (Locks are LoopFlow's pthread ones, not Synchronization.Mutex, so ThreadSanitizer sees them.)
+// (Locks are pthread ones (LockedBox.swift), not Synchronization.Mutex, so ThreadSanitizer sees them.)
 import Dispatch
 import Logging
 import LoopFlow
