@@ -238,11 +238,14 @@ int sf_runtime_create_on_loop(struct uv_loop_s *loop, const sf_options *options,
  * every subscription callback, token answer and `refresh_release` has run, and nothing
  * of the host's is called after it returns.
  * Borrowed: the loop's thread only (SF_ETHREAD). The teardown runs in the host's next
- * loop iteration, never inside this call: then (all on the loop thread, in this order)
- * pending token answers (SF_ESHUTDOWN), `refresh_release`, on_complete and release of
- * each open subscription. After that teardown, nothing of the host's is called again (no
- * timer, no refresher): keep running the loop until uv_run returns (it returns once the
- * host's own handles are closed; the runtime keeps it alive until its teardown). */
+ * loop iteration, never inside this call, on the loop thread, in this order: the work
+ * accepted before this call (it may deliver states and events, but never calls
+ * `refresh`), the pending token answers (SF_ESHUTDOWN), `refresh_release`, then
+ * on_complete and release of each open subscription. After that teardown nothing of the
+ * host's is called again (no timer, no refresher). Keep running the loop until uv_run
+ * returns: the runtime keeps it alive until its teardown is done, then uv_run returns
+ * once the host's own handles are closed. (An owned runtime's teardown is the same, on
+ * its own loop thread, before this call returns.) */
 int sf_runtime_destroy(sf_runtime *runtime);
 
 /* Like sf_runtime_destroy, and stores in *unclosed (may be NULL) how many

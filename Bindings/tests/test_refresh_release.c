@@ -206,6 +206,10 @@ typedef struct racing_host {
     uv_loop_t loop;
     uv_timer_t script;
     tally t;
+    recorder r;                 /* an open subscription, completed by the teardown */
+    sf_subscription subscription;
+    atomic_int token_answers_at_release;
+    atomic_int completes_at_release;
     sf_runtime *runtime;
     int ticks;
     int results[3]; /* sign in, fresh token, destroy */
@@ -218,6 +222,14 @@ static void on_racing_token(int result, const char *access_token, void *userdata
     racing_host *h = userdata;
     h->answer = result;
     atomic_fetch_add(&h->t.token_answers, 1);
+}
+
+static racing_host *racing;
+
+static void racing_release(void *userdata) {
+    atomic_store(&racing->token_answers_at_release, atomic_load(&racing->t.token_answers));
+    atomic_store(&racing->completes_at_release, atomic_load(&racing->r.completes));
+    box_release(userdata);
 }
 
 static void racing_script(uv_timer_t *timer) {
@@ -239,9 +251,14 @@ static void *racing_thread(void *arg) {
     h->script.data = h;
     uv_timer_start(&h->script, racing_script, 5, 5);
     sf_options options = hanging_refresher_options(&h->t);
+    options.refresh_release = racing_release;
+    racing = h;
     h->t.loop_thread = pthread_self();
     atomic_store(&h->t.loop_thread_known, 1);
     CHECK_CODE(sf_runtime_create_on_loop(&h->loop, &options, &h->runtime), SF_OK);
+    recorder_init(&h->r);
+    sf_observer observer = recorder_observer(&h->r);
+    CHECK_CODE(sf_subscribe_session_state(h->runtime, &observer, &h->subscription), SF_OK);
     uv_run(&h->loop, UV_RUN_DEFAULT);
     h->close_result = uv_loop_close(&h->loop);
     return NULL;
@@ -262,6 +279,11 @@ void test_refresh_release_borrowed_destroy_right_after_asking_for_a_refresh(void
     CHECK_EQ_INT(atomic_load(&h->t.refresh_after_release), 0);
     CHECK_EQ_INT(atomic_load(&h->t.token_answers), 1);
     CHECK_CODE(h->answer, SF_ESHUTDOWN);
+    /* the teardown's order: token answers, refresh_release, then the subscriptions */
+    CHECK_EQ_INT(atomic_load(&h->token_answers_at_release), 1);
+    CHECK_EQ_INT(atomic_load(&h->completes_at_release), 0);
+    CHECK_EQ_INT(atomic_load(&h->r.completes), 1);
+    CHECK_EQ_INT(atomic_load(&h->r.releases), 1);
     CHECK_EQ_INT(h->close_result, 0);
     free(h);
 }
