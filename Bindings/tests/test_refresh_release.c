@@ -113,6 +113,19 @@ static void check_released_after_the_last_refresh(tally *t, int refresh_calls_at
 
 /* ---- Borrowed loop ---------------------------------------------------------------- */
 
+/* On the host's thread: its loop with a script timer (every 5 ms), and the options of a
+ * hanging refresher whose calls and release must all come from this thread. */
+static sf_options start_host(uv_loop_t *loop, uv_timer_t *script, uv_timer_cb tick, void *data, tally *t) {
+    uv_loop_init(loop);
+    uv_timer_init(loop, script);
+    script->data = data;
+    uv_timer_start(script, tick, 5, 5);
+    sf_options options = hanging_refresher_options(t);
+    t->loop_thread = pthread_self();
+    atomic_store(&t->loop_thread_known, 1);
+    return options;
+}
+
 typedef struct borrowed_host {
     uv_loop_t loop;
     uv_timer_t script;
@@ -165,13 +178,7 @@ static void borrowed_script(uv_timer_t *timer) {
 
 static void *borrowed_thread(void *arg) {
     borrowed_host *h = arg;
-    uv_loop_init(&h->loop);
-    uv_timer_init(&h->loop, &h->script);
-    h->script.data = h;
-    uv_timer_start(&h->script, borrowed_script, 5, 5);
-    sf_options options = hanging_refresher_options(&h->t);
-    h->t.loop_thread = pthread_self();
-    atomic_store(&h->t.loop_thread_known, 1);
+    sf_options options = start_host(&h->loop, &h->script, borrowed_script, h, &h->t);
     h->create_result = sf_runtime_create_on_loop(&h->loop, &options, &h->runtime);
     uv_run(&h->loop, UV_RUN_DEFAULT);
     h->close_result = uv_loop_close(&h->loop);
@@ -246,15 +253,9 @@ static void racing_script(uv_timer_t *timer) {
 
 static void *racing_thread(void *arg) {
     racing_host *h = arg;
-    uv_loop_init(&h->loop);
-    uv_timer_init(&h->loop, &h->script);
-    h->script.data = h;
-    uv_timer_start(&h->script, racing_script, 5, 5);
-    sf_options options = hanging_refresher_options(&h->t);
+    sf_options options = start_host(&h->loop, &h->script, racing_script, h, &h->t);
     options.refresh_release = racing_release;
     racing = h;
-    h->t.loop_thread = pthread_self();
-    atomic_store(&h->t.loop_thread_known, 1);
     CHECK_CODE(sf_runtime_create_on_loop(&h->loop, &options, &h->runtime), SF_OK);
     recorder_init(&h->r);
     sf_observer observer = recorder_observer(&h->r);
