@@ -58,11 +58,18 @@ let package = Package(
         ),
         // The C header, seen from Swift.
         .systemLibrary(name: "CSessionFlow"),
+        // sf_strerror / sf_err_name, expanded in C from the header's SF_ERRNO_MAP (the one
+        // table of codes, names and texts); linked into libsessionflow.so via SessionFlowC.
+        .target(
+            name: "SessionFlowErrors",
+            cSettings: [.headerSearchPath("../../Bindings/include")]
+        ),
         // The C ABI: one thin file per area, each function checked against the header.
         .target(
             name: "SessionFlowC",
             dependencies: [
                 "CSessionFlow",
+                "SessionFlowErrors",
                 "CLibUV",
                 "LoopFlow",
                 "SessionCore",

@@ -73,6 +73,8 @@ int main(void) {
     sf_options options;
     sf_options_init(&options);
     options.refresh = refresh;
+    options.refresh_userdata = "refresher";  /* a real host would free its state in... */
+    options.refresh_release = on_release;    /* ...this, called once after the last refresh */
     options.refresh_margin_ms = 1000;       /* a 2 s token is refreshed at its half-life */
     options.min_refresh_interval_ms = 500;  /* (the default, 10 s, suits real tokens) */
 

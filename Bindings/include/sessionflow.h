@@ -170,7 +170,10 @@ typedef void (*sf_token_fn)(int result, const char *access_token, void *userdata
 /* The host's refresher: called on the loop thread with the refresh token (borrowed).
  * Complete `request` exactly once, from any thread, now or later, with
  * sf_refresh_request_succeed or sf_refresh_request_fail. If it never answers, the
- * refresh times out (refresh_timeout_ms) and is retried with backoff. */
+ * refresh times out (refresh_timeout_ms) and is retried with backoff. A request still
+ * open when the runtime is destroyed is closed by sf_runtime_destroy: completing it then
+ * returns SF_ECLOSED and calls nothing. Never called after sf_runtime_destroy returned;
+ * `sf_options.refresh_release` tells when its userdata may be freed. */
 typedef void (*sf_refresh_fn)(sf_refresh_request *request, const char *refresh_token, void *userdata);
 
 typedef struct sf_options {
@@ -193,6 +196,16 @@ typedef struct sf_options {
     /* The encrypted file store (AES-GCM, 0700/0600, key file beside it), shared safely by
      * several processes; NULL: the session lives in memory only. */
     const char *store_directory;
+    /* Frees `refresh_userdata` (NULL: the host frees it itself, after the runtime is gone).
+     * A runtime that was created (SF_OK) calls it exactly once, whether or not `refresh`
+     * is set, on the loop thread, during the teardown of sf_runtime_destroy: after the last
+     * call of `refresh` has returned and after every sf_refresh_request it handed out has
+     * become SF_ECLOSED. Nothing is called with `refresh_userdata` after it. Owned
+     * runtime: it has run when sf_runtime_destroy returns. Borrowed runtime: it runs on
+     * the host's next loop iteration (the teardown; see sf_runtime_destroy), before the
+     * host's uv_run can return. A create that fails never calls it. Hosts built against
+     * an older header (a smaller `size`) have none. */
+    void (*refresh_release)(void *refresh_userdata);
 } sf_options;
 
 /* ---- Options -------------------------------------------------------------------- */
@@ -214,11 +227,25 @@ int sf_runtime_create(const sf_options *options, sf_runtime **out);
 int sf_runtime_create_on_loop(struct uv_loop_s *loop, const sf_options *options, sf_runtime **out);
 
 /* Destroys the runtime: completes every open subscription (on_complete, then release),
- * answers every pending token request with SF_ESHUTDOWN, stops every timer. The
- * session stays in the store. NULL is a no-op (SF_OK).
- * Owned: any thread but the loop's (SF_EBUSY there); returns when all is done.
- * Borrowed: the loop's thread only (SF_ETHREAD); the teardown runs in the host's next
- * loop iteration. A destroyed runtime yields SF_ECLOSED (so does destroying it twice). */
+ * answers every pending token request with SF_ESHUTDOWN, stops every timer, closes the
+ * host's refresher and runs `refresh_release`. The session stays in the store. NULL is a
+ * no-op (SF_OK). A destroyed runtime yields SF_ECLOSED (so does destroying it twice).
+ * When it returns SF_OK, in both modes: every call with the runtime is SF_ECLOSED; the
+ * host's `refresh` is never called again (a `refresh` call that is itself making this
+ * call finishes, nothing follows); every sf_refresh_request still open is SF_ECLOSED (a
+ * late succeed/fail changes nothing).
+ * Owned: any thread but the loop's (SF_EBUSY there); returns when the teardown is done:
+ * every subscription callback, token answer and `refresh_release` has run, and nothing
+ * of the host's is called after it returns.
+ * Borrowed: the loop's thread only (SF_ETHREAD). The teardown runs in the host's next
+ * loop iteration, never inside this call, on the loop thread, in this order: the work
+ * accepted before this call (it may deliver states and events, but never calls
+ * `refresh`), the pending token answers (SF_ESHUTDOWN), `refresh_release`, then
+ * on_complete and release of each open subscription. After that teardown nothing of the
+ * host's is called again (no timer, no refresher). Keep running the loop until uv_run
+ * returns: the runtime keeps it alive until its teardown is done, then uv_run returns
+ * once the host's own handles are closed. (An owned runtime's teardown is the same, on
+ * its own loop thread, before this call returns.) */
 int sf_runtime_destroy(sf_runtime *runtime);
 
 /* Like sf_runtime_destroy, and stores in *unclosed (may be NULL) how many

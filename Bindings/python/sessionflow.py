@@ -115,6 +115,7 @@ class _Options(ctypes.Structure):
         ("revocation_endpoint", ctypes.c_char_p),
         ("introspection_endpoint", ctypes.c_char_p),
         ("store_directory", ctypes.c_char_p),
+        ("refresh_release", _VOID_FN),
     ]
 
 
@@ -251,7 +252,11 @@ class Runtime:
     def __init__(self, refresher: Optional[Callable[[RefreshRequest, str], None]] = None,
                  min_refresh_interval_ms: Optional[int] = None,
                  token_endpoint: Optional[str] = None, client_id: Optional[str] = None,
-                 revocation_endpoint: Optional[str] = None, store_directory: Optional[str] = None):
+                 revocation_endpoint: Optional[str] = None, store_directory: Optional[str] = None,
+                 on_refresher_released: Optional[Callable[[], None]] = None):
+        """`refresher` is called on the loop thread, never after destroy() returned;
+        `on_refresher_released` runs once (on the loop thread, before destroy() returns)
+        after its last call, when the library lets go of it (sf_options.refresh_release)."""
         options = _Options()
         _options_init(ctypes.byref(options))
         if min_refresh_interval_ms is not None:
@@ -259,14 +264,25 @@ class Runtime:
         # ctypes keeps these bytes alive with the struct; the library copies them.
         self._strings = [s.encode() if s else None for s in (token_endpoint, client_id, revocation_endpoint, store_directory)]
         options.token_endpoint, options.client_id, options.revocation_endpoint, options.store_directory = self._strings
-        self._refresh_fn = None
+        refresher_key = None
         if refresher is not None:
             def trampoline(request, refresh_token, _userdata):
                 refresher(RefreshRequest(request), refresh_token.decode())
-            self._refresh_fn = _REFRESH_FN(trampoline)
-            options.refresh = self._refresh_fn
+
+            def release(_userdata):
+                if on_refresher_released:
+                    on_refresher_released()
+                _drop(refresher_key)
+
+            # Kept alive until the library releases them (refresh_release), not with `self`.
+            callbacks = (_REFRESH_FN(trampoline), _VOID_FN(release))
+            refresher_key = _keep(callbacks)
+            options.refresh, options.refresh_release = callbacks
         self._pointer = ctypes.c_void_p()
-        _check(_create(ctypes.byref(options), ctypes.byref(self._pointer)), "sf_runtime_create")
+        code = _create(ctypes.byref(options), ctypes.byref(self._pointer))
+        if code < 0 and refresher_key is not None:
+            _drop(refresher_key)  # a failed create takes no ownership: nothing will be called
+        _check(code, "sf_runtime_create")
         self._token_callbacks: dict[int, object] = {}
 
     # lifecycle

@@ -33,6 +33,11 @@
     XX(refresher_absurd_retry_after_is_capped)                       \
     XX(borrowed_loop_runs_beside_the_hosts_own_timer)                \
     XX(borrowed_loop_calls_off_its_thread_are_ethread)               \
+    XX(refresh_release_borrowed_runs_once_after_the_last_refresh)    \
+    XX(refresh_release_borrowed_destroy_right_after_asking_for_a_refresh) \
+    XX(refresh_release_owned_runs_once_before_destroy_returns)       \
+    XX(refresh_release_failed_create_takes_no_ownership)             \
+    XX(refresh_release_runs_without_a_refresher_and_honours_size)    \
     XX(threads_close_subscriptions_while_the_loop_delivers)          \
     XX(secrets_never_reach_a_host_or_the_logs)
 

@@ -22,6 +22,17 @@ final class HandleTable<Object: AnyObject & Sendable>: Sendable {
         }
     }
 
+    /// Stores the object `make` builds for a new number (an object that knows its handle).
+    func insert(making make: (UInt64) -> Object) -> Object {
+        table.withLockedValue { table in
+            let id = table.next
+            table.next += 1
+            let object = make(id)
+            table.objects[id] = object
+            return object
+        }
+    }
+
     /// Stores `object` under `id` (a number already unique in the process).
     func insert(_ object: Object, as id: UInt64) {
         table.withLockedValue { $0.objects[id] = object }

@@ -52,9 +52,10 @@ struct TerminalCallbacks: @unchecked Sendable {
 @c @implementation
 public func sf_session_state_get(_ pointer: OpaquePointer!, _ out: UnsafeMutablePointer<sf_session_state>!) -> Int32 {
     guard let out else { return SF_EINVAL.code }
-    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
-    out.pointee = runtime.session.state.value.c
-    return SF_OK.code
+    return withRuntime(pointer) { runtime in
+        out.pointee = runtime.session.state.value.c
+        return SF_OK.code
+    }
 }
 
 /// Subscribes through `subscribe` and publishes the handle. The table entry goes when
@@ -92,19 +93,20 @@ public func sf_subscribe_session_state(
     _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_observer>!, _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
-    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
     let callbacks = StateCallbacks(observer: observer.pointee)
     let terminal = TerminalCallbacks(
         onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
         release: observer.pointee.release, userdata: observer.pointee.userdata)
-    return register(out) { onRelease throws(LoopFlowError) in
-        try runtime.session.state.subscribe(
-            onState: { state in
-                callbacks.observer.on_state?(state.c, callbacks.observer.userdata)
-            },
-            onError: terminal.errorClosure,
-            onComplete: terminal.completeClosure,
-            onRelease: terminal.releaseClosure(onRelease))
+    return withRuntime(pointer) { runtime in
+        register(out) { onRelease throws(LoopFlowError) in
+            try runtime.session.state.subscribe(
+                onState: { state in
+                    callbacks.observer.on_state?(state.c, callbacks.observer.userdata)
+                },
+                onError: terminal.errorClosure,
+                onComplete: terminal.completeClosure,
+                onRelease: terminal.releaseClosure(onRelease))
+        }
     }
 }
 
@@ -114,20 +116,21 @@ public func sf_subscribe_events(
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
-    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
     let callbacks = EventCallbacks(observer: observer.pointee)
     let terminal = TerminalCallbacks(
         onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
         release: observer.pointee.release, userdata: observer.pointee.userdata)
-    return register(out) { onRelease throws(LoopFlowError) in
-        try runtime.session.events.subscribe(
-            onEvent: { event in
-                guard let onEvent = callbacks.observer.on_event else { return }
-                withCEvent(event) { onEvent($0, callbacks.observer.userdata) }
-            },
-            onError: terminal.errorClosure,
-            onComplete: terminal.completeClosure,
-            onRelease: terminal.releaseClosure(onRelease))
+    return withRuntime(pointer) { runtime in
+        register(out) { onRelease throws(LoopFlowError) in
+            try runtime.session.events.subscribe(
+                onEvent: { event in
+                    guard let onEvent = callbacks.observer.on_event else { return }
+                    withCEvent(event) { onEvent($0, callbacks.observer.userdata) }
+                },
+                onError: terminal.errorClosure,
+                onComplete: terminal.completeClosure,
+                onRelease: terminal.releaseClosure(onRelease))
+        }
     }
 }
 

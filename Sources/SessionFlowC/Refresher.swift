@@ -1,6 +1,7 @@
 import CSessionFlow
 import LoopFlow
 import SessionCore
+import Synchronization
 
 /// An open refresh the host is performing.
 final class RefreshRequest: Sendable {
@@ -16,9 +17,15 @@ final class RefreshRequest: Sendable {
 let refreshRequests = HandleTable<RefreshRequest>()
 
 /// The host-supplied refresher of `sf_options.refresh`, as a `SessionAuthority`.
+///
+/// Closed at `sf_runtime_destroy` (and again by the teardown, on the loop thread): from
+/// then on `refresh` never calls the host, and the requests it left open are SF_ECLOSED.
+/// Only the loop thread calls `refresh`, so once the teardown has closed it, no call of the
+/// host's refresher is running or will start — `refresh_release` runs after that.
 final class HostAuthority: SessionAuthority {
     let refresh: sf_refresh_fn?
     let userdata: UserData
+    private let closed = Atomic<Bool>(false)
 
     init(refresh: sf_refresh_fn?, userdata: UserData) {
         self.refresh = refresh
@@ -30,16 +37,32 @@ final class HostAuthority: SessionAuthority {
             completion.fail(.configuration("no_refresher", "no refresh callback was configured (sf_options.refresh)"))
             return
         }
+        // Destroyed: the host is not asked. The completion stays open, like a request the
+        // host never answered; the teardown that follows fails its waiters (SF_ESHUTDOWN).
+        guard !closed.load(ordering: .acquiring) else { return }
         let id = refreshRequests.insert(RefreshRequest(completion: completion, authority: ObjectIdentifier(self)))
         request.refreshToken.reveal().withCString { token in
             refresh(pointer(for: id), token, userdata.pointer)
         }
     }
 
-    /// At destroy: the host's late answers find nothing (SF_ECLOSED).
-    func abandonOpenRequests() {
+    /// At destroy: the host's refresher is not called again, and its late answers find
+    /// nothing (SF_ECLOSED). Idempotent.
+    func close() {
+        closed.store(true, ordering: .releasing)
         let me = ObjectIdentifier(self)
         _ = refreshRequests.removeAll { $0.authority == me }
+    }
+}
+
+/// `sf_options.refresh_release` and the userdata it frees: run once, by the teardown of
+/// the runtime that took ownership, on the loop thread, after the refresher was closed.
+struct RefreshRelease: @unchecked Sendable {
+    let function: (@convention(c) (UnsafeMutableRawPointer?) -> Void)?
+    let userdata: UserData
+
+    func callAsFunction() {
+        function?(userdata.pointer)
     }
 }
 

@@ -14,6 +14,8 @@ import Glibc
 
 /// One loop and one session, as a C host sees them.
 final class Runtime: Sendable {
+    /// The number the host holds (as its `sf_runtime *`).
+    let id: UInt64
     let loop: EventLoop
     let session: SessionManager
     /// The host's refresher, when it supplied one.
@@ -21,7 +23,8 @@ final class Runtime: Sendable {
     let borrowed: Bool
     private let destroyed = Atomic<Bool>(false)
 
-    init(loop: EventLoop, session: SessionManager, authority: HostAuthority?, borrowed: Bool) {
+    init(id: UInt64, loop: EventLoop, session: SessionManager, authority: HostAuthority?, borrowed: Bool) {
+        self.id = id
         self.loop = loop
         self.session = session
         self.authority = authority
@@ -41,9 +44,17 @@ final class Runtime: Sendable {
 
 let runtimes = HandleTable<Runtime>()
 
-/// The runtime behind a C pointer, or nil (unknown or destroyed).
-func runtime(_ pointer: OpaquePointer?) -> Runtime? {
-    handle(of: pointer).flatMap(runtimes.lookup)
+/// The one place a C `sf_runtime *` is resolved: runs `body` with the runtime behind
+/// `pointer` and returns its result (a thrown session error as its C code). NULL is
+/// SF_EINVAL; an unknown or destroyed runtime is SF_ECLOSED (`body` then never runs).
+func withRuntime(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Int32) -> Int32 {
+    guard let id = handle(of: pointer) else { return SF_EINVAL.code }
+    guard let runtime = runtimes.lookup(id) else { return SF_ECLOSED.code }
+    do {
+        return try body(runtime)
+    } catch {
+        return errorCode(error)
+    }
 }
 
 /// The library's logger for C hosts: warnings and above to standard error, more with
@@ -128,10 +139,13 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         scope: nil,
         revocation_endpoint: nil,
         introspection_endpoint: nil,
-        store_directory: nil)
+        store_directory: nil,
+        refresh_release: nil)
 }
 
 /// Makes the runtime on `loop` (already running or about to be) and publishes its handle.
+/// Only a runtime that is published takes ownership of `refresh_userdata`: its teardown
+/// closes the host's refresher and then runs `refresh_release`. A failure calls nothing.
 private func makeRuntime(
     loop: EventLoop, options: sf_options, borrowed: Bool, out: UnsafeMutablePointer<OpaquePointer?>
 ) -> Int32 {
@@ -147,8 +161,12 @@ private func makeRuntime(
         return errorCode(error)
     }
     let host = authority as? HostAuthority
-    let runtime = Runtime(loop: loop, session: session, authority: host, borrowed: borrowed)
-    out.pointee = pointer(for: runtimes.insert(runtime))
+    let release = RefreshRelease(function: options.refresh_release, userdata: UserData(pointer: options.refresh_userdata))
+    // Registered after the session's own hook, so it runs after the session has failed its
+    // waiters and stopped its timers: the host's refresher is closed for good, then released.
+    guard loop.addTeardownHook({ host?.close(); release() }) else { return SF_ESHUTDOWN.code }
+    let runtime = runtimes.insert { id in Runtime(id: id, loop: loop, session: session, authority: host, borrowed: borrowed) }
+    out.pointee = pointer(for: runtime.id)
     return SF_OK.code
 }
 
@@ -200,22 +218,25 @@ public func sf_runtime_destroy(_ runtime: OpaquePointer!) -> Int32 {
 
 @c @implementation
 public func sf_runtime_destroy_report(_ pointer: OpaquePointer!, _ unclosed: UnsafeMutablePointer<Int>!) -> Int32 {
-    guard let pointer else { return SF_OK.code }  // destroy(NULL) is a no-op
-    guard let id = handle(of: pointer), let target = runtimes.lookup(id) else { return SF_ECLOSED.code }
-    if target.borrowed {
-        guard target.loop.inEventLoop else { return SF_ETHREAD.code }
-    } else {
-        guard !target.loop.inEventLoop else { return SF_EBUSY.code }
+    guard pointer != nil else { return SF_OK.code }  // destroy(NULL) is a no-op
+    return withRuntime(pointer) { target in
+        if target.borrowed {
+            guard target.loop.inEventLoop else { return SF_ETHREAD.code }
+        } else {
+            guard !target.loop.inEventLoop else { return SF_EBUSY.code }
+        }
+        guard target.claimDestruction(), runtimes.remove(target.id) != nil else { return SF_ECLOSED.code }
+        // From here the host's refresher is never called again and its open requests are
+        // SF_ECLOSED; the teardown (below, or on a borrowed loop's next iteration) closes it
+        // once more on the loop thread and then runs `refresh_release`.
+        target.authority?.close()
+        let report: EventLoop.ShutdownReport
+        do {
+            report = try target.loop.shutdown()
+        } catch {
+            return SF_ESHUTDOWN.code
+        }
+        unclosed?.pointee = report.unclosedSubscriptions
+        return SF_OK.code
     }
-    guard target.claimDestruction(), runtimes.remove(id) != nil else { return SF_ECLOSED.code }
-    let report: EventLoop.ShutdownReport
-    do {
-        report = try target.loop.shutdown()
-    } catch {
-        return SF_ESHUTDOWN.code
-    }
-    // Requests the host has not answered can no longer be answered.
-    target.authority?.abandonOpenRequests()
-    unclosed?.pointee = report.unclosedSubscriptions
-    return SF_OK.code
 }

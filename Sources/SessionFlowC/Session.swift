@@ -17,26 +17,20 @@ struct TokenCallback: @unchecked Sendable {
     }
 }
 
-/// Looks up the runtime and checks a call that waits for the loop's answer.
+/// A call that waits for the loop's answer: on a borrowed loop, only from its thread.
 private func synchronous(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
-    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
-    guard runtime.synchronousCallsAllowed else { return SF_ETHREAD.code }
-    do {
+    withRuntime(pointer) { runtime throws(SessionError) in
+        guard runtime.synchronousCallsAllowed else { return SF_ETHREAD.code }
         try body(runtime)
         return SF_OK.code
-    } catch {
-        return errorCode(error)
     }
 }
 
-/// Looks up the runtime for a call that only posts work.
+/// A call that only posts work: any thread.
 private func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
-    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
-    do {
+    withRuntime(pointer) { runtime throws(SessionError) in
         try body(runtime)
         return SF_OK.code
-    } catch {
-        return errorCode(error)
     }
 }
 
@@ -65,21 +59,21 @@ public func sf_session_reconfigure(_ pointer: OpaquePointer!) -> Int32 {
 
 @c @implementation
 public func sf_session_is_logged_in(_ pointer: OpaquePointer!) -> Int32 {
-    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
-    return runtime.session.isLoggedIn() ? 1 : 0
+    withRuntime(pointer) { runtime in runtime.session.isLoggedIn() ? 1 : 0 }
 }
 
 @c @implementation
 public func sf_session_member_id(_ pointer: OpaquePointer!, _ buffer: UnsafeMutablePointer<CChar>!, _ length: Int) -> Int32 {
     guard let buffer else { return SF_EINVAL.code }
-    guard let runtime = runtime(pointer) else { return pointer == nil ? SF_EINVAL.code : SF_ECLOSED.code }
-    let member = Array((runtime.session.memberID ?? "").utf8)
-    guard length > member.count else { return SF_ERANGE.code }
-    for (index, byte) in member.enumerated() {
-        buffer[index] = CChar(bitPattern: byte)
+    return withRuntime(pointer) { runtime in
+        let member = Array((runtime.session.memberID ?? "").utf8)
+        guard length > member.count else { return SF_ERANGE.code }
+        for (index, byte) in member.enumerated() {
+            buffer[index] = CChar(bitPattern: byte)
+        }
+        buffer[member.count] = 0
+        return SF_OK.code
     }
-    buffer[member.count] = 0
-    return SF_OK.code
 }
 
 @c @implementation

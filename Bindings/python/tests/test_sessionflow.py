@@ -118,6 +118,33 @@ def test_a_terminal_refusal_expires_the_session():
         rt.destroy()
 
 
+def test_the_refresher_is_released_once_after_its_last_call():
+    calls, releases, open_requests = [], [], []
+
+    def refresher(request, refresh_token):
+        assert not releases  # never called after its release
+        calls.append(threading.get_ident())
+        open_requests.append(request)  # never answered: still open at destroy
+
+    rt = sf.Runtime(refresher=refresher, on_refresher_released=lambda: releases.append(threading.get_ident()))
+    rt.sign_in("access-1", "refresh-1", 0)
+    assert wait_for(lambda: calls)
+    rt.destroy()
+    assert len(releases) == 1 and releases[0] == calls[0]  # on the loop thread, before destroy returned
+    assert open_requests[0].succeed("late", None, 60) == sf.ERRORS["SF_ECLOSED"]
+    time.sleep(0.1)
+    assert len(calls) == 1 and len(releases) == 1
+
+
+def test_a_failed_create_never_releases_the_refresher():
+    releases = []
+    with pytest.raises(sf.SessionFlowError):
+        sf.Runtime(refresher=lambda request, token: None, token_endpoint=None, min_refresh_interval_ms=-1,
+                   on_refresher_released=lambda: releases.append(1))
+    time.sleep(0.05)
+    assert releases == []
+
+
 def test_destroy_completes_and_reports_subscriptions_never_closed():
     rt = sf.Runtime()
     completed, released = threading.Event(), threading.Event()
