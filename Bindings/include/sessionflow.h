@@ -206,6 +206,13 @@ typedef struct sf_options {
      * host's uv_run can return. A create that fails never calls it. Hosts built against
      * an older header (a smaller `size`) have none. */
     void (*refresh_release)(void *refresh_userdata);
+    /* Start-up events (SF_EVENT_INITIAL_SESSION, a start-up SF_EVENT_STORE_ERROR) are
+     * emitted once, when the session starts. 0 (default): it starts by itself on the
+     * loop's first turn after create — subscribe to events right after create to see them,
+     * racing that turn. 1: it waits for sf_runtime_start, so subscribe first, then start,
+     * and no start-up event is missed. Any session call before sf_runtime_start starts it
+     * first. Hosts built against an older header (a smaller `size`) have 0. */
+    int start_manually;
 } sf_options;
 
 /* ---- Options -------------------------------------------------------------------- */
@@ -225,6 +232,13 @@ int sf_runtime_create(const sf_options *options, sf_runtime **out);
  * handles are closed, and uv_loop_close gives 0.
  * Returns SF_OK, SF_EINVAL. Thread: the loop's thread. */
 int sf_runtime_create_on_loop(struct uv_loop_s *loop, const sf_options *options, sf_runtime **out);
+
+/* Starts the session of a runtime created with `start_manually`: restores what the
+ * store held and emits the start-up events (see sf_options.start_manually), on the loop
+ * thread, never inside this call. A second call, or one on a runtime that started by
+ * itself, does nothing. Returns SF_OK, SF_EINVAL (NULL), SF_ECLOSED, SF_ESHUTDOWN.
+ * Any thread. */
+int sf_runtime_start(sf_runtime *runtime);
 
 /* Destroys the runtime: completes every open subscription (on_complete, then release),
  * answers every pending token request with SF_ESHUTDOWN, stops every timer, closes the

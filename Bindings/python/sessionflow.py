@@ -116,6 +116,7 @@ class _Options(ctypes.Structure):
         ("introspection_endpoint", ctypes.c_char_p),
         ("store_directory", ctypes.c_char_p),
         ("refresh_release", _VOID_FN),
+        ("start_manually", ctypes.c_int),
     ]
 
 
@@ -132,6 +133,7 @@ _version_string = _declare("sf_version_string", ctypes.c_char_p)
 _options_init = _declare("sf_options_init", None, ctypes.POINTER(_Options))
 _create = _declare("sf_runtime_create", ctypes.c_int, ctypes.POINTER(_Options), ctypes.POINTER(ctypes.c_void_p))
 _destroy_report = _declare("sf_runtime_destroy_report", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t))
+_start = _declare("sf_runtime_start", ctypes.c_int, ctypes.c_void_p)
 _state_get = _declare("sf_session_state_get", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
 _subscribe_state = _declare(
     "sf_subscribe_session_state", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Observer), ctypes.POINTER(ctypes.c_uint64))
@@ -253,12 +255,16 @@ class Runtime:
                  min_refresh_interval_ms: Optional[int] = None,
                  token_endpoint: Optional[str] = None, client_id: Optional[str] = None,
                  revocation_endpoint: Optional[str] = None, store_directory: Optional[str] = None,
-                 on_refresher_released: Optional[Callable[[], None]] = None):
+                 on_refresher_released: Optional[Callable[[], None]] = None,
+                 start_manually: bool = False):
         """`refresher` is called on the loop thread, never after destroy() returned;
         `on_refresher_released` runs once (on the loop thread, before destroy() returns)
-        after its last call, when the library lets go of it (sf_options.refresh_release)."""
+        after its last call, when the library lets go of it (sf_options.refresh_release).
+        `start_manually`: the session waits for start() before its start-up events, so
+        subscribe to events first and miss none (sf_options.start_manually)."""
         options = _Options()
         _options_init(ctypes.byref(options))
+        options.start_manually = 1 if start_manually else 0
         if min_refresh_interval_ms is not None:
             options.min_refresh_interval_ms = min_refresh_interval_ms
         # ctypes keeps these bytes alive with the struct; the library copies them.
@@ -286,6 +292,10 @@ class Runtime:
         self._token_callbacks: dict[int, object] = {}
 
     # lifecycle
+    def start(self) -> None:
+        """Starts a session made with start_manually (a no-op otherwise)."""
+        _check(_start(self._pointer), "sf_runtime_start")
+
     def destroy(self) -> int:
         """Destroys the runtime; returns how many subscriptions were never closed."""
         unclosed = ctypes.c_size_t()

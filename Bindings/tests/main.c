@@ -19,6 +19,7 @@
     XX(close_from_another_thread_waits_for_the_running_callback)     \
     XX(destroy_completes_and_releases_open_subscriptions)            \
     XX(events_carry_kind_member_and_reason)                          \
+    XX(events_start_up_event_waits_for_sf_runtime_start)             \
     XX(session_sign_in_logout_and_local_checks)                      \
     XX(session_illegal_transitions_are_estate)                       \
     XX(session_member_id_buffer_too_small_is_erange)                 \

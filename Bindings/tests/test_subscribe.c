@@ -248,3 +248,39 @@ void test_events_carry_kind_member_and_reason(void) {
     CHECK_EQ_INT(atomic_load(&log->releases), 1);
     free(log);
 }
+
+/* start_manually: an observer that subscribes long after create (the loop has turned many
+ * times) still sees the start-up event, because the session waits for sf_runtime_start. */
+void test_events_start_up_event_waits_for_sf_runtime_start(void) {
+    sf_options options;
+    sf_options_init(&options);
+    options.start_manually = 1;
+    sf_runtime *runtime = NULL;
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    sf_test_sleep_ms(50); /* the runtime's loop has long had its first turn */
+    event_log *log = calloc(1, sizeof *log);
+    sf_event_observer observer;
+    memset(&observer, 0, sizeof observer);
+    observer.on_event = log_event;
+    observer.release = log_release;
+    observer.userdata = log;
+    sf_subscription subscription = 0;
+    CHECK_CODE(sf_subscribe_events(runtime, &observer, &subscription), SF_OK);
+    sf_test_sleep_ms(20);
+    CHECK_EQ_INT(atomic_load(&log->count), 0); /* nothing before the start */
+    CHECK_CODE(sf_runtime_start(runtime), SF_OK);
+    WAIT_FOR(atomic_load(&log->count) >= 1);
+    CHECK_EQ_INT(atomic_load(&log->count), 1);
+    CHECK_EQ_INT(log->kinds[0], SF_EVENT_INITIAL_SESSION);
+    CHECK_EQ_INT(log->states[0], SF_LOGGED_OUT);
+    /* A second start does nothing; bad handles are refused. */
+    CHECK_CODE(sf_runtime_start(runtime), SF_OK);
+    CHECK_CODE(sf_runtime_start(NULL), SF_EINVAL);
+    sf_test_sleep_ms(20);
+    CHECK_EQ_INT(atomic_load(&log->count), 1);
+    CHECK_CODE(sf_subscription_close(subscription), SF_OK);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+    CHECK_CODE(sf_runtime_start(runtime), SF_ECLOSED);
+    CHECK_EQ_INT(atomic_load(&log->releases), 1);
+    free(log);
+}

@@ -94,6 +94,7 @@ func configuration(from options: sf_options) -> SessionConfiguration? {
     configuration.policy.minimumInterval = .milliseconds(options.min_refresh_interval_ms)
     // The same check the session makes (RefreshPolicy.problem), answered here as SF_EINVAL.
     guard configuration.policy.problem == nil else { return nil }
+    configuration.startsAutomatically = options.start_manually == 0
     configuration.logger = makeLogger()
     return configuration
 }
@@ -140,7 +141,8 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         revocation_endpoint: nil,
         introspection_endpoint: nil,
         store_directory: nil,
-        refresh_release: nil)
+        refresh_release: nil,
+        start_manually: 0)
 }
 
 /// Makes the runtime on `loop` (already running or about to be) and publishes its handle.
@@ -208,6 +210,14 @@ public func sf_runtime_create_on_loop(
     guard let uvLoop else { return SF_EINVAL.code }
     return create(options, out, borrowed: true) { () throws(LoopFlowError) in
         try EventLoop(borrowing: uvLoop, logger: makeLogger())
+    }
+}
+
+@c @implementation
+public func sf_runtime_start(_ pointer: OpaquePointer!) -> Int32 {
+    withRuntime(pointer) { runtime throws(SessionError) in
+        try runtime.session.start()
+        return SF_OK.code
     }
 }
 

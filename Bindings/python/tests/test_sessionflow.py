@@ -59,6 +59,24 @@ def test_events_carry_the_member_and_the_reason(runtime):
     assert signed_in.member_id == "member-3"
 
 
+def test_with_start_manually_a_late_subscriber_still_gets_the_initial_session():
+    rt = sf.Runtime(start_manually=True)
+    try:
+        time.sleep(0.05)  # the loop has long had its first turn
+        events = []
+        with rt.subscribe_events(events.append):
+            time.sleep(0.02)
+            assert events == []  # nothing before start()
+            rt.start()
+            assert wait_for(lambda: len(events) == 1)
+            assert events[0].kind == sf.EventKind.INITIAL_SESSION
+            rt.start()  # a second start does nothing
+            time.sleep(0.02)
+            assert len(events) == 1
+    finally:
+        rt.destroy()
+
+
 def test_local_checks_and_member_id(runtime):
     assert runtime.is_logged_in() is False
     runtime.sign_in("access-1", "refresh-1", 3600, "member-1")
