@@ -52,11 +52,12 @@ public final class EventLoop: @unchecked Sendable {
     public let mode: Mode
     public let name: String
     let logger: Logger
-    let timers: any TimerBackend
     package let uvLoop: UnsafeMutablePointer<uv_loop_t>
     private let wakeHandle: UnsafeMutablePointer<uv_async_t>
     let jobs: JobQueue
     let resources: LoopResources
+    /// The timers' backend (libuv or a `ManualClock`), kept with the other resources.
+    var timers: any TimerBackend { resources.timers }
     /// Threads that `close()` a subscription while the loop calls its flow's subscribers
     /// wait here for that walk to end.
     let walkGate = WalkGate()
@@ -131,10 +132,9 @@ public final class EventLoop: @unchecked Sendable {
         self.name = name
         self.uvLoop = uvLoop
         self.logger = logger
-        self.timers = clock.makeBackend()
         self.wakeHandle = .allocate(capacity: 1)
         self.jobs = JobQueue(wakeHandle: wakeHandle)
-        self.resources = LoopResources(timers: timers)
+        self.resources = LoopResources(timers: clock.makeBackend())
         let rc = uv_async_init(uvLoop, wakeHandle, eventLoopWakeCallback)
         guard rc == 0 else {
             // deinit (which runs for a throwing init once every property is set) frees

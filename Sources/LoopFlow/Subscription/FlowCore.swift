@@ -1,6 +1,6 @@
 import Synchronization
 
-/// The subscription machinery every flow shares: its lock, the delivery flag, arrivals,
+/// The subscription machinery every flow shares: its lock, the pending delivery, arrivals,
 /// the terminal state, the subscriber slots and the observable subscription count.
 ///
 /// A flow keeps its own data (a value, a ring of events) under `lock` too, so that one
