@@ -61,7 +61,7 @@ public final class DirectoryWatch: @unchecked Sendable {
         pending?.cancel()
         pending = nil
         closeHandle()
-        loop.forgetWatch(self)
+        loop.resources.forgetWatch(self)
     }
 
     private func closeHandle() {
@@ -99,7 +99,7 @@ extension EventLoop {
             do throws(LoopFlowError) {
                 try execute { [self] in
                     let rc = watch.start()
-                    if rc == 0 { rememberWatch(watch) }
+                    if rc == 0 { resources.rememberWatch(watch) }
                     continuation.resume(returning: .success(rc))
                 }
             } catch {
@@ -125,7 +125,7 @@ extension EventLoop {
         guard rc == 0 else {
             throw LoopFlowError(.libuv, "cannot watch \(directory): \(String(cString: uv_strerror(rc)))")
         }
-        rememberWatch(watch)
+        resources.rememberWatch(watch)
         return watch
     }
 }

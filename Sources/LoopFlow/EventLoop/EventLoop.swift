@@ -27,6 +27,12 @@ import Musl
 ///
 /// Threading: every method is safe from any thread unless its documentation says
 /// otherwise.
+///
+/// This type is the façade and the libuv host (the `uv_loop_t`, its thread, the wake-up
+/// handle). The work itself lives in three parts it owns: `JobQueue` (the locked queue, the
+/// wake-up claims, the batches; its `RunState` decides what is accepted), `LoopResources`
+/// (what teardown finishes: flows, hooks, directory watches, timers) and `WalkGate` (the
+/// close contract's wait for a running callback).
 public final class EventLoop: @unchecked Sendable {
     /// Who runs the `uv_loop_t`.
     public enum Mode: Sendable, Equatable {
@@ -43,56 +49,23 @@ public final class EventLoop: @unchecked Sendable {
         public var description: String { "ShutdownReport(unclosedSubscriptions: \(unclosedSubscriptions))" }
     }
 
-    private enum RunState {
-        case running
-        /// `shutdown()` was called; the loop thread will tear down on its next wake-up.
-        /// Public work is refused; internal bookkeeping (retire, delivery) still lands.
-        case stopRequested
-        /// Teardown has started: nothing is accepted from anyone.
-        case stopped
-    }
-
     public let mode: Mode
     public let name: String
     let logger: Logger
-    let timers: any TimerBackend
     package let uvLoop: UnsafeMutablePointer<uv_loop_t>
     private let wakeHandle: UnsafeMutablePointer<uv_async_t>
-
-    // Guarded by queueLock.
-    private let queueLock = Lock()
-    @exclusivity(unchecked) private var queue: [Job] = []
-    @exclusivity(unchecked) private var wakePending = false
-    /// Senders that claimed the wake-up under `queueLock` and send it after releasing the
-    /// lock (so the woken loop never finds the lock held by a sender inside `write`).
-    /// Teardown waits for them before it closes the handle.
-    private let wakeSenders = Atomic<Int>(0)
-    @exclusivity(unchecked) private var runState = RunState.running
-    /// `runState == .running`, readable without the lock (subscribe's early check).
-    private let running = Atomic<Bool>(true)
-    /// Every flow made on this loop, weakly, so teardown can complete their subscribers.
-    private var adopted: [WeakOwner] = []
-    private var adoptedCompactionThreshold = 64
-    /// Run on the loop thread at teardown, before subscriptions are completed.
-    private var teardownHooks: [@Sendable () -> Void] = []
-    /// Loop-confined: directory watches to stop at teardown.
-    private var watches: [ObjectIdentifier: DirectoryWatch] = [:]
+    let jobs: JobQueue
+    let resources: LoopResources
+    /// The timers' backend (libuv or a `ManualClock`), kept with the other resources.
+    var timers: any TimerBackend { resources.timers }
+    /// Threads that `close()` a subscription while the loop calls its flow's subscribers
+    /// wait here for that walk to end.
+    let walkGate = WalkGate()
 
     // Loop-confined.
-    @exclusivity(unchecked) private var batch: [Job] = []
-    @exclusivity(unchecked) private var batchIndex = 0
     private var report = ShutdownReport(unclosedSubscriptions: 0)
 
     private let loopThread = Atomic<UInt>(0)
-    /// Threads that `close()` a subscription while the loop calls its flow's subscribers
-    /// wait here for that walk to end.
-    let closeMonitor = CloseMonitor()
-    /// The flow (its `FlowCore`'s identity) whose subscribers the loop thread is calling, or 0.
-    let walking = Atomic<UInt>(0)
-    /// Walks finished so far (a waiter waits for the walk it saw, not for later ones).
-    let walksFinished = Atomic<UInt64>(0)
-    /// Threads waiting in `close()` for a walk to end.
-    let walkWaiters = Atomic<Int>(0)
     /// Successful subscribes minus closes and completions, across every flow of this loop.
     let openSubscriptions = Atomic<Int>(0)
     /// How many times the wake-up callback ran (coalescing is observable in tests).
@@ -159,8 +132,9 @@ public final class EventLoop: @unchecked Sendable {
         self.name = name
         self.uvLoop = uvLoop
         self.logger = logger
-        self.timers = clock.makeBackend()
         self.wakeHandle = .allocate(capacity: 1)
+        self.jobs = JobQueue(wakeHandle: wakeHandle)
+        self.resources = LoopResources(timers: clock.makeBackend())
         let rc = uv_async_init(uvLoop, wakeHandle, eventLoopWakeCallback)
         guard rc == 0 else {
             // deinit (which runs for a throwing init once every property is set) frees
@@ -246,129 +220,37 @@ public final class EventLoop: @unchecked Sendable {
     /// after `shutdown()` was called, until teardown begins, so that bookkeeping started
     /// before the shutdown completes.
     func enqueue(_ job: Job, isInternal: Bool) throws(LoopFlowError) {
-        queueLock.lock()
-        switch runState {
-        case .running:
-            break
-        case .stopRequested where isInternal:
-            break
-        case .stopRequested, .stopped:
-            queueLock.unlock()
+        guard jobs.enqueue(job, isInternal: isInternal) else {
             throw LoopFlowError(.loopShutDown, "the event loop '\(name)' is shut down")
         }
-        queue.append(job)
-        let wake = claimWakeLocked()
-        queueLock.unlock()
-        if wake { sendWake() }
-    }
-
-    /// Caller holds `queueLock`: whether it must wake the loop (once per batch).
-    private func claimWakeLocked() -> Bool {
-        guard !wakePending else { return false }
-        wakePending = true
-        wakeSenders.add(1, ordering: .relaxed)
-        return true
-    }
-
-    /// After `claimWakeLocked` returned true, without the lock. Teardown closes the handle
-    /// only once no sender is between the claim and here.
-    private func sendWake() {
-        uv_async_send(wakeHandle)
-        wakeSenders.subtract(1, ordering: .releasing)
     }
 
     /// Loop thread: whether jobs are waiting to run — later in the batch being run, or
     /// queued for the next one. (Virtual time lets them run before it moves on.)
     var hasQueuedJobs: Bool {
         assertInEventLoop()
-        return batchIndex + 1 < batch.count || queueLock.withLock { !queue.isEmpty }
+        return jobs.hasQueuedJobs
     }
 
     /// Whether public work (execute, subscribe, timers) is still accepted.
     var acceptsWork: Bool {
-        running.load(ordering: .acquiring)
+        jobs.acceptsWork
     }
 
     /// Loop thread: runs one batch of jobs, then tears down if a shutdown was requested.
     fileprivate func drain() {
         wakeups.add(1, ordering: .relaxed)
-        queueLock.lock()
-        swap(&queue, &batch)
-        wakePending = false
-        let stopping = runState == .stopRequested
-        queueLock.unlock()
-        runBatch()
-        if stopping {
+        if jobs.runNextBatch() {
             teardown()
         }
     }
 
-    private func runBatch() {
-        batchIndex = 0
-        while batchIndex < batch.count {
-            let job = batch[batchIndex]
-            switch job {
-            case .run(let body):
-                body()
-            case .deliver(let source):
-                source.deliver()
-            case .retire(let subscription):
-                subscription.owner.retire(subscription)
-            }
-            batchIndex += 1
-        }
-        batch.removeAll(keepingCapacity: true)
-    }
-
-    // MARK: - Walks (the close contract)
-
-    /// Loop thread: the subscribers of `owner` are about to be called. One sequentially
-    /// consistent store per walk; each callback then only loads its subscription's gate.
-    @inline(__always)
-    func beginWalk(_ owner: ObjectIdentifier) {
-        walking.store(UInt(bitPattern: owner), ordering: .sequentiallyConsistent)
-    }
-
-    /// Loop thread: the walk is over; wake the threads waiting in `close()`, if any.
-    @inline(__always)
-    func endWalk() {
-        walksFinished.add(1, ordering: .releasing)
-        walking.store(0, ordering: .sequentiallyConsistent)
-        if walkWaiters.load(ordering: .sequentiallyConsistent) > 0 {
-            closeMonitor.lock.withLock {}
-            closeMonitor.condition.broadcast()
-        }
-    }
-
-    /// Any thread but the loop's: returns once the loop is not walking `owner`'s subscribers
-    /// (or has finished the walk it was in when this was called).
-    func waitWhileWalking(_ owner: ObjectIdentifier) {
-        let id = UInt(bitPattern: owner)
-        guard walking.load(ordering: .sequentiallyConsistent) == id else { return }
-        let walk = walksFinished.load(ordering: .acquiring)
-        closeMonitor.lock.lock()
-        walkWaiters.add(1, ordering: .sequentiallyConsistent)
-        while walking.load(ordering: .sequentiallyConsistent) == id && walksFinished.load(ordering: .acquiring) == walk {
-            closeMonitor.condition.wait(closeMonitor.lock)
-        }
-        walkWaiters.subtract(1, ordering: .sequentiallyConsistent)
-        closeMonitor.lock.unlock()
-    }
-
-    // MARK: - Subscription owners
+    // MARK: - Resources
 
     /// Records a new flow for teardown. Returns false if teardown has begun (the flow is
     /// then born finished: it admits no one).
     func adopt(_ owner: any SubscriptionOwner) -> Bool {
-        queueLock.withLock {
-            guard runState != .stopped else { return false }
-            if adopted.count >= adoptedCompactionThreshold {
-                adopted.removeAll { $0.owner == nil }
-                adoptedCompactionThreshold = max(64, adopted.count * 2)
-            }
-            adopted.append(WeakOwner(owner: owner))
-            return true
-        }
+        resources.adopt(owner)
     }
 
     /// Runs `hook` on the loop thread when the loop is torn down, after the last accepted
@@ -376,19 +258,7 @@ public final class EventLoop: @unchecked Sendable {
     /// timers of their own. Returns false (and never runs it) if teardown has begun.
     @discardableResult
     package func addTeardownHook(_ hook: @escaping @Sendable () -> Void) -> Bool {
-        queueLock.withLock {
-            guard runState != .stopped else { return false }
-            teardownHooks.append(hook)
-            return true
-        }
-    }
-
-    func rememberWatch(_ watch: DirectoryWatch) {
-        watches[ObjectIdentifier(watch)] = watch
-    }
-
-    func forgetWatch(_ watch: DirectoryWatch) {
-        watches.removeValue(forKey: ObjectIdentifier(watch))
+        resources.addTeardownHook(hook)
     }
 
     // MARK: - Time
@@ -450,16 +320,9 @@ public final class EventLoop: @unchecked Sendable {
                 throw LoopFlowError(.wrongThread, "a borrowed loop is shut down on the thread that runs it")
             }
         }
-        queueLock.lock()
-        guard runState == .running else {
-            queueLock.unlock()
+        guard jobs.requestStop() else {
             throw LoopFlowError(.alreadyShutDown, "shutdown() was already called on '\(name)'")
         }
-        runState = .stopRequested
-        running.store(false, ordering: .releasing)
-        let wake = claimWakeLocked()
-        queueLock.unlock()
-        if wake { sendWake() }
 
         switch mode {
         case .owned:
@@ -474,27 +337,11 @@ public final class EventLoop: @unchecked Sendable {
     /// Loop thread, once, after the batch that saw the stop request.
     private func teardown() {
         // From here nothing is accepted; what was accepted before still runs.
-        queueLock.lock()
-        runState = .stopped
-        running.store(false, ordering: .releasing)
-        swap(&queue, &batch)
-        queueLock.unlock()
-        runBatch()
+        jobs.stop()
+        resources.close()
+        jobs.runLastBatch()
 
-        let hooks = queueLock.withLock { () -> [@Sendable () -> Void] in
-            defer { teardownHooks.removeAll() }
-            return teardownHooks
-        }
-        for hook in hooks { hook() }
-
-        let owners: [any SubscriptionOwner] = queueLock.withLock {
-            defer { adopted.removeAll() }
-            return adopted.compactMap(\.owner)
-        }
-        var completed = 0
-        for owner in owners {
-            completed += owner.sweepForTeardown()
-        }
+        let completed = resources.tearDown()
         report = ShutdownReport(unclosedSubscriptions: completed)
         if completed > 0 {
             logger.warning(
@@ -502,12 +349,10 @@ public final class EventLoop: @unchecked Sendable {
                 metadata: ["loop": "\(name)", "unclosed": "\(completed)"])
         }
 
-        for watch in Array(watches.values) { watch.stopOnLoop() }
-        timers.stopAll()
-        // No sender claims a wake-up any more (the run state is .stopped); wait out the
-        // ones that claimed it before and are about to send.
-        while wakeSenders.load(ordering: .acquiring) > 0 { sched_yield() }
-        queueLock.withLock {
+        // No sender claims a wake-up any more (teardown has begun); wait out the ones that
+        // claimed it before and are about to send.
+        jobs.waitForWakeSenders()
+        jobs.withLock {
             uv_close(UnsafeMutableRawPointer(wakeHandle).assumingMemoryBound(to: uv_handle_t.self), eventLoopWakeClosed)
         }
     }
@@ -519,16 +364,6 @@ public final class EventLoop: @unchecked Sendable {
             retain?.release()
         }
     }
-}
-
-private struct WeakOwner {
-    weak var owner: (any SubscriptionOwner)?
-}
-
-/// Where threads that close a running subscription wait for its callback to return.
-final class CloseMonitor: Sendable {
-    let lock = Lock()
-    let condition = Condition()
 }
 
 // MARK: - C callbacks

@@ -1,8 +1,15 @@
-/// Something a flow does on the loop thread when it has news for its observers.
-/// Implemented by the flows; the loop only calls `deliver()` from its drain.
+/// What a flow supplies to the one delivery `FlowCore.deliver()` runs for every flow:
+/// the part of a delivery that depends on the flow's data. Non-generic, so the core calls
+/// it through the witness table it was handed once, at the flow's birth.
 protocol DeliverySource: AnyObject, Sendable {
-    /// Loop thread only. Hands pending values or events to the subscribers.
-    func deliver()
+    /// Loop thread, while the flow's lock (`core.lock`) is held: move what this delivery
+    /// hands out into loop-confined storage of the flow (a value, a batch of events). It
+    /// is stored, not returned, so that no generic value crosses the protocol.
+    func takeSnapshotLocked()
+    /// Loop thread, inside the walk over the flow's subscribers, after the arrivals were
+    /// registered: hand the snapshot to the registered subscribers (`core.slots`) and the
+    /// newcomers (`core.forEachNewcomer`).
+    func broadcast()
 }
 
 /// Something that holds subscriptions the loop must complete at teardown.
@@ -17,10 +24,12 @@ protocol SubscriptionOwner: AnyObject, Sendable {
     func subscriptionEnded()
 }
 
-/// One unit of work in the loop's queue. Flow deliveries carry only a class
+/// One unit of work in the loop's queue. Flow deliveries carry only an unretained class
 /// reference, so marking a flow dirty allocates nothing in steady state.
 enum Job {
     case run(@Sendable () -> Void)
-    case deliver(any DeliverySource)
+    /// Unretained: the core keeps its flow (and the flow its core) while a delivery is
+    /// pending; see `FlowCore.claimDeliveryLocked`.
+    case deliver(Unmanaged<FlowCore>)
     case retire(FlowSubscription)
 }

@@ -91,7 +91,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         let subscription = subscriptionType.init(
             owner: core, onEvent: onEvent,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
-        try core.admit(subscription, deliveringWith: self) { _ in
+        try core.admit(subscription) { _ in
             // Under the lock that orders emits: every event from here on is for it.
             subscription.startSequence = nextSequence
             subscription.backlog = replayBuffer.map(\.event)
@@ -114,17 +114,12 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
 }
 
 extension SharedFlow: DeliverySource {
-    func deliver() {
-        loop.assertInEventLoop()
-        lock.lock()
+    func takeSnapshotLocked() {
         swap(&pending, &delivering)
-        let terminal = core.beginDeliveryLocked()
-        lock.unlock()
+    }
 
+    func broadcast() {
         // Newcomers first get their replay, then the live events from their start on.
-        core.registerArrivals()
-        loop.beginWalk(ObjectIdentifier(core))
-        defer { loop.endWalk() }
         core.forEachNewcomer { newcomer in
             let subscription = unsafeDowncast(newcomer, to: EventSubscription<Event>.self)
             for event in subscription.takeBacklog() {
@@ -140,7 +135,6 @@ extension SharedFlow: DeliverySource {
             }
         }
         delivering.removeAll(keepingCapacity: true)
-        core.endDelivery(terminal: terminal)
     }
 }
 
@@ -189,7 +183,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
             return (true, core.claimDeliveryLocked())
         }
         withExtendedLifetime(evicted) {}
-        if post { core.postDelivery(self) }
+        if post { core.postDelivery() }
         return accepted
     }
 
@@ -200,7 +194,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
     public func finish(throwing error: (any Error)? = nil) -> Bool {
         let post = lock.withLock { core.finishLocked(error: error) }
         guard let post else { return false }
-        if post { core.postDelivery(self) }
+        if post { core.postDelivery() }
         return true
     }
 

@@ -17,6 +17,8 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
 
     // Loop-confined. `lastBroadcast` means something once `epoch` > 0. (Not an Optional:
     // in this unspecialized generic code every Optional<Value> costs a metadata lookup.)
+    /// The value the delivery under way hands out (taken under the lock).
+    @exclusivity(unchecked) private var snapshot: Value
     @exclusivity(unchecked) private var lastBroadcast: Value
     @exclusivity(unchecked) private var epoch: UInt64 = 0
     private let subscriptionType = StateSubscription<Value>.self
@@ -24,6 +26,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     init(_ initial: Value, on loop: EventLoop) {
         self.loop = loop
         self.current = initial
+        self.snapshot = initial
         self.lastBroadcast = initial
         self.core = FlowCore(loop: loop)
         core.source = self
@@ -54,7 +57,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         let subscription = subscriptionType.init(
             owner: core, onState: onState,
             onError: onError, onComplete: onComplete, onRelease: onRelease)
-        try core.admit(subscription, deliveringWith: self)
+        try core.admit(subscription)
         return subscription
     }
 
@@ -72,16 +75,12 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
 }
 
 extension StateFlow: DeliverySource {
-    func deliver() {
-        loop.assertInEventLoop()
-        lock.lock()
-        let value = current
-        let terminal = core.beginDeliveryLocked()
-        lock.unlock()
+    func takeSnapshotLocked() {
+        snapshot = current
+    }
 
-        core.registerArrivals()
-        loop.beginWalk(ObjectIdentifier(core))
-        defer { loop.endWalk() }
+    func broadcast() {
+        let value = snapshot
         if epoch == 0 || lastBroadcast != value {
             // A new value: everyone registered gets it, newcomers included.
             epoch &+= 1
@@ -101,7 +100,6 @@ extension StateFlow: DeliverySource {
                 unsafeDowncast(subscription, to: StateSubscription<Value>.self).deliver(value)
             }
         }
-        core.endDelivery(terminal: terminal)
     }
 }
 
@@ -154,7 +152,7 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
         let post = core.liveCount > 0 && core.claimDeliveryLocked()
         lock.unlock()
         withExtendedLifetime(replaced) {}
-        if post { core.postDelivery(self) }
+        if post { core.postDelivery() }
         return .set
     }
 
@@ -183,7 +181,7 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     public func finish(throwing error: (any Error)? = nil) -> Bool {
         let post = lock.withLock { core.finishLocked(error: error) }
         guard let post else { return false }
-        if post { core.postDelivery(self) }
+        if post { core.postDelivery() }
         return true
     }
 

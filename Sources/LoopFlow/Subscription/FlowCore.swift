@@ -1,11 +1,15 @@
 import Synchronization
 
-/// The subscription machinery every flow shares: its lock, the delivery flag, arrivals,
+/// The subscription machinery every flow shares: its lock, the pending delivery, arrivals,
 /// the terminal state, the subscriber slots and the observable subscription count.
 ///
 /// A flow keeps its own data (a value, a ring of events) under `lock` too, so that one
 /// critical section snapshots the data *and* the arrivals: a subscriber admitted before a
 /// snapshot is registered before that snapshot is delivered, so it misses nothing.
+///
+/// Every flow delivers through the one `deliver()` here (lock → snapshot, arrivals and
+/// terminal → unlock → register arrivals → walk → terminal); a flow supplies only its
+/// snapshot and its broadcast (`DeliverySource`).
 ///
 /// Subscribing never touches the slots directly: it appends to `arrivals` and marks the
 /// flow dirty; the next delivery registers the arrivals, then walks the slots. Removals
@@ -20,16 +24,25 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     let lock = Lock()
 
     // Guarded by lock.
-    @exclusivity(unchecked) private var deliveryScheduled = false
+    /// The flow while a delivery is pending (claimed, not yet taken by `deliver()`), strong:
+    /// it keeps the flow, and so this core, alive for the unretained delivery job. Non-nil
+    /// exactly when a delivery is scheduled.
+    @exclusivity(unchecked) private var pendingSource: (any DeliverySource)?
     @exclusivity(unchecked) private var arrivals: [FlowSubscription] = []
     @exclusivity(unchecked) private(set) var terminal: FlowTerminal?
     /// `terminal != nil`, without copying the terminal (and its error) on every set.
     @exclusivity(unchecked) private(set) var isFinished = false
-    /// Set by teardown's sweep (or at birth on a shut-down loop): no one is admitted again.
+    /// Set by teardown's sweep (or at birth on a shut-down loop): no one is admitted again
+    /// and no delivery is claimed.
     @exclusivity(unchecked) private var tornDown = false
 
-    /// The flow, for teardown's last delivery. Weak: the flow owns the core.
-    weak var source: (any DeliverySource)?
+    /// The flow, set once at its birth. Unowned: the flow owns the core. Read only by the
+    /// flow's own calls (a claim), so it is alive whenever it is read; the existential is
+    /// made once here instead of at every post (a generic conformance's witness table is
+    /// looked up in the runtime's cache each time it is made).
+    unowned(unsafe) var source: (any DeliverySource)?
+    /// The loop's walk gate (one load less per walk than through `loop`).
+    let gate: WalkGate
 
     // Loop-confined.
     @exclusivity(unchecked) private(set) var slots = SubscriberSlots()
@@ -45,6 +58,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     init(loop: EventLoop) {
         self.loop = loop
+        self.gate = loop.walkGate
         if !loop.adopt(self) {
             tornDown = true
         }
@@ -79,11 +93,10 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     // MARK: Any thread
 
     /// Admits `subscription`: counts it live, then under `lock` runs `prepare` (for the
-    /// flow's own bookkeeping) and queues it for registration by the next delivery of
-    /// `source`. On failure nothing is counted and none of its callbacks will ever run.
+    /// flow's own bookkeeping) and queues it for registration by the next delivery. On
+    /// failure nothing is counted and none of its callbacks will ever run.
     func admit(
         _ subscription: FlowSubscription,
-        deliveringWith source: any DeliverySource,
         prepareLocked: (FlowSubscription) -> Void = { _ in }
     ) throws(LoopFlowError) {
         guard loop.acceptsWork else {
@@ -102,13 +115,15 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             changeCount(by: -1)
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
-        if post { postDelivery(source) }
+        if post { postDelivery() }
     }
 
-    /// Caller holds `lock`. Returns whether the caller must post a delivery job.
+    /// Caller holds `lock` and is a call of the flow (so `source` is alive). Returns whether
+    /// the caller must post a delivery job (`postDelivery()`, after unlocking).
     func claimDeliveryLocked() -> Bool {
-        guard !deliveryScheduled else { return false }
-        deliveryScheduled = true
+        guard pendingSource == nil, !tornDown else { return false }
+        assert(source != nil, "a flow claimed a delivery before it was born")
+        pendingSource = source
         return true
     }
 
@@ -120,26 +135,48 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         return claimDeliveryLocked()
     }
 
-    /// Posts a delivery claimed under the lock. Refused only once teardown has begun,
-    /// and then the sweep completes everyone, so a refusal needs no handling.
-    func postDelivery(_ source: any DeliverySource) {
-        try? loop.enqueue(.deliver(source), isInternal: true)
+    /// Posts a delivery claimed under the lock. Refused only once teardown has begun, and
+    /// then its sweep makes the delivery still pending, so a refusal needs no handling.
+    func postDelivery() {
+        try? loop.enqueue(.deliver(Unmanaged.passUnretained(self)), isInternal: true)
     }
 
     // MARK: Loop thread
 
-    /// Caller holds `lock`, at the start of a delivery: takes the arrivals and the
-    /// terminal state along with the flow's own snapshot.
-    func beginDeliveryLocked() -> FlowTerminal? {
-        deliveryScheduled = false
+    /// The one delivery of every flow: under the lock, the flow's snapshot, the arrivals
+    /// and the terminal state; then, without it, the arrivals registered, the flow's
+    /// broadcast and the terminal callbacks, inside one walk over the slots.
+    ///
+    /// Returns the flow it delivered for, for the caller to let go of after this call
+    /// (it may be the last reference to the flow, which owns this core). Nil if no delivery
+    /// was pending.
+    func deliver() -> (any DeliverySource)? {
+        loop.assertInEventLoop()
+        lock.lock()
+        guard let source = pendingSource.take() else {
+            lock.unlock()
+            return nil
+        }
         swap(&arrivals, &arrivalBatch)
-        return terminal
+        let terminal = self.terminal
+        source.takeSnapshotLocked()
+        lock.unlock()
+
+        registerArrivals()
+        gate.begin(ObjectIdentifier(self))
+        source.broadcast()
+        arrivalBatch.removeAll(keepingCapacity: true)
+        if let terminal {
+            terminateAll(with: terminal.error)
+        }
+        gate.end()
+        return source
     }
 
-    /// After `beginDeliveryLocked`, without the lock: registers the arrivals still open.
+    /// In a delivery, without the lock: registers the arrivals still open.
     /// One closed before it got here is released now (no callback of it has run); its
     /// retire job, if it still comes, finds it released already.
-    func registerArrivals() {
+    private func registerArrivals() {
         loop.assertInEventLoop()
         for subscription in arrivalBatch {
             if subscription.isClosed {
@@ -156,14 +193,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     func forEachNewcomer(_ body: (FlowSubscription) -> Void) {
         for subscription in arrivalBatch where subscription.slot >= 0 {
             body(subscription)
-        }
-    }
-
-    /// Ends a delivery: forgets the arrivals and, if the flow finished, completes everyone.
-    func endDelivery(terminal: FlowTerminal?) {
-        arrivalBatch.removeAll(keepingCapacity: true)
-        if let terminal {
-            terminateAll(with: terminal.error)
         }
     }
 
@@ -187,8 +216,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// (No path does; this keeps a future one from doing it silently in debug builds.)
     @inline(__always)
     private func assertNotWalking() {
-        assert(loop.walking.load(ordering: .relaxed) != UInt(bitPattern: ObjectIdentifier(self)),
-               "subscriber slots changed during a walk over them")
+        assert(!gate.isWalking(ObjectIdentifier(self)), "subscriber slots changed during a walk over them")
     }
 
     // MARK: SubscriptionOwner
@@ -202,23 +230,16 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     func sweepForTeardown() -> Int {
         let before = terminatedTotal
+        // From here nothing is admitted or claimed. A delivery still pending (its job was
+        // refused, or is being refused) runs last: arrivals that rode on it get their first
+        // value (or replay) and, if the flow finished, its own terminal callback. With none
+        // pending there are no arrivals, and the flow's subscribers have had everything.
         lock.withLock { tornDown = true }
-        // A last delivery: arrivals that rode on a delivery teardown refused get their
-        // first value (or replay) and, if the flow finished, its own terminal callback.
-        if let source {
-            source.deliver()
-        } else {
-            let late: [FlowSubscription] = lock.withLock {
-                defer { arrivals.removeAll() }
-                return arrivals
-            }
-            for subscription in late {
-                if subscription.isClosed { subscription.release() } else { slots.insert(subscription) }
-            }
-        }
-        loop.beginWalk(ObjectIdentifier(self))
+        let source = deliver()
+        gate.begin(ObjectIdentifier(self))
         terminateAll(with: nil)
-        loop.endWalk()
+        gate.end()
+        withExtendedLifetime(source) {}
         // Everyone completed here was still open: whether by the flow's own terminal (a
         // layer finishing its flows at teardown) or by this sweep.
         return terminatedTotal - before

@@ -90,7 +90,7 @@ public class FlowSubscription: @unchecked Sendable, CustomStringConvertible {
     public func close() -> Bool {
         let previous = gate.bitwiseOr(Self.closed, ordering: .sequentiallyConsistent).oldValue
         if !loop.inEventLoop {
-            loop.waitWhileWalking(ObjectIdentifier(owner))
+            owner.gate.waitWhileWalking(ObjectIdentifier(owner))
         }
         guard previous & Self.closed == 0 else { return false }
         ended()
