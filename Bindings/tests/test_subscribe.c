@@ -221,16 +221,23 @@ static void log_release(void *userdata) {
     atomic_fetch_add(&log->releases, 1);
 }
 
-void test_events_carry_kind_member_and_reason(void) {
-    sf_runtime *runtime = make_runtime();
+/* Subscribes a fresh event_log to the runtime's events; the caller frees the log after
+ * the subscription was released. */
+static event_log *subscribe_event_log(sf_runtime *runtime, sf_subscription *subscription) {
     event_log *log = calloc(1, sizeof *log);
     sf_event_observer observer;
     memset(&observer, 0, sizeof observer);
     observer.on_event = log_event;
     observer.release = log_release;
     observer.userdata = log;
+    CHECK_CODE(sf_subscribe_events(runtime, &observer, subscription), SF_OK);
+    return log;
+}
+
+void test_events_carry_kind_member_and_reason(void) {
+    sf_runtime *runtime = make_runtime();
     sf_subscription subscription = 0;
-    CHECK_CODE(sf_subscribe_events(runtime, &observer, &subscription), SF_OK);
+    event_log *log = subscribe_event_log(runtime, &subscription);
     sf_tokens tokens = test_tokens("a-1", "r-1", 3600, "member-7");
     CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
     CHECK_CODE(sf_session_logout(runtime), SF_OK);
@@ -258,14 +265,8 @@ void test_events_start_up_event_waits_for_sf_runtime_start(void) {
     sf_runtime *runtime = NULL;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
     sf_test_sleep_ms(50); /* the runtime's loop has long had its first turn */
-    event_log *log = calloc(1, sizeof *log);
-    sf_event_observer observer;
-    memset(&observer, 0, sizeof observer);
-    observer.on_event = log_event;
-    observer.release = log_release;
-    observer.userdata = log;
     sf_subscription subscription = 0;
-    CHECK_CODE(sf_subscribe_events(runtime, &observer, &subscription), SF_OK);
+    event_log *log = subscribe_event_log(runtime, &subscription);
     sf_test_sleep_ms(20);
     CHECK_EQ_INT(atomic_load(&log->count), 0); /* nothing before the start */
     CHECK_CODE(sf_runtime_start(runtime), SF_OK);

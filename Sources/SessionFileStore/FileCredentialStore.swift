@@ -1,3 +1,7 @@
+// Over 400 lines (437): the record format (sealed, account-keyed), the atomic replace and the
+// cross-process locks are still one type. The store issue moves its file work to an I/O
+// worker and trusted directory descriptors; it splits along those lines then.
+
 import Crypto
 import FoundationEssentials
 import LoopFlow

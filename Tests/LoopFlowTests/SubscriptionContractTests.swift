@@ -7,7 +7,7 @@ import Testing
 
 @testable import LoopFlow
 
-/// DESIGN.md "Threading and lifetime contract", rules 1–6, one test per promise.
+/// docs/ARCHITECTURE.md "The threading and lifetime contract", rules 1–6, one test per promise.
 @Suite("FlowSubscription contract")
 struct SubscriptionContractTests {
     @Test func everyCallbackRunsOnTheLoopThread() async throws {

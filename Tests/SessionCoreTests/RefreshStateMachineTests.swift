@@ -105,19 +105,22 @@ struct RefreshStateMachineTests {
     // MARK: - The states
 
     enum State: String, CaseIterable, CustomStringConvertible {
-        case inactive, idle, idleDue, refreshing, waitingForLock, holdingLock, backingOff
+        case inactive, idle, idleDue, refreshing, waitingForLock, holdingLock, backingOff, backingOffShared
         var description: String { rawValue }
 
         func make() -> Storage {
-            var s = Storage(lock: self == .waitingForLock || self == .holdingLock)
+            var s = Storage(lock: [.waitingForLock, .holdingLock, .backingOffShared].contains(self))
             guard self != .inactive else { return s }
             s.machine.sessionBegan(RefreshStateMachineTests.session())
             if self == .idle { return s }
             s.run(s.machine.scheduleProactive(now: s.now, unitRandom: 0))
             if self == .idleDue { return s }
             s.run(s.machine.tokenRequested(.refreshNow, waiter: 1, now: s.now))
-            if self == .holdingLock { s.lockHeld = true; s.run(s.machine.lockAttempted(.acquired, now: s.now, unitRandom: 0)) }
-            if self == .backingOff {
+            if self == .holdingLock || self == .backingOffShared {
+                s.lockHeld = true
+                s.run(s.machine.lockAttempted(.acquired, now: s.now, unitRandom: 0))
+            }
+            if self == .backingOff || self == .backingOffShared {
                 let identity = s.machine.attemptInFlight!
                 s.run(s.machine.answerArrived(identity, .failure(.transient("down")), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
             }
@@ -162,8 +165,14 @@ struct RefreshStateMachineTests {
             case .timeoutFired: s.armed[.attemptTimeout] = nil; s.run(s.machine.timerFired(.attemptTimeout, now: now, unitRandom: 0))
             case .lockRetryFired: s.armed[.lockRetry] = nil; s.run(s.machine.timerFired(.lockRetry, now: now, unitRandom: 0))
             case .lockBusy: s.run(s.machine.lockAttempted(.busy, now: now, unitRandom: 0))
-            case .lockAcquired: s.lockHeld = true  // flock: taking a lock already held keeps it
-                s.run(s.machine.lockAttempted(.acquired, now: now, unitRandom: 0))
+            case .lockAcquired:
+                // The store answers `busy` to a holder asking again (FileCredentialStore).
+                if s.lockHeld {
+                    s.run(s.machine.lockAttempted(.busy, now: now, unitRandom: 0))
+                } else {
+                    s.lockHeld = true
+                    s.run(s.machine.lockAttempted(.acquired, now: now, unitRandom: 0))
+                }
             case .newerStoredBeforeLock:
                 s.run(s.machine.lockAttempted(.newerStored(RefreshStateMachineTests.session(access: RefreshStateMachineTests.a2, refresh: RefreshStateMachineTests.r2), lockHeld: false), now: now, unitRandom: 0))
             case .storedTokensChanged:
@@ -183,30 +192,30 @@ struct RefreshStateMachineTests {
     }
 
     /// The phase each (state, event) leads to. Columns: inactive, idle, idle(due),
-    /// refreshing, refreshing/waiting, refreshing/held, backingOff.
+    /// refreshing, refreshing/waiting, refreshing/held, backingOff, backingOff (shared store).
     static let expected: [Event: [String]] = [
-        .fresh: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .refreshNow: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing"],
-        .unauthorizedCurrent: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .unauthorizedOld: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .resume: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .validationInactive: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .proactiveFired: ["inactive", "idle", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .backoffFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing"],
-        .timeoutFired: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff"],
-        .lockRetryFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .lockBusy: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .lockAcquired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/held", "refreshing/held", "backingOff"],
-        .newerStoredBeforeLock: ["inactive", "idle", "idle(due)", "refreshing", "idle(due)", "refreshing/held", "backingOff"],
-        .storedTokensChanged: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
-        .success: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
-        .transient: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff"],
-        .terminal: ["inactive", "idle", "idle(due)", "inactive", "inactive", "inactive", "backingOff"],
-        .configuration: ["inactive", "idle", "idle(due)", "idle", "idle", "idle", "backingOff"],
-        .lateSuccess: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "idle(due)"],
-        .staleGeneration: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
-        .endSession: ["inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive"],
-        .scheduleProactive: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff"],
+        .fresh: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .refreshNow: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing", "refreshing/waiting"],
+        .unauthorizedCurrent: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .unauthorizedOld: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .resume: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .validationInactive: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .proactiveFired: ["inactive", "idle", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .backoffFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing", "refreshing/waiting"],
+        .timeoutFired: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff"],
+        .lockRetryFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .lockBusy: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .lockAcquired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/held", "refreshing/held", "backingOff", "backingOff"],
+        .newerStoredBeforeLock: ["inactive", "idle", "idle(due)", "refreshing", "idle(due)", "refreshing/held", "backingOff", "backingOff"],
+        .storedTokensChanged: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
+        .success: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
+        .transient: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff"],
+        .terminal: ["inactive", "idle", "idle(due)", "inactive", "inactive", "inactive", "backingOff", "backingOff"],
+        .configuration: ["inactive", "idle", "idle(due)", "idle", "idle", "idle", "backingOff", "backingOff"],
+        .lateSuccess: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "idle(due)", "idle(due)"],
+        .staleGeneration: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .endSession: ["inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive"],
+        .scheduleProactive: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
     ]
 
     @Test("every state × every event leads to the expected phase, with timers and lock consistent",
@@ -294,10 +303,16 @@ struct RefreshStateMachineTests {
         let ended = s.machine.endSession()
         s.run(ended.actions)
         #expect(ended.abandoned == [1])
-        s.machine.sessionBegan(Self.session(access: Secret("B1"), refresh: Secret("BR1")))
+        // The next session holds the same refresh token, so only the generation tells the
+        // old attempt's answer apart (a late success for the held token is otherwise adopted).
+        s.machine.sessionBegan(Self.session(access: Secret("B1"), refresh: Self.r1))
+        s.run(s.machine.answerArrived(old, .success(TokenGrant(accessToken: Self.a2, refreshToken: Self.r2, expiresIn: .seconds(60))),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
         s.run(s.machine.answerArrived(old, .failure(.terminal()), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
         #expect(s.expired.isEmpty)
+        #expect(s.persisted == 0)
         #expect(s.machine.live?.accessToken == Secret("B1"))
+        #expect(s.machine.live?.refreshToken == Self.r1)
     }
 
     @Test func aLateSuccessForTheHeldRefreshTokenIsAdoptedAndOtherLateAnswersAreNot() {

@@ -6,7 +6,7 @@ import Testing
 
 @testable import SessionOAuth
 
-/// One way the token endpoint misbehaves, and what DESIGN.md says the session does about it.
+/// One way the token endpoint misbehaves, and what the design (docs/ARCHITECTURE.md) says the session does about it.
 struct Fault: Sendable, CustomTestStringConvertible {
     enum Outcome: Sendable {
         /// Transient: the tokens are kept, `attempts` failures are retried on the backoff

@@ -2,7 +2,7 @@ import Synchronization
 
 /// The handle `subscribe` returns. Close it when you no longer want callbacks.
 ///
-/// The contract (DESIGN.md, "Threading and lifetime contract"):
+/// The contract (docs/ARCHITECTURE.md, "The threading and lifetime contract"):
 /// - every callback runs on the loop thread, never inside the call that caused it and
 ///   never while a library lock is held;
 /// - `close()` is safe from any thread, any number of times. When it returns, no callback

@@ -2,7 +2,7 @@ import Synchronization
 
 /// The close contract's half on the loop side: which flow's subscribers the loop thread is
 /// calling right now, so that a `close()` from another thread can wait for that walk to end
-/// (DESIGN.md, "Threading and lifetime contract", 3). One per loop.
+/// (docs/ARCHITECTURE.md, "The threading and lifetime contract", 3). One per loop.
 ///
 /// A walk costs one sequentially consistent store at its start and one at its end; each
 /// callback then only loads its own subscription's gate (`FlowSubscription.isOpen`). A

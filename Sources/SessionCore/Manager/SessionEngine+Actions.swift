@@ -8,7 +8,13 @@ extension SessionEngine {
     // MARK: - Actions
 
     /// Runs what the refresh state machine decided, in order.
+    ///
+    /// Waiters are user code run inline (a C host's token callback may call back into the
+    /// session), so the machine puts `.answer` last — only `.releaseLock` may follow it —
+    /// and the snapshot is published first, so a waiter that looks sees what its answer
+    /// speaks of.
     func perform(_ actions: [Refresh.Action]) {
+        assert(Self.answersComeLast(actions), "an action other than releaseLock follows answer: \(actions)")
         for action in actions {
             switch action {
             case .arm(let timer, let delay):
@@ -35,6 +41,7 @@ extension SessionEngine {
                         validationAnswered(generation: generation, token: token, result: result)
                     })
             case .answer(let waiters, let result):
+                publishSnapshot()
                 for waiter in waiters { waiter(result) }
             case .setMemberID(let member):
                 memberID = member
@@ -52,7 +59,12 @@ extension SessionEngine {
 
     func arm(_ timer: RefreshTimer, after delay: Duration) {
         timers.removeValue(forKey: timer)?.cancel()
-        timers[timer] = try? loop.scheduleTimer(after: delay) { [self] in timerFired(timer) }
+        do {
+            timers[timer] = try loop.scheduleTimer(after: delay) { [self] in timerFired(timer) }
+        } catch {
+            // Only between shutdown() and teardown, which closes the session next.
+            logger.debug("a refresh timer was not armed: the loop is shutting down", metadata: ["timer": "\(timer)"])
+        }
     }
 
     func cancel(_ timer: RefreshTimer) {
@@ -89,7 +101,15 @@ extension SessionEngine {
     }
 
     func fail(_ waiters: [TokenCompletion], _ error: SessionError) {
+        guard !waiters.isEmpty else { return }
+        publishSnapshot()
         for waiter in waiters { waiter(.failure(error)) }
+    }
+
+    /// The rule `perform` relies on for re-entrancy: after `.answer`, only `.releaseLock`.
+    static func answersComeLast(_ actions: [Refresh.Action]) -> Bool {
+        guard let answer = actions.firstIndex(where: { if case .answer = $0 { true } else { false } }) else { return true }
+        return actions[(answer + 1)...].allSatisfy { if case .releaseLock = $0 { true } else { false } }
     }
 
     // MARK: - Transitions the session makes by itself

@@ -86,7 +86,9 @@ final class SessionEngine: @unchecked Sendable {
             }
         }
         // When the loop goes, waiters are answered and timers stopped.
-        loop.addTeardownHook { [weak self] in self?.close() }
+        guard loop.addTeardownHook({ [weak self] in self?.close() }) else {
+            throw SessionError(.shutDown, "the event loop is shut down")
+        }
     }
 
     /// For tests: callers waiting on the refresh in flight.
@@ -103,7 +105,10 @@ final class SessionEngine: @unchecked Sendable {
     private func entry<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
         loop.assertInEventLoop()
         start()
-        defer { publishSnapshot() }
+        defer {
+            publishSnapshot()
+            assert(refresh.checkInvariants() == nil, "refresh state machine: \(refresh.checkInvariants() ?? "")")
+        }
         return try body()
     }
 
@@ -113,9 +118,24 @@ final class SessionEngine: @unchecked Sendable {
     /// so that it can subscribe first and miss nothing.
     func start() {
         loop.assertInEventLoop()
-        guard !started, !closed, let read = initialRead else { return }
+        guard !started, !closed, var read = initialRead else { return }
         started = true
         initialRead = nil
+        if !configuration.startsAutomatically {
+            // The host chose when to start: the store may have changed since it was read
+            // at creation (another process logged out or refreshed). Nothing has happened
+            // to this session yet (any request starts it first), so start from what the
+            // store holds now.
+            let now = store.read()
+            if now != read {
+                machine = SessionStateMachine()
+                memberID = nil
+                refresh = Refresh(policy: configuration.policy, usesRefreshLock: shared != nil)
+                if case .unavailable = now {} else { restore(from: now) }
+                publish(machine.state)
+                read = now
+            }
+        }
         if let directory = shared?.directoryToWatch() {
             do {
                 storeWatch = try loop.watchDirectoryNow(directory) { [weak self] in self?.storeChanged() }
@@ -248,8 +268,8 @@ final class SessionEngine: @unchecked Sendable {
         // store missed must not come back at the next start).
         if storeSync.isBehind, !storeSync.awaitingInitialRead {
             persist()
-            storeSync.cancelRetry()
         }
+        storeSync.close()
         closed = true
         fail(abandoned, SessionError(.shutDown, "the session manager was closed"))
         state.finish()

@@ -5,7 +5,7 @@ public struct SessionError: Error, Hashable, Sendable, CustomStringConvertible {
         public let name: String
         private init(_ name: String) { self.name = name }
 
-        /// The request is not allowed from the current state (DESIGN.md's transitions).
+        /// The request is not allowed from the current state (the legal transitions of SessionStateMachine).
         public static let illegalTransition = Code("illegalTransition")
         /// No one is signed in.
         public static let notLoggedIn = Code("notLoggedIn")

@@ -29,7 +29,9 @@ public final class SessionManager: Sendable {
             loop: loop, authority: authority, store: store, configuration: configuration)
     }
 
-    /// Starts the session: restores what the store held, emits the start-up events
+    /// Starts the session: reads the store again (it was read when the manager was made,
+    /// so that the first state observed is the stored one; another process may have
+    /// changed it since) and starts from what it holds, emits the start-up events
     /// (`initialSession`, a start-up `storeError`) and resumes a restored session. Needed
     /// only with `SessionConfiguration.startsAutomatically` off — subscribe to `events`
     /// first, then call this, and no start-up event can be missed. Calling it again, or

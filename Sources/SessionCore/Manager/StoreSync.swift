@@ -26,6 +26,7 @@ final class StoreSync: @unchecked Sendable {
     /// The store missed a write or a clear: what it holds is older than the session.
     private(set) var isBehind = false
     private var retryTimer: LoopTimer?
+    private var closed = false
 
     init(store: any CredentialStore, loop: EventLoop, retryInterval: Duration, logger: Logger) {
         self.store = store
@@ -71,10 +72,10 @@ final class StoreSync: @unchecked Sendable {
         }
     }
 
-    /// Arms the retry timer (once).
+    /// Arms the retry timer (once; never after `close()`).
     func scheduleRetry() {
         loop.assertInEventLoop()
-        guard retryTimer == nil else { return }
+        guard retryTimer == nil, !closed else { return }
         retryTimer = try? loop.scheduleTimer(after: retryInterval) { [weak self] in
             guard let self else { return }
             retryTimer = nil
@@ -86,6 +87,12 @@ final class StoreSync: @unchecked Sendable {
     func cancelRetry() {
         retryTimer?.cancel()
         retryTimer = nil
+    }
+
+    /// The session is closed: stop retrying, and never arm the retry again.
+    func close() {
+        closed = true
+        cancelRetry()
     }
 }
 

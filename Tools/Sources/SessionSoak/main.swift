@@ -1,7 +1,8 @@
 // Soak: random sets, subscribes, closes, sign-ins, logouts and refreshes against a flaky
-// authority from many threads, checking the threading and lifetime contract of DESIGN.md on
+// authority from many threads, checking the threading and lifetime contract (docs/ARCHITECTURE.md) on
 // every callback and sampling the resident memory. Exits 1 on any violation or if memory
-// grows; prints the figures.
+// grows; prints the figures. One file (~460 lines) on purpose: a tool read top to bottom, each
+// workload beside the checks it feeds.
 //
 //   session-soak [--seconds 600] [--threads 8] [--sample-every 5]
 //
