@@ -51,10 +51,23 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
-        // The OAuth 2.0 authority (RFC 6749 refresh, 7009 revocation, 7662 introspection).
+        // libcurl from the system (Debian: libcurl4-openssl-dev), found through pkg-config.
+        .systemLibrary(
+            name: "CCurl",
+            pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]
+        ),
+        // The HTTP client on the loop: libcurl's multi interface driven by libuv (C: curl's
+        // setopt is variadic, which Swift cannot call).
+        .target(
+            name: "CLoopHTTP",
+            dependencies: ["CLibUV", "CCurl"]
+        ),
+        // The OAuth 2.0 authority (RFC 6749 refresh, 7009 revocation, 7662 introspection),
+        // on the loop's HTTP client.
         .target(
             name: "SessionOAuth",
-            dependencies: ["SessionCore"]
+            dependencies: ["SessionCore", "LoopFlow", "CLoopHTTP"]
         ),
         // The C header, seen from Swift.
         .systemLibrary(name: "CSessionFlow"),

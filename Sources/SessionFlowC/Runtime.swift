@@ -6,7 +6,7 @@ import SessionCore
 import Synchronization
 import SessionFileStore
 import SessionOAuth
-import Foundation
+import FoundationEssentials
 
 #if canImport(Glibc)
 import Glibc
@@ -99,27 +99,48 @@ func configuration(from options: sf_options) -> SessionConfiguration? {
     return configuration
 }
 
-/// The host's refresher if it gave one; else the built-in OAuth 2.0 authority if it named
-/// a token endpoint; else a refresher that answers "not configured". Nil: unusable options.
-func authority(from options: sf_options) -> (any SessionAuthority)? {
-    if options.refresh != nil || options.token_endpoint == nil {
-        return HostAuthority(refresh: options.refresh, userdata: UserData(pointer: options.refresh_userdata))
+/// The built-in OAuth 2.0 authority's configuration, when the host names a token endpoint
+/// and no refresher of its own; nil when it does not. Unusable settings throw (said in the
+/// log: SF_EINVAL alone would not tell the host which field is wrong).
+func oauthConfiguration(from options: sf_options) throws(OAuthConfigurationError) -> OAuthConfiguration? {
+    guard options.refresh == nil, let tokenEndpoint = string(options.token_endpoint) else { return nil }
+    func url(_ text: String, _ field: String) throws(OAuthConfigurationError) -> URL {
+        guard let url = URL(string: text) else { throw OAuthConfigurationError(field: field, reason: "is not a URL") }
+        return url
     }
-    guard let endpoint = string(options.token_endpoint).flatMap(URL.init(string:)), endpoint.scheme != nil,
-        let clientID = string(options.client_id), !clientID.isEmpty
-    else { return nil }
     var oauth = OAuthConfiguration(
-        tokenEndpoint: endpoint, clientID: clientID, clientSecret: string(options.client_secret).map(Secret.init))
+        tokenEndpoint: try url(tokenEndpoint, "token endpoint (sf_options.token_endpoint)"),
+        clientID: string(options.client_id) ?? "", clientSecret: string(options.client_secret).map(Secret.init))
     oauth.scope = string(options.scope)
     if let revocation = string(options.revocation_endpoint) {
-        guard let url = URL(string: revocation), url.scheme != nil else { return nil }
-        oauth.revocationEndpoint = url
+        oauth.revocationEndpoint = try url(revocation, "revocation endpoint (sf_options.revocation_endpoint)")
     }
     if let introspection = string(options.introspection_endpoint) {
-        guard let url = URL(string: introspection), url.scheme != nil else { return nil }
-        oauth.introspectionEndpoint = url
+        oauth.introspectionEndpoint = try url(introspection, "introspection endpoint (sf_options.introspection_endpoint)")
     }
-    return OAuthAuthority(oauth)
+    try oauth.validate()
+    return oauth
+}
+
+/// The host's refresher if it gave one; else the built-in OAuth 2.0 authority if it named
+/// a token endpoint; else a refresher that answers "not configured".
+func authority(from options: sf_options, loop: EventLoop) throws(OAuthConfigurationError) -> any SessionAuthority {
+    guard let oauth = try oauthConfiguration(from: options) else {
+        return HostAuthority(refresh: options.refresh, userdata: UserData(pointer: options.refresh_userdata))
+    }
+    return try OAuthAuthority(oauth, loop: loop)
+}
+
+/// Whether the options can make a runtime; an unusable OAuth setting is logged by name.
+func optionsAreUsable(_ options: sf_options) -> Bool {
+    guard configuration(from: options) != nil else { return false }
+    do {
+        _ = try oauthConfiguration(from: options)
+        return true
+    } catch {
+        makeLogger().error("sf_runtime_create: SF_EINVAL: \(error)")
+        return false
+    }
 }
 
 @c @implementation
@@ -151,7 +172,9 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
 private func makeRuntime(
     loop: EventLoop, options: sf_options, borrowed: Bool, out: UnsafeMutablePointer<OpaquePointer?>
 ) -> Int32 {
-    guard let configuration = configuration(from: options), let authority = authority(from: options) else {
+    guard let configuration = configuration(from: options),
+        let authority = try? authority(from: options, loop: loop)
+    else {
         return SF_EINVAL.code
     }
     let store: any CredentialStore = string(options.store_directory).map { FileCredentialStore(directory: $0) }
@@ -177,7 +200,7 @@ private func create(
     _ options: UnsafePointer<sf_options>?, _ out: UnsafeMutablePointer<OpaquePointer?>?, borrowed: Bool,
     makeLoop: () throws(LoopFlowError) -> EventLoop
 ) -> Int32 {
-    guard let out, let options = readOptions(options), configuration(from: options) != nil else {
+    guard let out, let options = readOptions(options), optionsAreUsable(options) else {
         return SF_EINVAL.code
     }
     let loop: EventLoop

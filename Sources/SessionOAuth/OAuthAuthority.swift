@@ -1,8 +1,10 @@
-import Foundation
+import CLoopHTTP
+import FoundationEssentials
+import LoopFlow
 import SessionCore
 
-#if canImport(FoundationNetworking)
-import FoundationNetworking
+#if canImport(Glibc)
+import Glibc
 #endif
 
 /// Where and as whom the OAuth 2.0 authority talks.
@@ -20,10 +22,13 @@ public struct OAuthConfiguration: Sendable {
     public var introspectionEndpoint: URL?
     /// Lifetime assumed when a response has no `expires_in`.
     public var defaultLifetime: Duration = .seconds(3600)
-    /// Per-request timeout of the HTTP client (the session has its own on every refresh).
+    /// The overall deadline of one HTTP request, connection and answer included (the
+    /// session has its own timeout on every refresh, after which the request is cancelled).
     public var requestTimeout: Duration = .seconds(20)
     /// An answer larger than this (default 1 MiB) is refused as a transient failure: a
-    /// token answer is a few hundred bytes, so anything near this is a misbehaving server.
+    /// token answer is a few hundred bytes. Enforced while receiving (a Content-Length
+    /// above it is refused before the body; a body that grows past it is cut off), so
+    /// memory stays bounded whatever the server sends.
     public var maximumAnswerSize = 1 << 20
 
     public init(tokenEndpoint: URL, clientID: String, clientSecret: Secret? = nil) {
@@ -31,11 +36,66 @@ public struct OAuthConfiguration: Sendable {
         self.clientID = clientID
         self.clientSecret = clientSecret
     }
+
+    /// The rules every endpoint must meet: https, or plain http to a loopback host
+    /// (127.0.0.0/8, ::1, localhost: for development); no credentials inside the URL.
+    /// Checked when the authority is made, before any connection.
+    public func validate() throws(OAuthConfigurationError) {
+        try Self.check(tokenEndpoint, "token endpoint")
+        if let revocationEndpoint { try Self.check(revocationEndpoint, "revocation endpoint") }
+        if let introspectionEndpoint { try Self.check(introspectionEndpoint, "introspection endpoint") }
+        guard !clientID.isEmpty else { throw OAuthConfigurationError(field: "client id", reason: "is empty") }
+        guard requestTimeout > .zero else {
+            throw OAuthConfigurationError(field: "request timeout", reason: "must be positive")
+        }
+        guard maximumAnswerSize > 0 else {
+            throw OAuthConfigurationError(field: "maximum answer size", reason: "must be positive")
+        }
+    }
+
+    /// Whether `url` may be used, and if plain http is allowed for it.
+    static func check(_ url: URL, _ field: String) throws(OAuthConfigurationError) -> Void {
+        switch lh_url_check(url.absoluteString) {
+        case LH_URL_HTTPS, LH_URL_LOOPBACK_HTTP:
+            return
+        case LH_URL_PLAIN_HTTP:
+            throw OAuthConfigurationError(
+                field: field, reason: "uses plain http to a host that is not loopback (https is required: "
+                    + "tokens and the client secret would travel in clear)")
+        case LH_URL_CREDENTIALS:
+            throw OAuthConfigurationError(field: field, reason: "has a user name or password inside the URL")
+        case LH_URL_OTHER_SCHEME:
+            throw OAuthConfigurationError(field: field, reason: "is neither https nor http")
+        default:
+            throw OAuthConfigurationError(field: field, reason: "is not a URL with a host")
+        }
+    }
 }
 
-/// The built-in OAuth 2.0 authority over `URLSession`: the refresh_token grant (RFC 6749
-/// §6), revocation (RFC 7009) and introspection (RFC 7662). Answers arrive on the HTTP
-/// client's threads and hop to the session's loop through the completion.
+/// A configuration the OAuth authority refuses (at creation, before any connection).
+public struct OAuthConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Which setting ("token endpoint", "client id"...).
+    public let field: String
+    public let reason: String
+
+    public init(field: String, reason: String) {
+        self.field = field
+        self.reason = reason
+    }
+
+    public var description: String { "the \(field) \(reason)" }
+}
+
+/// The built-in OAuth 2.0 authority: the refresh_token grant (RFC 6749 §6), revocation (RFC
+/// 7009) and introspection (RFC 7662), over the loop's own HTTP client (libcurl's multi
+/// interface driven by libuv: every request lives on the loop thread).
+///
+/// Every request: https only (plain http to loopback hosts for development), no redirect
+/// followed (a 3xx is a configuration error naming the status), an overall deadline
+/// (`requestTimeout`), `Accept-Encoding: identity`, the answer size limited while it is
+/// received, TLS always verified. A refresh can be cancelled (the session does at its
+/// timeout): the request then really ends (its connection is closed) before the session
+/// may send the refresh token again.
 ///
 /// Errors (RFC 6749 §5.2): `invalid_grant` is terminal (the session expires);
 /// `invalid_client`, `unauthorized_client`, `unsupported_grant_type`, `invalid_scope`,
@@ -44,16 +104,15 @@ public struct OAuthConfiguration: Sendable {
 /// (429/503 honour `Retry-After`).
 public final class OAuthAuthority: SessionAuthority {
     public let configuration: OAuthConfiguration
-    private let session: URLSession
+    private let http: LoopHTTPClient
 
-    public init(_ configuration: OAuthConfiguration) {
+    /// An authority whose requests run on `loop` (the session's loop).
+    /// - Throws: `OAuthConfigurationError` for an endpoint that is not https (or loopback
+    ///   http), or another unusable setting.
+    public init(_ configuration: OAuthConfiguration, loop: EventLoop) throws(OAuthConfigurationError) {
+        try configuration.validate()
         self.configuration = configuration
-        let urlConfiguration = URLSessionConfiguration.ephemeral
-        urlConfiguration.timeoutIntervalForRequest = configuration.requestTimeout.seconds
-        urlConfiguration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        urlConfiguration.httpCookieStorage = nil
-        urlConfiguration.urlCache = nil
-        self.session = URLSession(configuration: urlConfiguration)
+        self.http = LoopHTTPClient(loop: loop)
     }
 
     // MARK: SessionAuthority
@@ -61,11 +120,12 @@ public final class OAuthAuthority: SessionAuthority {
     public func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
         var form = [("grant_type", "refresh_token"), ("refresh_token", request.refreshToken.reveal())]
         if let scope = configuration.scope { form.append(("scope", scope)) }
-        post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken]) { [configuration] outcome in
+        let call = post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken]) { [configuration] outcome in
             completion.complete(outcome.flatMap { response in
                 TokenResponse.grant(from: response, defaultLifetime: configuration.defaultLifetime)
             })
         }
+        completion.onCancel { call.cancel() }
     }
 
     public var canRevoke: Bool { configuration.revocationEndpoint != nil }
@@ -76,12 +136,13 @@ public final class OAuthAuthority: SessionAuthority {
             return
         }
         let hint = refreshToken != nil ? "refresh_token" : "access_token"
-        post(endpoint, form: [("token", token.reveal()), ("token_type_hint", hint)], secrets: [token]) { outcome in
+        let call = post(endpoint, form: [("token", token.reveal()), ("token_type_hint", hint)], secrets: [token]) { outcome in
             // RFC 7009 §2.2: 200 whether or not the token was valid.
             completion.complete(outcome.flatMap { response in
                 response.status == 200 ? .success(()) : .failure(TokenResponse.error(from: response))
             })
         }
+        completion.onCancel { call.cancel() }
     }
 
     public var canValidate: Bool { configuration.introspectionEndpoint != nil }
@@ -91,72 +152,67 @@ public final class OAuthAuthority: SessionAuthority {
             completion.fail(.configuration("unsupported", "no introspection endpoint"))
             return
         }
-        post(endpoint, form: [("token", accessToken.reveal()), ("token_type_hint", "access_token")],
+        let call = post(endpoint, form: [("token", accessToken.reveal()), ("token_type_hint", "access_token")],
              secrets: [accessToken]) { outcome in
             completion.complete(outcome.flatMap { response in
                 guard response.status == 200 else { return .failure(TokenResponse.error(from: response)) }
-                guard let object = response.json, let active = object["active"] as? Bool else {
+                guard case .bool(let active)? = response.json?["active"] else {
                     return .failure(.transient("the introspection answer is not the JSON RFC 7662 describes"))
                 }
                 return .success(active)
             })
         }
+        completion.onCancel { call.cancel() }
     }
 
     // MARK: HTTP
 
-    /// One form POST; the outcome carries status, headers and body, or a transient error.
+    /// One form POST; the outcome carries status, headers and body, or the error it stands for.
     private func post(
         _ url: URL, form: [(String, String)], secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
-    ) {
+    ) -> HTTPCall {
         var fields = form
         fields.append(("client_id", configuration.clientID))
         if let secret = configuration.clientSecret { fields.append(("client_secret", secret.reveal())) }
-        var request = URLRequest(url: url)
-        request.httpMethod = "POST"
-        request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
-        request.setValue("application/json", forHTTPHeaderField: "Accept")
-        request.httpBody = Data(FormEncoding.encode(fields).utf8)
         let redactions = secrets + [configuration.clientSecret].compactMap { $0 }
-        let maximumAnswerSize = configuration.maximumAnswerSize
-        let requestTimeout = configuration.requestTimeout
-        let task = session.dataTask(with: request) { data, response, error in
-            if let error {
-                let text = Self.describe(error, timeout: requestTimeout)
-                done(.failure(.transient("network: \(Redaction.scrub(text, redactions))")))
-                return
+        let timeout = configuration.requestTimeout
+        let limit = configuration.maximumAnswerSize
+        let request = HTTPPost(
+            url: url.absoluteString,
+            headers: ["Content-Type: application/x-www-form-urlencoded", "Accept: application/json"],
+            body: Array(FormEncoding.encode(fields).utf8), timeout: timeout, maximumAnswerSize: limit,
+            allowsLoopbackHTTP: true)  // only a URL that passed `validate` reaches here
+        return http.post(request) { result in
+            switch result {
+            case .success(let response) where (300...399).contains(response.status):
+                done(.failure(.configuration(
+                    "redirect", "HTTP \(response.status): the server redirects elsewhere; redirects are not followed "
+                        + "(configure the endpoint's final URL)")))
+            case .success(let response):
+                done(.success(HTTPAnswer(
+                    status: response.status, retryAfter: RetryAfter.parse(response.retryAfter),
+                    body: Data(response.body), redactions: redactions)))
+            case .failure(let failure):
+                done(.failure(Self.error(for: failure, timeout: timeout, limit: limit, redactions: redactions)))
             }
-            guard let http = response as? HTTPURLResponse else {
-                done(.failure(.transient("no HTTP response")))
-                return
-            }
-            let size = data?.count ?? 0
-            guard size <= maximumAnswerSize else {
-                done(.failure(.transient("HTTP \(http.statusCode): the answer (\(size) bytes) is larger than \(maximumAnswerSize) bytes")))
-                return
-            }
-            done(.success(HTTPAnswer(
-                status: http.statusCode, retryAfter: RetryAfter.parse(http.value(forHTTPHeaderField: "Retry-After")),
-                body: data ?? Data(), redactions: redactions)))
         }
-        task.resume()
     }
 
-    /// A network failure in words (Foundation's text for a timeout on Linux is "The operation
-    /// could not be completed. (NSURLErrorDomain error -1001.)").
-    static func describe(_ error: any Error, timeout: Duration) -> String {
-        guard let error = error as? URLError else { return error.localizedDescription }
-        switch error.code {
-        case .timedOut: return "no answer within \(timeout) (the request timed out)"
-        case .cannotConnectToHost: return "cannot connect to the server (connection refused)"
-        case .cannotFindHost, .dnsLookupFailed: return "cannot find the server's host"
-        case .networkConnectionLost: return "the connection was lost"
-        case .notConnectedToInternet: return "not connected to a network"
-        case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
-            .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot:
-            return "the TLS connection failed (\(error.localizedDescription))"
-        default: return "\(error.localizedDescription) (URLError \(error.code.rawValue))"
+    /// A request that produced no answer, in words (never a token).
+    static func error(for failure: HTTPFailure, timeout: Duration, limit: Int, redactions: [Secret]) -> AuthorityError {
+        switch failure {
+        case .cancelled:
+            return .cancelled
+        case .timedOut:
+            return .transient("network: no answer within \(timeout) (the request timed out)")
+        case .tooLarge(let received):
+            let seen = received > 0 ? " (\(received) bytes received)" : ""
+            return .transient("the answer is larger than \(limit) bytes\(seen); the transfer was stopped")
+        case .network(let text):
+            return .transient("network: \(Redaction.scrub(text, redactions))")
+        case .refused(let text):
+            return .transient("the request was not sent: \(Redaction.scrub(text, redactions))")
         }
     }
 }
@@ -176,8 +232,39 @@ public final class OAuthAuthority: SessionAuthority {
         self.redactions = redactions
     }
 
-    var json: [String: Any]? {
-        (try? JSONSerialization.jsonObject(with: body)) as? [String: Any]
+    /// The body as a JSON object (its top-level members), nil if it is not one.
+    var json: [String: JSONMember]? {
+        try? JSONDecoder().decode([String: JSONMember].self, from: body)
+    }
+}
+
+/// One top-level member of a JSON object: the scalars an OAuth answer uses; anything else
+/// (an array, an object, null) is `.other`.
+@_spi(Fuzzing) public enum JSONMember: Decodable, Sendable, Equatable {
+    case string(String)
+    case int(Int)
+    case double(Double)
+    case bool(Bool)
+    case other
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if let value = try? container.decode(Bool.self) {
+            self = .bool(value)
+        } else if let value = try? container.decode(Int.self) {
+            self = .int(value)
+        } else if let value = try? container.decode(Double.self) {
+            self = .double(value)
+        } else if let value = try? container.decode(String.self) {
+            self = .string(value)
+        } else {
+            self = .other
+        }
+    }
+
+    var string: String? {
+        if case .string(let value) = self { return value }
+        return nil
     }
 }
 
@@ -188,10 +275,10 @@ public final class OAuthAuthority: SessionAuthority {
         guard let object = answer.json else {
             return .failure(.transient("the token answer is not JSON"))
         }
-        guard let access = object["access_token"] as? String, !access.isEmpty else {
+        guard let access = object["access_token"]?.string, !access.isEmpty else {
             return .failure(.transient("the token answer has no access_token"))
         }
-        if let type = object["token_type"] as? String, type.lowercased() != "bearer" {
+        if let type = object["token_type"]?.string, type.lowercased() != "bearer" {
             let shown = Redaction.scrub(type, answer.redactions + [Secret(access)])
             return .failure(.configuration("unsupported_token_type", "token_type \(shown) is not Bearer"))
         }
@@ -200,13 +287,13 @@ public final class OAuthAuthority: SessionAuthority {
         // further): a Double of 1e20 must not trap converting to an integer.
         let ceiling = 100.0 * 365 * 24 * 3600
         switch object["expires_in"] {
-        case let seconds as Int: lifetime = .seconds(min(max(seconds, 0), Int(ceiling)))
-        case let seconds as Double where seconds.isFinite:
+        case .int(let seconds)?: lifetime = .seconds(min(max(seconds, 0), Int(ceiling)))
+        case .double(let seconds)? where seconds.isFinite:
             lifetime = .milliseconds(Int64(min(max(seconds, 0), ceiling) * 1000))
-        case let text as String where Int(text) != nil: lifetime = .seconds(min(max(Int(text)!, 0), Int(ceiling)))
+        case .string(let text)? where Int(text) != nil: lifetime = .seconds(min(max(Int(text)!, 0), Int(ceiling)))
         default: lifetime = defaultLifetime
         }
-        let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : Secret($0) }
+        let refresh = object["refresh_token"]?.string.flatMap { $0.isEmpty ? nil : Secret($0) }
         return .success(TokenGrant(accessToken: Secret(access), refreshToken: refresh, expiresIn: lifetime))
     }
 
@@ -215,8 +302,8 @@ public final class OAuthAuthority: SessionAuthority {
         let object = answer.json
         // Everything the server wrote is scrubbed of what we sent it: a server may echo the
         // refresh token in any field (the fuzzer found `error` itself).
-        let code = (object?["error"] as? String).map { Redaction.scrub($0, answer.redactions) }
-        let description = (object?["error_description"] as? String).map { Redaction.scrub($0, answer.redactions) }
+        let code = object?["error"]?.string.map { Redaction.scrub($0, answer.redactions) }
+        let description = object?["error_description"]?.string.map { Redaction.scrub($0, answer.redactions) }
         let message = ["HTTP \(answer.status)", code, description].compactMap { $0 }.joined(separator: ": ")
         switch (answer.status, code) {
         case (_, "invalid_grant"):
@@ -249,7 +336,10 @@ enum FormEncoding {
             } else if byte == UInt8(ascii: " ") {
                 out.append("+")
             } else {
-                out += String(format: "%%%02X", byte)
+                let hex = Array("0123456789ABCDEF".utf8)
+                out.unicodeScalars.append("%")
+                out.unicodeScalars.append(UnicodeScalar(hex[Int(byte >> 4)]))
+                out.unicodeScalars.append(UnicodeScalar(hex[Int(byte & 0xF)]))
             }
         }
         return out
@@ -310,7 +400,7 @@ enum Redaction {
     static func scrub(_ text: String, _ secrets: [Secret]) -> String {
         secrets.reduce(text) { text, secret in
             let value = secret.reveal()
-            return value.isEmpty ? text : text.replacingOccurrences(of: value, with: "<redacted>")
+            return value.isEmpty ? text : text.replacing(value, with: "<redacted>")
         }
     }
 }

@@ -27,7 +27,6 @@ struct LiveWatch {
     }
 
     func run() async throws -> Ending {
-        let authority: any SessionAuthority = oauth.map { OAuthAuthority($0) } ?? WatchOnly()
         let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0) } ?? MemoryCredentialStore()
         if case .unavailable(let error) = store.read() {
             return .failed("cannot read the store: \(error.message)")
@@ -37,6 +36,9 @@ struct LiveWatch {
         let settings = configuration
         let presenter = self.presenter
         let loop = try EventLoop(name: "watch-session")
+        let authority: any SessionAuthority = try oauth.map { configuration throws in
+            try OAuthAuthority(configuration, loop: loop)
+        } ?? WatchOnly()
         let (manager, subscriptions) = try await loop.submit {
             let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: settings)
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })

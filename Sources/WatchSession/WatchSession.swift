@@ -41,7 +41,7 @@ struct WatchSession: AsyncParsableCommand {
     @Option(help: "Watch the encrypted file store in this directory (other processes' changes appear live).")
     var store: String?
 
-    @Option(help: "OAuth 2.0 token endpoint to refresh with (http or https URL).")
+    @Option(help: "OAuth 2.0 token endpoint to refresh with (https; plain http only to a loopback host).")
     var tokenEndpoint: String?
 
     @Option(name: .customLong("client-id"), help: "OAuth 2.0 client id (with --token-endpoint).")
@@ -54,11 +54,14 @@ struct WatchSession: AsyncParsableCommand {
         guard speed > 0, speed <= 1000 else {
             throw ValidationError("--speed must be above 0 and at most 1000, got \(speed)")
         }
-        if let tokenEndpoint {
-            guard let url = URL(string: tokenEndpoint), let scheme = url.scheme?.lowercased(),
-                scheme == "http" || scheme == "https", url.host != nil
-            else { throw ValidationError("--token-endpoint is not an http(s) URL: \(tokenEndpoint)") }
+        if tokenEndpoint != nil {
             guard clientID?.isEmpty == false else { throw ValidationError("--token-endpoint needs --client-id") }
+            // The authority's own rules (https, or http to loopback): refused here, exit 64.
+            do {
+                try oauthConfiguration()?.validate()
+            } catch {
+                throw ValidationError("--token-endpoint: \(error)")
+            }
         }
         if refreshTokenFile != nil && tokenEndpoint == nil {
             throw ValidationError("--refresh-token-file needs --token-endpoint")
@@ -78,9 +81,7 @@ struct WatchSession: AsyncParsableCommand {
             presenter.note(outcome)
             return
         }
-        let oauth = tokenEndpoint.flatMap(URL.init(string:)).map {
-            OAuthConfiguration(tokenEndpoint: $0, clientID: clientID ?? "")
-        }
+        let oauth = try oauthConfiguration()
         let refreshToken = try refreshTokenFile.map(readRefreshToken)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         let ending = try await LiveWatch(
@@ -95,6 +96,15 @@ struct WatchSession: AsyncParsableCommand {
             FileHandle.standardError.write(Data("watch-session: \(message)\n".utf8))
             throw ExitCode(1)
         }
+    }
+
+    /// The OAuth settings the options give (nil without --token-endpoint).
+    private func oauthConfiguration() throws -> OAuthConfiguration? {
+        guard let tokenEndpoint else { return nil }
+        guard let url = URL(string: tokenEndpoint) else {
+            throw ValidationError("--token-endpoint is not a URL: \(tokenEndpoint)")
+        }
+        return OAuthConfiguration(tokenEndpoint: url, clientID: clientID ?? "")
     }
 
     private func readRefreshToken(_ path: String) throws -> Secret {

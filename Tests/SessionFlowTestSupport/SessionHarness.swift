@@ -27,7 +27,7 @@ package final class SessionHarness<Authority: SessionAuthority, Store: Credentia
     /// Makes the manager and subscribes to its events (and states, if `recordStates`) in one loop
     /// job, so nothing it says at start can run in between. `configure` runs after the harness
     /// has set the logger, and may change anything.
-    package init(
+    package convenience init(
         loopName: String,
         authority: Authority,
         store: Store,
@@ -35,10 +35,30 @@ package final class SessionHarness<Authority: SessionAuthority, Store: Credentia
         recordStates: Bool = false,
         configure: (inout SessionConfiguration) -> Void = { _ in }
     ) async throws {
+        try await self.init(
+            loopName: loopName, makeAuthority: { _ in authority }, store: store, manualClock: manualClock,
+            recordStates: recordStates, configure: configure)
+    }
+
+    /// For an authority that lives on the session's loop (the OAuth authority's HTTP client).
+    package init(
+        loopName: String,
+        makeAuthority: (EventLoop) throws -> Authority,
+        store: Store,
+        manualClock: ManualClock? = nil,
+        recordStates: Bool = false,
+        configure: (inout SessionConfiguration) -> Void = { _ in }
+    ) async throws {
         self.manualClock = manualClock
-        self.authority = authority
         self.store = store
         loop = try EventLoop(name: loopName, clock: manualClock.map { .manual($0) } ?? .system)
+        do {
+            authority = try makeAuthority(loop)
+        } catch {
+            _ = try? loop.shutdown()
+            throw error
+        }
+        let authority = self.authority
         var handler = logs
         handler.logLevel = .trace
         var configuration = SessionConfiguration()

@@ -21,7 +21,8 @@ extension SessionHarness where Authority == OAuthAuthority, Store == MemoryCrede
         var oauthConfiguration = server.configuration(introspection: introspection)
         oauth(&oauthConfiguration)
         try await self.init(
-            loopName: "oauth-test", authority: OAuthAuthority(oauthConfiguration), store: MemoryCredentialStore()
+            loopName: "oauth-test", makeAuthority: { loop in try OAuthAuthority(oauthConfiguration, loop: loop) },
+            store: MemoryCredentialStore()
         ) { configuration in
             configuration.policy.minimumInterval = .milliseconds(300)
             configure(&configuration)
@@ -124,8 +125,8 @@ struct OAuthAuthorityTests {
         // Nothing listens on this port: connection refused is transient
         var configuration = OAuthConfiguration(tokenEndpoint: URL(string: "http://127.0.0.1:9/token")!, clientID: "c")
         configuration.requestTimeout = .seconds(2)
-        let authority = OAuthAuthority(configuration)
         let loop = try EventLoop()
+        let authority = try OAuthAuthority(configuration, loop: loop)
         let manager = try SessionManager(loop: loop, authority: authority)
         try await manager.signIn(SessionTokens(
             accessToken: Secret("SENTINEL-ACCESS-offline"), refreshToken: Secret("SENTINEL-REFRESH-offline"),

@@ -40,7 +40,7 @@ struct SecretLeakTests {
         configuration.policy.minimumInterval = .milliseconds(100)
         let loopLogger = Logger(label: "secrets-loop", factory: { _ in handler })
         let loop = try EventLoop(name: "secrets", logger: loopLogger)
-        let authority = OAuthAuthority(server.configuration(introspection: true))
+        let authority = try OAuthAuthority(server.configuration(introspection: true), loop: loop)
         let made = configuration
         let events = LockedBox<[SessionEvent]>([])
         let (manager, subscription) = try await loop.submit {

@@ -91,10 +91,24 @@ public struct RefreshRequest: Sendable, CustomStringConvertible {
 /// The one-shot answer to an authority request. Complete it exactly once, from any thread,
 /// at any time (even inside the call that handed it to you); later completions are refused
 /// and return false. The session hears the answer on its loop thread, never inline.
+///
+/// Cancellation: an authority whose requests can be cancelled says how with `onCancel`.
+/// The session asks for it when a refresh outlives its timeout, and then waits for the
+/// request to *end* — the completion must still be completed, with whatever arrived (tokens
+/// that came in after all are kept) or with `AuthorityError.cancelled`. Until then no
+/// second request with the same refresh token is sent, in this process or another sharing
+/// the store: the first one may have rotated it. An authority that registers no handler
+/// cannot be cancelled; its attempt is given up at the timeout as before.
 public final class AuthorityCompletion<Output: Sendable>: Sendable {
     private let completed = Atomic<Bool>(false)
     private let deliver: @Sendable (Result<Output, AuthorityError>, _ receivedAt: Duration) -> Void
     private let clock: @Sendable () -> Duration
+    private let cancellation = LockedBox(Cancellation())
+
+    private struct Cancellation {
+        var requested = false
+        var handler: (@Sendable () -> Void)?
+    }
 
     init(
         clock: @escaping @Sendable () -> Duration,
@@ -127,8 +141,59 @@ public final class AuthorityCompletion<Output: Sendable>: Sendable {
         guard !completed.exchange(true, ordering: .acquiringAndReleasing) else { return false }
         // The receipt time, on the loop's monotonic clock, is what expiry is computed from.
         deliver(result, clock())
+        // Nothing to cancel any more: the handler (and what it captured) is let go.
+        cancellation.withLockedValue { $0.handler = nil }
         return true
     }
+
+    /// Says how to cancel the request this completion answers; call it once, from any
+    /// thread, before or after starting the request. `handler` runs at most once, on the
+    /// thread that asks for the cancellation (the session's loop thread) and never under a
+    /// lock — or at once, inside this call, if cancellation was already asked for. After
+    /// it, complete the completion as soon as the request has ended.
+    public func onCancel(_ handler: @escaping @Sendable () -> Void) {
+        let runNow = cancellation.withLockedValue { state -> Bool in
+            guard !isCompleted else { return false }
+            if state.requested { return true }
+            state.handler = handler
+            return false
+        }
+        if runNow { handler() }
+    }
+
+    /// Whether cancellation was asked for (a request not started yet need not start).
+    public var isCancellationRequested: Bool {
+        cancellation.withLockedValue { $0.requested }
+    }
+
+    /// Asks the authority to end the request. True when it registered a way to cancel and
+    /// has not answered yet: an answer is then on its way, and the caller waits for it.
+    @discardableResult
+    public func requestCancellation() -> Bool {
+        let handler = cancellation.withLockedValue { state -> (@Sendable () -> Void)? in
+            state.requested = true
+            defer { state.handler = nil }
+            return state.handler
+        }
+        guard let handler, !isCompleted else { return false }
+        handler()
+        return true
+    }
+
+    /// Whether the authority said how to cancel and has not answered yet.
+    public var isCancellable: Bool {
+        !isCompleted && cancellation.withLockedValue { $0.handler != nil }
+    }
+}
+
+extension AuthorityError {
+    /// The answer of a request that was cancelled before it ended (transient).
+    public static var cancelled: AuthorityError {
+        AuthorityError(.transient, code: "cancelled", message: "the request was cancelled")
+    }
+
+    /// Whether this is the answer of a cancelled request.
+    public var isCancellation: Bool { kind == .transient && code == "cancelled" }
 }
 
 /// How tokens are refreshed, validated and revoked. The built-in OAuth 2.0 authority is one;

@@ -150,7 +150,7 @@ guard arguments.count == 4, let endpoint = URL(string: arguments[2]) else {
 }
 
 let loop = try EventLoop(name: "probe")
-let authority = OAuthAuthority(OAuthConfiguration(tokenEndpoint: endpoint, clientID: arguments[3]))
+let authority = try OAuthAuthority(OAuthConfiguration(tokenEndpoint: endpoint, clientID: arguments[3]), loop: loop)
 let manager = try SessionManager(loop: loop, authority: authority, store: FileCredentialStore(directory: arguments[1]))
 do {
     let token = try await manager.freshAccessToken()

@@ -1,0 +1,436 @@
+/* libcurl's multi interface on a libuv loop. See include/loop_http.h for the contract.
+ *
+ * Shape (curl's docs/examples/multi-uv.c): curl tells us which sockets to watch
+ * (CURLMOPT_SOCKETFUNCTION) and when to call it back (CURLMOPT_TIMERFUNCTION); we keep one
+ * uv_poll_t per socket and one uv_timer_t, and call curl_multi_socket_action from their
+ * callbacks — never from inside a curl callback. After each action, finished transfers are
+ * collected with curl_multi_info_read and their `done` runs. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "loop_http.h"
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <uv.h>
+
+typedef struct lh_socket lh_socket;
+
+struct lh_client {
+    uv_loop_t *loop;
+    CURLM *multi;
+    uv_timer_t timer;
+    lh_request *requests;  /* running, doubly linked */
+    lh_socket *sockets;    /* watched, doubly linked */
+    size_t running;
+    int pending_closes;    /* handles whose close callback has not run yet */
+    int closing;
+};
+
+struct lh_socket {
+    uv_poll_t poll;
+    curl_socket_t fd;
+    lh_client *client;
+    lh_socket *prev, *next;
+};
+
+struct lh_request {
+    lh_client *client;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *body;
+    size_t body_length;
+    unsigned char *answer;
+    size_t answer_length, answer_capacity;
+    int64_t max_body;
+    int too_large;
+    char retry_after[128];
+    int has_retry_after;
+    char error[CURL_ERROR_SIZE];
+    lh_done_fn done;
+    void *userdata;
+    lh_request *prev, *next;
+};
+
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static CURLcode global_result = CURLE_FAILED_INIT;
+
+static void global_init(void) { global_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+/* ---- URLs ------------------------------------------------------------------------- */
+
+static int is_loopback_host(const char *host) {
+    if (strcasecmp(host, "localhost") == 0) return 1;
+    struct in_addr v4;
+    if (inet_pton(AF_INET, host, &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+    size_t length = strlen(host);
+    if (length > 2 && host[0] == '[' && host[length - 1] == ']') {
+        char inner[64];
+        if (length - 2 >= sizeof inner) return 0;
+        memcpy(inner, host + 1, length - 2);
+        inner[length - 2] = 0;
+        struct in6_addr v6;
+        if (inet_pton(AF_INET6, inner, &v6) != 1) return 0;
+        if (IN6_IS_ADDR_LOOPBACK(&v6)) return 1;
+        if (IN6_IS_ADDR_V4MAPPED(&v6)) return v6.s6_addr[12] == 127;
+    }
+    return 0;
+}
+
+lh_url_kind lh_url_check(const char *url) {
+    if (!url) return LH_URL_INVALID;
+    CURLU *parsed = curl_url();
+    if (!parsed) return LH_URL_INVALID;
+    lh_url_kind kind = LH_URL_INVALID;
+    char *scheme = NULL, *host = NULL, *user = NULL, *password = NULL;
+    /* No guessing of a scheme, no default scheme: what is written is what is used. */
+    if (curl_url_set(parsed, CURLUPART_URL, url, 0) != CURLUE_OK) goto done;
+    if (curl_url_get(parsed, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK) goto done;
+    if (curl_url_get(parsed, CURLUPART_HOST, &host, 0) != CURLUE_OK || !host[0]) goto done;
+    if (curl_url_get(parsed, CURLUPART_USER, &user, 0) == CURLUE_OK ||
+        curl_url_get(parsed, CURLUPART_PASSWORD, &password, 0) == CURLUE_OK) {
+        kind = LH_URL_CREDENTIALS;
+        goto done;
+    }
+    if (strcasecmp(scheme, "https") == 0) kind = LH_URL_HTTPS;
+    else if (strcasecmp(scheme, "http") == 0) kind = is_loopback_host(host) ? LH_URL_LOOPBACK_HTTP : LH_URL_PLAIN_HTTP;
+    else kind = LH_URL_OTHER_SCHEME;
+done:
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(user);
+    curl_free(password);
+    curl_url_cleanup(parsed);
+    return kind;
+}
+
+/* ---- Handles ---------------------------------------------------------------------- */
+
+static void release_if_done(lh_client *client) {
+    if (client->closing && client->pending_closes == 0) free(client);
+}
+
+static void handle_closed(uv_handle_t *handle) {
+    lh_client *client = handle->data;
+    if ((void *)handle != (void *)&client->timer) free(handle);  /* an lh_socket */
+    client->pending_closes--;
+    release_if_done(client);
+}
+
+static void unwatch(lh_socket *watched) {
+    lh_client *client = watched->client;
+    if (watched->prev) watched->prev->next = watched->next;
+    else client->sockets = watched->next;
+    if (watched->next) watched->next->prev = watched->prev;
+    uv_poll_stop(&watched->poll);
+    watched->poll.data = client;
+    client->pending_closes++;
+    uv_close((uv_handle_t *)&watched->poll, handle_closed);
+}
+
+/* ---- Finishing ---------------------------------------------------------------------- */
+
+static void unlink_request(lh_request *request) {
+    lh_client *client = request->client;
+    if (request->prev) request->prev->next = request->next;
+    else client->requests = request->next;
+    if (request->next) request->next->prev = request->prev;
+    client->running--;
+}
+
+static void free_request(lh_request *request) {
+    if (request->easy) curl_easy_cleanup(request->easy);
+    curl_slist_free_all(request->headers);
+    if (request->body) {
+        explicit_bzero(request->body, request->body_length);
+        free(request->body);
+    }
+    if (request->answer) {
+        explicit_bzero(request->answer, request->answer_capacity);
+        free(request->answer);
+    }
+    free(request);
+}
+
+/* Removes the transfer, tells the caller, frees the request. */
+static void finish(lh_request *request, lh_outcome outcome, CURLcode code) {
+    lh_client *client = request->client;
+    curl_multi_remove_handle(client->multi, request->easy);
+    unlink_request(request);
+
+    lh_answer answer;
+    memset(&answer, 0, sizeof answer);
+    answer.outcome = outcome;
+    answer.bytes_received = (int64_t)request->answer_length;
+    if (outcome == LH_ANSWERED) {
+        curl_easy_getinfo(request->easy, CURLINFO_RESPONSE_CODE, &answer.status);
+        answer.body = request->answer;
+        answer.body_length = request->answer_length;
+        answer.retry_after = request->has_retry_after ? request->retry_after : NULL;
+    } else if (outcome != LH_CANCELLED) {
+        curl_easy_getinfo(request->easy, CURLINFO_RESPONSE_CODE, &answer.status);
+        answer.error_text = request->error[0] ? request->error : curl_easy_strerror(code);
+    } else {
+        answer.error_text = "cancelled";
+    }
+    request->done(&answer, request->userdata);
+    free_request(request);
+}
+
+static lh_outcome outcome_of(const lh_request *request, CURLcode code) {
+    switch (code) {
+    case CURLE_OK: return LH_ANSWERED;
+    case CURLE_OPERATION_TIMEDOUT: return LH_TIMED_OUT;
+    case CURLE_FILESIZE_EXCEEDED: return LH_TOO_LARGE;
+    case CURLE_WRITE_ERROR: return request->too_large ? LH_TOO_LARGE : LH_NETWORK;
+    case CURLE_OUT_OF_MEMORY: return LH_REFUSED;
+    default: return LH_NETWORK;
+    }
+}
+
+static void collect_finished(lh_client *client) {
+    CURLMsg *message;
+    int left;
+    while ((message = curl_multi_info_read(client->multi, &left))) {
+        if (message->msg != CURLMSG_DONE) continue;
+        lh_request *request = NULL;
+        curl_easy_getinfo(message->easy_handle, CURLINFO_PRIVATE, (char **)&request);
+        CURLcode code = message->data.result;
+        if (request) finish(request, outcome_of(request, code), code);
+    }
+}
+
+/* ---- Driving curl from the loop --------------------------------------------------- */
+
+static void on_timer(uv_timer_t *timer) {
+    lh_client *client = timer->data;
+    int running;
+    curl_multi_socket_action(client->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    collect_finished(client);
+}
+
+static void on_poll(uv_poll_t *poll, int status, int events) {
+    lh_socket *watched = poll->data;
+    lh_client *client = watched->client;
+    int flags = 0;
+    if (status < 0) flags = CURL_CSELECT_ERR;
+    if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
+    if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
+    int running;
+    curl_multi_socket_action(client->multi, watched->fd, flags, &running);
+    collect_finished(client);
+}
+
+/* CURLMOPT_TIMERFUNCTION: curl wants to be called after `timeout_ms` (-1: never). Only the
+ * uv timer is (re)armed here; a 0 runs on the next loop turn, never inside this callback. */
+static int curl_timer(CURLM *multi, long timeout_ms, void *userdata) {
+    (void)multi;
+    lh_client *client = userdata;
+    if (client->closing) return 0;
+    if (timeout_ms < 0) uv_timer_stop(&client->timer);
+    else uv_timer_start(&client->timer, on_timer, (uint64_t)timeout_ms, 0);
+    return 0;
+}
+
+/* CURLMOPT_SOCKETFUNCTION: watch `fd` for `what`, or stop watching it. */
+static int curl_socket(CURL *easy, curl_socket_t fd, int what, void *userdata, void *socket_data) {
+    (void)easy;
+    lh_client *client = userdata;
+    lh_socket *watched = socket_data;
+    if (what == CURL_POLL_REMOVE) {
+        if (watched) {
+            curl_multi_assign(client->multi, fd, NULL);
+            unwatch(watched);
+        }
+        return 0;
+    }
+    if (!watched) {
+        watched = calloc(1, sizeof *watched);
+        if (!watched) return -1;
+        if (uv_poll_init_socket(client->loop, &watched->poll, fd) != 0) {
+            free(watched);
+            return -1;
+        }
+        watched->fd = fd;
+        watched->client = client;
+        watched->poll.data = watched;
+        watched->next = client->sockets;
+        if (client->sockets) client->sockets->prev = watched;
+        client->sockets = watched;
+        curl_multi_assign(client->multi, fd, watched);
+    }
+    int events = 0;
+    if (what & CURL_POLL_IN) events |= UV_READABLE;
+    if (what & CURL_POLL_OUT) events |= UV_WRITABLE;
+    uv_poll_start(&watched->poll, events, on_poll);
+    return 0;
+}
+
+/* ---- Receiving ---------------------------------------------------------------------- */
+
+static size_t on_body(char *data, size_t size, size_t count, void *userdata) {
+    lh_request *request = userdata;
+    size_t length = size * count;
+    if ((int64_t)(request->answer_length + length) > request->max_body) {
+        request->too_large = 1;
+        request->answer_length += length;  /* counted, not kept */
+        return 0;                          /* aborts the transfer (CURLE_WRITE_ERROR) */
+    }
+    if (request->answer_length + length > request->answer_capacity) {
+        size_t capacity = request->answer_capacity ? request->answer_capacity : 1024;
+        while (capacity < request->answer_length + length) capacity *= 2;
+        if ((int64_t)capacity > request->max_body) capacity = (size_t)request->max_body;
+        unsigned char *grown = malloc(capacity);
+        if (!grown) return 0;
+        if (request->answer) {
+            memcpy(grown, request->answer, request->answer_length);
+            explicit_bzero(request->answer, request->answer_capacity);
+            free(request->answer);
+        }
+        request->answer = grown;
+        request->answer_capacity = capacity;
+    }
+    memcpy(request->answer + request->answer_length, data, length);
+    request->answer_length += length;
+    return length;
+}
+
+static size_t on_header(char *data, size_t size, size_t count, void *userdata) {
+    lh_request *request = userdata;
+    size_t length = size * count;
+    static const char name[] = "retry-after:";
+    /* A new status line (an interim 1xx answer, then the final one) resets what was seen. */
+    if (length >= 5 && strncmp(data, "HTTP/", 5) == 0) request->has_retry_after = 0;
+    if (length > sizeof name - 1 && strncasecmp(data, name, sizeof name - 1) == 0) {
+        const char *value = data + sizeof name - 1;
+        size_t value_length = length - (sizeof name - 1);
+        while (value_length && (*value == ' ' || *value == '\t')) value++, value_length--;
+        while (value_length && (value[value_length - 1] == '\r' || value[value_length - 1] == '\n' ||
+                                value[value_length - 1] == ' ' || value[value_length - 1] == '\t'))
+            value_length--;
+        if (value_length < sizeof request->retry_after) {
+            memcpy(request->retry_after, value, value_length);
+            request->retry_after[value_length] = 0;
+            request->has_retry_after = 1;
+        }
+    }
+    return length;
+}
+
+/* ---- The public functions -------------------------------------------------------------- */
+
+lh_client *lh_client_create(uv_loop_t *loop) {
+    pthread_once(&global_once, global_init);
+    if (global_result != CURLE_OK || !loop) return NULL;
+    lh_client *client = calloc(1, sizeof *client);
+    if (!client) return NULL;
+    client->loop = loop;
+    client->multi = curl_multi_init();
+    if (!client->multi || uv_timer_init(loop, &client->timer) != 0) {
+        if (client->multi) curl_multi_cleanup(client->multi);
+        free(client);
+        return NULL;
+    }
+    client->timer.data = client;
+    curl_multi_setopt(client->multi, CURLMOPT_SOCKETFUNCTION, curl_socket);
+    curl_multi_setopt(client->multi, CURLMOPT_SOCKETDATA, client);
+    curl_multi_setopt(client->multi, CURLMOPT_TIMERFUNCTION, curl_timer);
+    curl_multi_setopt(client->multi, CURLMOPT_TIMERDATA, client);
+    return client;
+}
+
+void lh_client_close(lh_client *client) {
+    if (!client || client->closing) return;
+    while (client->requests) lh_cancel(client->requests);
+    client->closing = 1;
+    /* Connections curl keeps for reuse are closed here; their sockets are reported
+     * removed (or, if curl does not say so, unwatched below). */
+    curl_multi_cleanup(client->multi);
+    client->multi = NULL;
+    while (client->sockets) unwatch(client->sockets);
+    uv_timer_stop(&client->timer);
+    client->pending_closes++;
+    uv_close((uv_handle_t *)&client->timer, handle_closed);
+}
+
+size_t lh_client_running(const lh_client *client) { return client ? client->running : 0; }
+
+void lh_cancel(lh_request *request) {
+    if (request) finish(request, LH_CANCELLED, CURLE_ABORTED_BY_CALLBACK);
+}
+
+#define SET(option, value) ok = ok && curl_easy_setopt(easy, option, value) == CURLE_OK
+
+int lh_post(lh_client *client, const lh_post_options *options, lh_done_fn done, void *userdata,
+            lh_request **out) {
+    if (!client || client->closing || !options || !options->url || !done || !out ||
+        options->timeout_ms <= 0 || options->max_body <= 0 || (options->body_length && !options->body))
+        return LH_REFUSED;
+    lh_url_kind kind = lh_url_check(options->url);
+    int plain = kind == LH_URL_LOOPBACK_HTTP;
+    if (!(kind == LH_URL_HTTPS || (plain && options->allow_loopback_http))) return LH_REFUSED;
+
+    lh_request *request = calloc(1, sizeof *request);
+    if (!request) return LH_REFUSED;
+    request->client = client;
+    request->done = done;
+    request->userdata = userdata;
+    request->max_body = options->max_body;
+    request->body_length = options->body_length;
+    request->body = malloc(options->body_length ? options->body_length : 1);
+    request->easy = curl_easy_init();
+    if (!request->body || !request->easy) goto fail;
+    if (options->body_length) memcpy(request->body, options->body, options->body_length);
+
+    /* Accept-Encoding: identity, and no CURLOPT_ACCEPT_ENCODING: nothing is decompressed, so
+     * the size limit is the memory bound. "Expect:" off: no 100-continue round trip. */
+    request->headers = curl_slist_append(NULL, "Accept-Encoding: identity");
+    if (!request->headers || !curl_slist_append(request->headers, "Expect:")) goto fail;
+    for (const char *const *header = options->headers; header && *header; header++)
+        if (!curl_slist_append(request->headers, *header)) goto fail;
+
+    CURL *easy = request->easy;
+    int ok = 1;
+    SET(CURLOPT_URL, options->url);
+    SET(CURLOPT_PROTOCOLS_STR, plain ? "http" : "https");
+    SET(CURLOPT_REDIR_PROTOCOLS_STR, plain ? "http" : "https");
+    SET(CURLOPT_FOLLOWLOCATION, 0L);
+    SET(CURLOPT_MAXREDIRS, 0L);
+    SET(CURLOPT_SSL_VERIFYPEER, 1L);
+    SET(CURLOPT_SSL_VERIFYHOST, 2L);
+    SET(CURLOPT_NOSIGNAL, 1L);
+    SET(CURLOPT_TIMEOUT_MS, (long)options->timeout_ms);
+    SET(CURLOPT_CONNECTTIMEOUT_MS,
+        (long)(options->connect_timeout_ms > 0 && options->connect_timeout_ms < options->timeout_ms
+                   ? options->connect_timeout_ms : options->timeout_ms));
+    SET(CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)options->max_body);
+    SET(CURLOPT_HTTPHEADER, request->headers);
+    SET(CURLOPT_POST, 1L);
+    SET(CURLOPT_POSTFIELDS, request->body);
+    SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)options->body_length);
+    SET(CURLOPT_WRITEFUNCTION, on_body);
+    SET(CURLOPT_WRITEDATA, request);
+    SET(CURLOPT_HEADERFUNCTION, on_header);
+    SET(CURLOPT_HEADERDATA, request);
+    SET(CURLOPT_ERRORBUFFER, request->error);
+    SET(CURLOPT_PRIVATE, request);
+    /* A loopback request never goes through a proxy. */
+    if (plain) SET(CURLOPT_NOPROXY, "*");
+    if (!ok) goto fail;
+
+    if (curl_multi_add_handle(client->multi, easy) != CURLM_OK) goto fail;
+    request->next = client->requests;
+    if (client->requests) client->requests->prev = request;
+    client->requests = request;
+    client->running++;
+    *out = request;
+    return 0;
+
+fail:
+    free_request(request);
+    return LH_REFUSED;
+}

@@ -1,0 +1,186 @@
+import CLoopHTTP
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import LoopFlow
+
+/// A POST as the OAuth client sends it.
+struct HTTPPost: Sendable {
+    var url: String
+    var headers: [String]
+    /// The form body (it carries secrets: the C side zeroes its copy when the request ends).
+    var body: [UInt8]
+    /// The overall deadline.
+    var timeout: Duration
+    var maximumAnswerSize: Int
+    /// Plain http is allowed (the URL was checked to be loopback at configuration).
+    var allowsLoopbackHTTP: Bool
+}
+
+/// A complete HTTP answer.
+struct HTTPResponse: Sendable {
+    let status: Int
+    let body: [UInt8]
+    let retryAfter: String?
+}
+
+/// Why a request produced no answer.
+enum HTTPFailure: Error, Sendable, Equatable {
+    case cancelled
+    case timedOut
+    /// The answer was larger than the limit (announced, or `received` bytes so far).
+    case tooLarge(received: Int64)
+    case network(String)
+    case refused(String)
+}
+
+/// One request in flight; `cancel()` from any thread (hops to the loop).
+final class HTTPCall: @unchecked Sendable {
+    fileprivate let loop: EventLoop
+    // Loop-confined: the C request while it runs.
+    fileprivate var request: OpaquePointer?
+    fileprivate var cancelledBeforeStart = false
+    fileprivate let done: @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void
+
+    fileprivate init(loop: EventLoop, done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void) {
+        self.loop = loop
+        self.done = done
+    }
+
+    /// Ends the request if it is still running: `done` gets `.cancelled` (or the answer, if
+    /// it ended first). Safe from any thread, any number of times.
+    func cancel() {
+        if loop.inEventLoop {
+            cancelOnLoop()
+        } else {
+            // A loop that is shutting down closes the client, which cancels every request.
+            try? loop.execute { [self] in cancelOnLoop() }
+        }
+    }
+
+    private func cancelOnLoop() {
+        if let request {
+            self.request = nil
+            lh_cancel(request)  // runs `finished` inside
+        } else {
+            cancelledBeforeStart = true
+        }
+    }
+
+    /// Loop thread, from the C callback: exactly once per started request.
+    fileprivate func finished(_ answer: UnsafePointer<lh_answer>) {
+        request = nil
+        let answer = answer.pointee
+        let result: Result<HTTPResponse, HTTPFailure>
+        switch answer.outcome {
+        case LH_ANSWERED:
+            let body = answer.body_length == 0 || answer.body == nil
+                ? [] : Array(UnsafeBufferPointer(start: answer.body, count: answer.body_length))
+            result = .success(HTTPResponse(
+                status: answer.status, body: body, retryAfter: answer.retry_after.map { String(cString: $0) }))
+        case LH_CANCELLED:
+            result = .failure(.cancelled)
+        case LH_TIMED_OUT:
+            result = .failure(.timedOut)
+        case LH_TOO_LARGE:
+            result = .failure(.tooLarge(received: answer.bytes_received))
+        case LH_REFUSED:
+            result = .failure(.refused(answer.error_text.map { String(cString: $0) } ?? "refused"))
+        default:
+            result = .failure(.network(answer.error_text.map { String(cString: $0) } ?? "network error"))
+        }
+        done(result)
+    }
+}
+
+/// The HTTP client on an `EventLoop`: libcurl's multi interface driven by the loop
+/// (Sources/CLoopHTTP). Requests start, run and end on the loop thread; `done` runs there.
+/// The client is made on first use and closed when the loop is torn down (every request
+/// still running ends as `.cancelled`).
+final class LoopHTTPClient: @unchecked Sendable {
+    let loop: EventLoop
+    // Loop-confined.
+    private var client: OpaquePointer?
+    private var closed = false
+
+    init(loop: EventLoop) {
+        self.loop = loop
+        if !loop.addTeardownHook({ [self] in close() }) { closed = true }
+    }
+
+    /// Starts a POST (any thread; the work happens on the loop). `done` runs exactly once,
+    /// on the loop thread, never inside this call.
+    @discardableResult
+    func post(_ post: HTTPPost, done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void) -> HTTPCall {
+        let call = HTTPCall(loop: loop, done: done)
+        do {
+            try loop.execute { [self] in start(post, call) }
+        } catch {
+            done(.failure(.refused("the event loop is shut down")))
+        }
+        return call
+    }
+
+    /// Loop thread.
+    private func start(_ post: HTTPPost, _ call: HTTPCall) {
+        guard !call.cancelledBeforeStart else { return call.done(.failure(.cancelled)) }
+        guard !closed else { return call.done(.failure(.refused("the event loop is shutting down"))) }
+        if client == nil {
+            client = lh_client_create(loop.uvLoop)
+            guard client != nil else { return call.done(.failure(.refused("libcurl could not start"))) }
+        }
+        let context = Unmanaged.passRetained(call)
+        var request: OpaquePointer?
+        let rc = withCStrings(post.headers) { headers in
+            post.url.withCString { url in
+                post.body.withUnsafeBytes { body in
+                    var options = lh_post_options(
+                        url: url, headers: headers, body: body.baseAddress, body_length: body.count,
+                        timeout_ms: max(post.timeout.milliseconds, 1), connect_timeout_ms: 0,
+                        max_body: Int64(post.maximumAnswerSize), allow_loopback_http: post.allowsLoopbackHTTP ? 1 : 0)
+                    return lh_post(client, &options, httpCallFinished, context.toOpaque(), &request)
+                }
+            }
+        }
+        guard rc == 0, let request else {
+            context.release()
+            return call.done(.failure(.refused("the request could not be started (URL or memory)")))
+        }
+        call.request = request
+    }
+
+    /// Requests running (loop thread).
+    var running: Int { client.map { lh_client_running($0) } ?? 0 }
+
+    /// Loop thread: ends every request (`.cancelled`) and closes the handles.
+    private func close() {
+        closed = true
+        if let client {
+            self.client = nil
+            lh_client_close(client)
+        }
+    }
+}
+
+private func httpCallFinished(_ answer: UnsafePointer<lh_answer>?, _ userdata: UnsafeMutableRawPointer?) {
+    guard let answer, let userdata else { return }
+    Unmanaged<HTTPCall>.fromOpaque(userdata).takeRetainedValue().finished(answer)
+}
+
+/// `strings` as a NULL-terminated array of C strings, for the duration of `body`.
+private func withCStrings<T>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> T) -> T {
+    let copies = strings.map { strdup($0) }
+    defer { copies.forEach { free($0) } }
+    var pointers: [UnsafePointer<CChar>?] = copies.map { UnsafePointer($0) }
+    pointers.append(nil)
+    return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+}
+
+extension Duration {
+    /// Whole milliseconds, rounded up (a deadline never shrinks to 0).
+    var milliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
+    }
+}
