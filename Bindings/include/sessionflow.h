@@ -170,7 +170,8 @@ typedef void (*sf_token_fn)(int result, const char *access_token, void *userdata
 /* The host's refresher: called on the loop thread with the refresh token (borrowed).
  * Complete `request` exactly once, from any thread, now or later, with
  * sf_refresh_request_succeed or sf_refresh_request_fail. If it never answers, the
- * refresh times out (refresh_timeout_ms) and is retried with backoff. A request still
+ * refresh times out (refresh_timeout_ms) and is retried with backoff (with
+ * `sf_options.refresh_cancel` set, it is cancelled first and waited for). A request still
  * open when the runtime is destroyed is closed by sf_runtime_destroy: completing it then
  * returns SF_ECLOSED and calls nothing. Never called after sf_runtime_destroy returned;
  * `sf_options.refresh_release` tells when its userdata may be freed. */
@@ -213,6 +214,22 @@ typedef struct sf_options {
      * and no start-up event is missed. Any session call before sf_runtime_start starts it
      * first. Hosts built against an older header (a smaller `size`) have 0. */
     int start_manually;
+    /* Cancels a refresh the host is performing. A refresh request that may already have
+     * reached the server may have rotated (used up) the refresh token: sending the old
+     * token again while it is still running gets the whole session revoked by servers that
+     * detect reuse. So when a request of `refresh` is still open after refresh_timeout_ms,
+     * this is called (once, on the loop thread, with that request and refresh_userdata):
+     * stop it, then complete it as usual — sf_refresh_request_fail(request, SF_ENETWORK,
+     * -1) when it was stopped, or sf_refresh_request_succeed if the tokens arrived after
+     * all (they are kept). Until it is completed the session sends no other refresh and
+     * its callers keep waiting; if it is not completed within another refresh_timeout_ms,
+     * the session gives up on it (logged as an error) and retries with backoff. Never
+     * called for a request already completed, nor after sf_runtime_destroy has returned
+     * (destroy closes the open requests: SF_ECLOSED).
+     * NULL (default, and hosts built against an older header): the host's refreshes cannot
+     * be cancelled; one still open at refresh_timeout_ms is counted as failed then (a
+     * success that comes later for the current refresh token is still kept). */
+    void (*refresh_cancel)(sf_refresh_request *request, void *refresh_userdata);
 } sf_options;
 
 /* ---- Options -------------------------------------------------------------------- */

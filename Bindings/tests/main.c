@@ -11,6 +11,7 @@
     XX(runtime_destroy_from_its_loop_thread_is_ebusy)                \
     XX(runtime_calls_after_destroy_are_eclosed)                      \
     XX(runtime_options_are_validated)                                \
+    XX(runtime_oauth_endpoints_must_be_https_or_loopback)            \
     XX(subscribe_state_gets_the_current_state_first)                 \
     XX(subscribe_bad_input_takes_no_ownership)                       \
     XX(subscription_close_twice_and_unknown_handles)                 \
@@ -32,6 +33,9 @@
     XX(refresher_unauthorized_refreshes_only_the_current_token)      \
     XX(refresher_missing_is_a_configuration_error)                   \
     XX(refresher_absurd_retry_after_is_capped)                       \
+    XX(refresher_cancel_waits_for_the_request_to_end)                \
+    XX(refresher_tokens_after_cancel_are_kept)                       \
+    XX(refresher_never_ended_cancel_is_given_up)                     \
     XX(borrowed_loop_runs_beside_the_hosts_own_timer)                \
     XX(borrowed_loop_calls_off_its_thread_are_ethread)               \
     XX(refresh_release_borrowed_runs_once_after_the_last_refresh)    \

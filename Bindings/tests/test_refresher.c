@@ -225,3 +225,105 @@ void test_refresher_absurd_retry_after_is_capped(void) {
     CHECK_CODE(sf_subscription_close(subscription), SF_OK);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
+
+/* A host refresher that can be cancelled (sf_options.refresh_cancel). */
+typedef struct cancellable {
+    refresher base; /* first: host_refresh sees a refresher */
+    atomic_int cancels;
+    sf_refresh_request *cancelled;
+    pthread_t cancel_thread;
+} cancellable;
+
+static void host_cancel(sf_refresh_request *request, void *userdata) {
+    cancellable *host = userdata;
+    pthread_mutex_lock(&host->base.lock);
+    host->cancelled = request;
+    host->cancel_thread = pthread_self();
+    pthread_mutex_unlock(&host->base.lock);
+    atomic_fetch_add(&host->cancels, 1);
+}
+
+static sf_runtime *cancellable_runtime(cancellable *host, int64_t timeout_ms) {
+    memset(host, 0, sizeof *host);
+    pthread_mutex_init(&host->base.lock, NULL);
+    sf_options options;
+    sf_options_init(&options);
+    CHECK(options.refresh_cancel == NULL);
+    options.refresh = host_refresh;
+    options.refresh_cancel = host_cancel;
+    options.refresh_userdata = host;
+    options.refresh_timeout_ms = timeout_ms;
+    options.min_backoff_ms = 50;
+    sf_runtime *runtime = NULL;
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    return runtime;
+}
+
+void test_refresher_cancel_waits_for_the_request_to_end(void) {
+    /* At the timeout the host is asked to cancel; until it completes the request, nobody is
+     * answered and no second refresh is sent (the first may have rotated the token). */
+    cancellable host;
+    sf_runtime *runtime = cancellable_runtime(&host, 150);
+    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
+    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+    answers a;
+    memset(&a, 0, sizeof a);
+    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    WAIT_FOR(atomic_load(&host.cancels) == 1);
+    CHECK_EQ_INT(atomic_load(&host.cancels), 1);
+    pthread_mutex_lock(&host.base.lock);
+    CHECK(host.cancelled == host.base.requests[0]);
+    CHECK(!pthread_equal(host.cancel_thread, pthread_self()));
+    pthread_mutex_unlock(&host.base.lock);
+    /* Another caller joins the attempt being cancelled; nothing is sent, nobody answered. */
+    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    sf_test_sleep_ms(60);
+    CHECK_EQ_INT(request_count(&host.base), 1);
+    CHECK_EQ_INT(atomic_load(&a.calls), 0);
+    /* The host stopped its request: the callers hear the timeout. */
+    CHECK_CODE(sf_refresh_request_fail(host.base.requests[0], SF_ENETWORK, -1), SF_OK);
+    WAIT_FOR(atomic_load(&a.calls) == 2);
+    CHECK_EQ_INT(atomic_load(&a.calls), 2);
+    CHECK_EQ_INT(atomic_load(&a.results[0]), SF_ENETWORK);
+    CHECK_EQ_INT(atomic_load(&a.results[1]), SF_ENETWORK);
+    CHECK_EQ_INT(sf_session_is_logged_in(runtime), 1);
+    CHECK_EQ_INT(atomic_load(&host.cancels), 1); /* asked once */
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+}
+
+void test_refresher_tokens_after_cancel_are_kept(void) {
+    cancellable host;
+    sf_runtime *runtime = cancellable_runtime(&host, 150);
+    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
+    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+    answers a;
+    memset(&a, 0, sizeof a);
+    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    WAIT_FOR(atomic_load(&host.cancels) == 1);
+    /* Too late to stop it: the server answered, with a rotated refresh token. */
+    sf_tokens rotated = test_tokens("access-2", "refresh-2", 3600, NULL);
+    CHECK_CODE(sf_refresh_request_succeed(host.base.requests[0], &rotated), SF_OK);
+    WAIT_FOR(atomic_load(&a.calls) == 1);
+    CHECK_EQ_INT(atomic_load(&a.results[0]), SF_OK);
+    CHECK(strcmp(a.tokens[0], "access-2") == 0);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+}
+
+void test_refresher_never_ended_cancel_is_given_up(void) {
+    /* A host that never completes a cancelled request: given up after one more timeout,
+     * then retried with backoff (a second request, with the same refresh token). */
+    cancellable host;
+    sf_runtime *runtime = cancellable_runtime(&host, 100);
+    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
+    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+    answers a;
+    memset(&a, 0, sizeof a);
+    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    WAIT_FOR(atomic_load(&a.calls) == 1);
+    CHECK_EQ_INT(atomic_load(&a.results[0]), SF_ENETWORK);
+    CHECK_EQ_INT(atomic_load(&host.cancels), 1);
+    WAIT_FOR(request_count(&host.base) == 2);
+    CHECK_EQ_INT(request_count(&host.base), 2);
+    CHECK(strcmp(host.base.refresh_tokens[1], "refresh-1") == 0);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+}

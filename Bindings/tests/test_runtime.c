@@ -104,3 +104,50 @@ void test_runtime_options_are_validated(void) {
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
+
+void test_runtime_oauth_endpoints_must_be_https_or_loopback(void) {
+    /* Refused at create, before any connection: plain http to a host that is not
+     * loopback (the refresh token and client secret would travel in clear), another
+     * scheme, credentials inside the URL, something that is not a URL. */
+    const char *refused[] = {
+        "http://auth.example.com/token", "http://10.0.0.1/token", "http://localhost.example.com/t",
+        "ftp://auth.example.com/token", "https://user:pw@auth.example.com/token", "not a url", "",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        sf_options options;
+        sf_options_init(&options);
+        options.token_endpoint = refused[i];
+        options.client_id = "client";
+        sf_runtime *runtime = NULL;
+        int rc = sf_runtime_create(&options, &runtime);
+        if (rc != SF_EINVAL) fprintf(stderr, "    token_endpoint %s\n", refused[i]);
+        CHECK_CODE(rc, SF_EINVAL);
+        CHECK(runtime == NULL);
+    }
+    /* A bad revocation or introspection endpoint is refused too. */
+    sf_options options;
+    sf_options_init(&options);
+    options.token_endpoint = "https://auth.example.com/token";
+    options.client_id = "client";
+    options.revocation_endpoint = "http://auth.example.com/revoke";
+    sf_runtime *runtime = NULL;
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_EINVAL);
+    options.revocation_endpoint = NULL;
+    options.introspection_endpoint = "http://auth.example.com/introspect";
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_EINVAL);
+    /* https anywhere, and http to loopback (development), are accepted. */
+    const char *accepted[] = {
+        "https://auth.example.com/token", "http://127.0.0.1:9/token", "http://127.8.9.10:9/token",
+        "http://localhost:9/token", "http://[::1]:9/token",
+    };
+    for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
+        sf_options_init(&options);
+        options.token_endpoint = accepted[i];
+        options.client_id = "client";
+        runtime = NULL;
+        int rc = sf_runtime_create(&options, &runtime);
+        if (rc != SF_OK) fprintf(stderr, "    token_endpoint %s\n", accepted[i]);
+        CHECK_CODE(rc, SF_OK);
+        if (runtime) CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+    }
+}

@@ -23,12 +23,16 @@ let refreshRequests = HandleTable<RefreshRequest>()
 /// Only the loop thread calls `refresh`, so once the teardown has closed it, no call of the
 /// host's refresher is running or will start — `refresh_release` runs after that.
 final class HostAuthority: SessionAuthority {
+    typealias CancelFunction = @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void
     let refresh: sf_refresh_fn?
+    /// `sf_options.refresh_cancel`, if the host can cancel its refreshes.
+    let cancel: CancelFunction?
     let userdata: UserData
     private let closed = Atomic<Bool>(false)
 
-    init(refresh: sf_refresh_fn?, userdata: UserData) {
+    init(refresh: sf_refresh_fn?, cancel: CancelFunction?, userdata: UserData) {
         self.refresh = refresh
+        self.cancel = cancel
         self.userdata = userdata
     }
 
@@ -41,6 +45,14 @@ final class HostAuthority: SessionAuthority {
         // host never answered; the teardown that follows fails its waiters (SF_ESHUTDOWN).
         guard !closed.load(ordering: .acquiring) else { return }
         let id = refreshRequests.insert(RefreshRequest(completion: completion, authority: ObjectIdentifier(self)))
+        if let cancel {
+            // The session asks on its loop thread; a request already completed or closed
+            // by destroy is not the host's any more.
+            completion.onCancel { [self, userdata] in
+                guard !closed.load(ordering: .acquiring), refreshRequests.lookup(id) != nil else { return }
+                cancel(pointer(for: id), userdata.pointer)
+            }
+        }
         request.refreshToken.reveal().withCString { token in
             refresh(pointer(for: id), token, userdata.pointer)
         }

@@ -109,14 +109,14 @@ func oauthConfiguration(from options: sf_options) throws(OAuthConfigurationError
         return url
     }
     var oauth = OAuthConfiguration(
-        tokenEndpoint: try url(tokenEndpoint, "token endpoint (sf_options.token_endpoint)"),
+        tokenEndpoint: try url(tokenEndpoint, "token endpoint"),
         clientID: string(options.client_id) ?? "", clientSecret: string(options.client_secret).map(Secret.init))
     oauth.scope = string(options.scope)
     if let revocation = string(options.revocation_endpoint) {
-        oauth.revocationEndpoint = try url(revocation, "revocation endpoint (sf_options.revocation_endpoint)")
+        oauth.revocationEndpoint = try url(revocation, "revocation endpoint")
     }
     if let introspection = string(options.introspection_endpoint) {
-        oauth.introspectionEndpoint = try url(introspection, "introspection endpoint (sf_options.introspection_endpoint)")
+        oauth.introspectionEndpoint = try url(introspection, "introspection endpoint")
     }
     try oauth.validate()
     return oauth
@@ -126,7 +126,8 @@ func oauthConfiguration(from options: sf_options) throws(OAuthConfigurationError
 /// a token endpoint; else a refresher that answers "not configured".
 func authority(from options: sf_options, loop: EventLoop) throws(OAuthConfigurationError) -> any SessionAuthority {
     guard let oauth = try oauthConfiguration(from: options) else {
-        return HostAuthority(refresh: options.refresh, userdata: UserData(pointer: options.refresh_userdata))
+        return HostAuthority(
+            refresh: options.refresh, cancel: options.refresh_cancel, userdata: UserData(pointer: options.refresh_userdata))
     }
     return try OAuthAuthority(oauth, loop: loop)
 }
@@ -138,7 +139,9 @@ func optionsAreUsable(_ options: sf_options) -> Bool {
         _ = try oauthConfiguration(from: options)
         return true
     } catch {
-        makeLogger().error("sf_runtime_create: SF_EINVAL: \(error)")
+        // The field by its C name: "sf_options.token_endpoint uses plain http to a host...".
+        let field = "sf_options." + error.field.replacing(" ", with: "_")
+        makeLogger().error("sf_runtime_create: SF_EINVAL: \(field) \(error.reason)")
         return false
     }
 }
@@ -163,7 +166,8 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         introspection_endpoint: nil,
         store_directory: nil,
         refresh_release: nil,
-        start_manually: 0)
+        start_manually: 0,
+        refresh_cancel: nil)
 }
 
 /// Makes the runtime on `loop` (already running or about to be) and publishes its handle.

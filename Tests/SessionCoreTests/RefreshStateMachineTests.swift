@@ -26,6 +26,7 @@ struct RefreshStateMachineTests {
         var armed: [RefreshTimer: Duration] = [:]
         var lockHeld = false
         var sent: [AttemptIdentity] = []
+        var cancelled: [AttemptIdentity] = []
         var reauthentications: [AttemptIdentity] = []
         var validations = 0
         var answers: [(waiters: [Int], result: Result<Secret, SessionError>)] = []
@@ -49,6 +50,7 @@ struct RefreshStateMachineTests {
                     #expect(lockHeld, "released a lock it does not hold")
                     lockHeld = false
                 case .sendRefresh(let identity): sent.append(identity)
+                case .cancelRequest(let identity): cancelled.append(identity)
                 case .sendReauthentication(let identity, _): reauthentications.append(identity)
                 case .validate: validations += 1
                 case .answer(let waiters, let result): answers.append((waiters, result))
@@ -94,9 +96,9 @@ struct RefreshStateMachineTests {
             case .backingOff: "backingOff"
             case .refreshing(let attempt):
                 switch attempt.lock {
-                case .notNeeded: "refreshing"
+                case .notNeeded: "refreshing" + (attempt.cancelling ? "/cancelling" : "")
                 case .waiting: "refreshing/waiting"
-                case .held: "refreshing/held"
+                case .held: "refreshing/held" + (attempt.cancelling ? "/cancelling" : "")
                 }
             }
         }
@@ -106,6 +108,8 @@ struct RefreshStateMachineTests {
 
     enum State: String, CaseIterable, CustomStringConvertible {
         case inactive, idle, idleDue, refreshing, waitingForLock, holdingLock, backingOff, backingOffShared
+        /// Refreshing, its timeout passed, its request asked to end (and not ended yet).
+        case cancelling
         var description: String { rawValue }
 
         func make() -> Storage {
@@ -120,6 +124,9 @@ struct RefreshStateMachineTests {
                 s.lockHeld = true
                 s.run(s.machine.lockAttempted(.acquired, now: s.now, unitRandom: 0))
             }
+            if self == .cancelling {
+                s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0, requestCancellable: true))
+            }
             if self == .backingOff || self == .backingOffShared {
                 let identity = s.machine.attemptInFlight!
                 s.run(s.machine.answerArrived(identity, .failure(.transient("down")), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
@@ -128,6 +135,7 @@ struct RefreshStateMachineTests {
             s.answers = []
             s.emitted = []
             s.sent = []
+            s.cancelled = []
             s.persisted = 0
             return s
         }
@@ -137,7 +145,7 @@ struct RefreshStateMachineTests {
 
     enum Event: String, CaseIterable, CustomStringConvertible {
         case fresh, refreshNow, unauthorizedCurrent, unauthorizedOld, resume, validationInactive
-        case proactiveFired, backoffFired, timeoutFired, lockRetryFired
+        case proactiveFired, backoffFired, timeoutFired, timeoutFiredCancellable, lockRetryFired
         case lockBusy, lockAcquired, newerStoredBeforeLock
         case storedTokensChanged
         case success, transient, terminal, configuration, lateSuccess, staleGeneration
@@ -163,6 +171,9 @@ struct RefreshStateMachineTests {
             case .proactiveFired: s.armed[.proactive] = nil; s.run(s.machine.timerFired(.proactive, now: now, unitRandom: 0))
             case .backoffFired: s.armed[.backoff] = nil; s.run(s.machine.timerFired(.backoff, now: now, unitRandom: 0))
             case .timeoutFired: s.armed[.attemptTimeout] = nil; s.run(s.machine.timerFired(.attemptTimeout, now: now, unitRandom: 0))
+            case .timeoutFiredCancellable:
+                s.armed[.attemptTimeout] = nil
+                s.run(s.machine.timerFired(.attemptTimeout, now: now, unitRandom: 0, requestCancellable: true))
             case .lockRetryFired: s.armed[.lockRetry] = nil; s.run(s.machine.timerFired(.lockRetry, now: now, unitRandom: 0))
             case .lockBusy: s.run(s.machine.lockAttempted(.busy, now: now, unitRandom: 0))
             case .lockAcquired:
@@ -192,30 +203,32 @@ struct RefreshStateMachineTests {
     }
 
     /// The phase each (state, event) leads to. Columns: inactive, idle, idle(due),
-    /// refreshing, refreshing/waiting, refreshing/held, backingOff, backingOff (shared store).
+    /// refreshing, refreshing/waiting, refreshing/held, backingOff, backingOff (shared store),
+    /// cancelling.
     static let expected: [Event: [String]] = [
-        .fresh: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .refreshNow: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing", "refreshing/waiting"],
-        .unauthorizedCurrent: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .unauthorizedOld: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .resume: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .validationInactive: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .proactiveFired: ["inactive", "idle", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .backoffFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing", "refreshing/waiting"],
-        .timeoutFired: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff"],
-        .lockRetryFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .lockBusy: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .lockAcquired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/held", "refreshing/held", "backingOff", "backingOff"],
-        .newerStoredBeforeLock: ["inactive", "idle", "idle(due)", "refreshing", "idle(due)", "refreshing/held", "backingOff", "backingOff"],
-        .storedTokensChanged: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
-        .success: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
-        .transient: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff"],
-        .terminal: ["inactive", "idle", "idle(due)", "inactive", "inactive", "inactive", "backingOff", "backingOff"],
-        .configuration: ["inactive", "idle", "idle(due)", "idle", "idle", "idle", "backingOff", "backingOff"],
-        .lateSuccess: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "idle(due)", "idle(due)"],
-        .staleGeneration: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
-        .endSession: ["inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive"],
-        .scheduleProactive: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff"],
+        .fresh: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .refreshNow: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing", "refreshing/waiting", "refreshing/cancelling"],
+        .unauthorizedCurrent: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .unauthorizedOld: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .resume: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .validationInactive: ["inactive", "refreshing", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .proactiveFired: ["inactive", "idle", "refreshing", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .backoffFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "refreshing", "refreshing/waiting", "refreshing/cancelling"],
+        .timeoutFired: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff"],
+        .timeoutFiredCancellable: ["inactive", "idle", "idle(due)", "refreshing/cancelling", "backingOff", "refreshing/held/cancelling", "backingOff", "backingOff", "backingOff"],
+        .lockRetryFired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .lockBusy: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .lockAcquired: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/held", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .newerStoredBeforeLock: ["inactive", "idle", "idle(due)", "refreshing", "idle(due)", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .storedTokensChanged: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
+        .success: ["inactive", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)", "idle(due)"],
+        .transient: ["inactive", "idle", "idle(due)", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff", "backingOff"],
+        .terminal: ["inactive", "idle", "idle(due)", "inactive", "inactive", "inactive", "backingOff", "backingOff", "inactive"],
+        .configuration: ["inactive", "idle", "idle(due)", "idle", "idle", "idle", "backingOff", "backingOff", "idle"],
+        .lateSuccess: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "idle(due)", "idle(due)", "refreshing/cancelling"],
+        .staleGeneration: ["inactive", "idle", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
+        .endSession: ["inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive", "inactive"],
+        .scheduleProactive: ["inactive", "idle(due)", "idle(due)", "refreshing", "refreshing/waiting", "refreshing/held", "backingOff", "backingOff", "refreshing/cancelling"],
     ]
 
     @Test("every state × every event leads to the expected phase, with timers and lock consistent",
@@ -313,6 +326,75 @@ struct RefreshStateMachineTests {
         #expect(s.persisted == 0)
         #expect(s.machine.live?.accessToken == Secret("B1"))
         #expect(s.machine.live?.refreshToken == Self.r1)
+    }
+
+    @Test func aTimedOutRequestIsCancelledAndTheAttemptKeepsTheLockUntilTheRequestHasEnded() {
+        var s = State.holdingLock.make()
+        let attempt = s.machine.attemptInFlight!
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0, requestCancellable: true))
+        #expect(s.cancelled == [attempt])
+        // Nobody is answered yet, the lock stays held, and a caller arriving now joins the
+        // attempt instead of sending the refresh token a second time.
+        #expect(s.answers.isEmpty)
+        #expect(s.lockHeld)
+        s.run(s.machine.tokenRequested(.refreshNow, waiter: 2, now: s.now))
+        #expect(s.sent.isEmpty)
+        #expect(s.machine.waiterCount == 2)
+        s.checkConsistency("cancelling")
+        // The request ends (cancelled): the attempt ends as a timeout, the lock is let go last.
+        let actions = s.machine.answerArrived(attempt, .failure(.cancelled), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false)
+        if case .releaseLock = actions.last {} else { Issue.record("the lock must be released after everything else: \(actions)") }
+        s.run(actions)
+        #expect(s.phaseName == "backingOff")
+        #expect(!s.lockHeld)
+        #expect(s.answers.count == 1 && s.answers[0].waiters == [1, 2])
+        guard case .failure(let error) = s.answers[0].result else { Issue.record("a cancelled attempt answered a token"); return }
+        #expect(error.code == .transient)
+        #expect(error.message.contains("did not answer within"), "\(error.message)")
+        s.checkConsistency("after the cancelled request ended")
+    }
+
+    @Test func tokensArrivingAfterTheCancellationWasAskedForAreKept() {
+        var s = State.cancelling.make()
+        let attempt = s.machine.attemptInFlight!
+        s.run(s.machine.answerArrived(attempt, .success(TokenGrant(accessToken: Self.a2, refreshToken: Self.r2, expiresIn: .seconds(600))),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.machine.live?.refreshToken == Self.r2)
+        #expect(s.persisted == 1)
+        #expect(s.answers.count == 1 && s.answers[0].result == .success(Self.a2))
+        #expect(s.phaseName == "idle(due)")
+    }
+
+    @Test func aCancelledRequestThatNeverEndsIsGivenUpAfterOneMoreTimeout() {
+        var s = State.cancelling.make()
+        #expect(s.armed[.attemptTimeout] == s.now + RefreshPolicy().timeout)
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0, requestCancellable: true))
+        #expect(s.phaseName == "backingOff")
+        #expect(s.cancelled.isEmpty)  // asked once, not again
+        guard case .failure(let error) = s.answers.first?.result else { Issue.record("the waiter was not answered"); return }
+        #expect(error.message.contains("did not end"), "\(error.message)")
+    }
+
+    @Test func anAuthorityThatCannotCancelEndsTheAttemptAtTheTimeoutAsBefore() {
+        var s = State.refreshing.make()
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0, requestCancellable: false))
+        #expect(s.cancelled.isEmpty)
+        #expect(s.phaseName == "backingOff")
+        #expect(s.answers.count == 1)
+    }
+
+    @Test func endingTheSessionCancelsTheRequestInFlight() {
+        var s = State.refreshing.make()
+        let attempt = s.machine.attemptInFlight!
+        s.run(s.machine.endSession().actions)
+        #expect(s.cancelled == [attempt])
+        // An attempt still waiting for the lock sent nothing: nothing to cancel.
+        var waiting = State.waitingForLock.make()
+        waiting.run(waiting.machine.endSession().actions)
+        #expect(waiting.cancelled.isEmpty)
     }
 
     @Test func aLateSuccessForTheHeldRefreshTokenIsAdoptedAndOtherLateAnswersAreNot() {

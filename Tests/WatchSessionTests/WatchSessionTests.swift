@@ -199,8 +199,18 @@ struct WatchSessionLiveTests {
 
     @Test func aBadURLOrStoreGetsOneClearLine() throws {
         let url = try watchSession(["--token-endpoint", "not a url", "--client-id", "x"])
-        #expect(url.status != 0)
-        #expect(url.stderr.contains("--token-endpoint is not an http(s) URL"))
+        #expect(url.status == 64)
+        #expect(url.stderr.contains("--token-endpoint: the token endpoint is not a URL with a host"), "\(url.stderr)")
+        // Plain http to a host that is not loopback: refused before any connection (tokens
+        // and the client secret would travel in clear); loopback http stays allowed.
+        let plain = try watchSession(["--token-endpoint", "http://auth.example.com/token", "--client-id", "x"])
+        #expect(plain.status == 64)
+        #expect(plain.stderr.contains("plain http to a host that is not loopback"), "\(plain.stderr)")
+        let ftp = try watchSession(["--token-endpoint", "ftp://auth.example.com/token", "--client-id", "x"])
+        #expect(ftp.status == 64 && ftp.stderr.contains("neither https nor http"), "\(ftp.stderr)")
+        let credentials = try watchSession(["--token-endpoint", "https://user:pw@auth.example.com/token", "--client-id", "x"])
+        #expect(credentials.status == 64 && credentials.stderr.contains("user name or password"))
+        #expect(!credentials.stderr.contains("pw@"))
         let noClient = try watchSession(["--token-endpoint", "https://auth.example.com/token"])
         #expect(noClient.status != 0 && noClient.stderr.contains("needs --client-id"))
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("not-a-dir-\(UUID().uuidString)").path

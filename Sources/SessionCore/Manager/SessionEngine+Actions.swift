@@ -27,13 +27,17 @@ extension SessionEngine {
                 shared?.unlockRefresh()
             case .sendRefresh(let identity):
                 guard let refreshToken = identity.refreshToken else { continue }
+                let answer = attemptCompletion(identity)
                 authority.refresh(
                     RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: identity.reason),
-                    completion: completion { [self] result, receivedAt in authorityAnswered(identity, result, at: receivedAt) })
+                    completion: answer)
             case .sendReauthentication(let identity, let externalUserID):
-                authority.reauthenticate(
-                    externalUserID: externalUserID,
-                    completion: completion { [self] result, receivedAt in authorityAnswered(identity, result, at: receivedAt) })
+                authority.reauthenticate(externalUserID: externalUserID, completion: attemptCompletion(identity))
+            case .cancelRequest(let identity):
+                if let call = requestInFlight, call.attempt == identity.id {
+                    requestInFlight = nil
+                    call.completion.requestCancellation()
+                }
             case .validate(let token, let generation):
                 authority.validate(
                     accessToken: token,
@@ -207,6 +211,16 @@ extension SessionEngine {
         case .sessionExpired: return Refresh.expiredError
         default: return SessionError(.notLoggedIn, "no one is signed in")
         }
+    }
+
+    /// The completion of an attempt's request, remembered so the attempt can cancel it.
+    func attemptCompletion(_ identity: AttemptIdentity) -> AuthorityCompletion<TokenGrant> {
+        let answer: AuthorityCompletion<TokenGrant> = completion { [self] result, receivedAt in
+            if requestInFlight?.attempt == identity.id { requestInFlight = nil }
+            authorityAnswered(identity, result, at: receivedAt)
+        }
+        requestInFlight = RequestInFlight(attempt: identity.id, completion: answer)
+        return answer
     }
 
     /// An authority completion whose answer runs on this loop thread, never inline.

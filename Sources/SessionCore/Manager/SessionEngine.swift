@@ -41,6 +41,8 @@ final class SessionEngine: @unchecked Sendable {
     var refresh: Refresh
     var memberID: String?
     var timers: [RefreshTimer: LoopTimer] = [:]
+    /// The request of the attempt in flight, until it answers (so it can be cancelled).
+    var requestInFlight: RequestInFlight?
     let storeSync: StoreSync
     /// The store other processes share, if it is one.
     let shared: (any SharedCredentialStore)?
@@ -295,7 +297,9 @@ final class SessionEngine: @unchecked Sendable {
     func timerFired(_ timer: RefreshTimer) {
         entry {
             timers[timer] = nil
-            perform(refresh.timerFired(timer, now: loop.now, unitRandom: configuration.random()))
+            perform(refresh.timerFired(
+                timer, now: loop.now, unitRandom: configuration.random(),
+                requestCancellable: requestInFlight?.completion.isCancellable ?? false))
         }
     }
 
@@ -360,4 +364,10 @@ final class SessionEngine: @unchecked Sendable {
             }
         }
     }
+}
+
+/// The request an attempt sent, and the completion that can cancel it.
+struct RequestInFlight {
+    let attempt: UInt64
+    let completion: AuthorityCompletion<TokenGrant>
 }

@@ -42,6 +42,10 @@ struct RefreshStateMachine<Waiter> {
         /// Everyone waiting for its result.
         var waiters: [Waiter]
         var lock: LockHold
+        /// The timeout passed and the request was asked to end: the attempt now waits for
+        /// it to *end* (its answer, or the cancellation's), because the request may have
+        /// rotated the refresh token, which must then not be sent again meanwhile.
+        var cancelling = false
     }
 
     /// The attempt's hold on the cross-process refresh lock of a shared store.
@@ -87,6 +91,9 @@ struct RefreshStateMachine<Waiter> {
         /// Ask the authority to refresh with `identity.refreshToken`; answer with
         /// `answerArrived(identity, ...)`.
         case sendRefresh(AttemptIdentity)
+        /// Ask the authority to end the request of `identity` (it still answers, with
+        /// whatever arrived or `AuthorityError.cancelled`).
+        case cancelRequest(AttemptIdentity)
         /// The fallback after a terminal refusal; answer with `answerArrived(identity, ...)`.
         case sendReauthentication(AttemptIdentity, externalUserID: String)
         /// Ask the authority whether `accessToken` is still active; answer with
@@ -174,6 +181,8 @@ struct RefreshStateMachine<Waiter> {
         var actions: [Action] = []
         if case .refreshing(let attempt) = phase {
             abandoned = attempt.waiters
+            // Its answer would be discarded (another generation): the request ends now.
+            if attempt.lock != .waiting { actions.append(.cancelRequest(attempt.identity)) }
             actions += endAttemptActions(attempt, releasingLock: true)
         }
         actions += [.cancel(.proactive), .cancel(.backoff)]
@@ -303,8 +312,11 @@ struct RefreshStateMachine<Waiter> {
     // MARK: - Timers and the lock
 
     /// A timer armed by an earlier action fired. One that no longer fits the phase (a
-    /// cancellation raced it) does nothing.
-    mutating func timerFired(_ timer: RefreshTimer, now: Duration, unitRandom: Double) -> [Action] {
+    /// cancellation raced it) does nothing. `requestCancellable`: whether the request in
+    /// flight can be cancelled (its authority said how, and it has not answered yet).
+    mutating func timerFired(
+        _ timer: RefreshTimer, now: Duration, unitRandom: Double, requestCancellable: Bool = false
+    ) -> [Action] {
         switch (timer, phase) {
         case (.proactive, .idle(.some)):
             phase = .idle(proactiveDue: nil)
@@ -312,10 +324,34 @@ struct RefreshStateMachine<Waiter> {
         case (.backoff, .backingOff):
             phase = .idle(proactiveDue: nil)
             return startRefresh(reason: .retry, waiters: [], now: now)
-        case (.attemptTimeout, .refreshing(let attempt)):
+        case (.attemptTimeout, .refreshing(var attempt)):
+            if attempt.lock != .waiting && !attempt.cancelling && requestCancellable {
+                // The request may have rotated the refresh token: it is cancelled, and the
+                // attempt (with the lock) lasts until it has really ended. A grace of one
+                // more timeout bounds an authority that never ends it.
+                attempt.cancelling = true
+                phase = .inactive
+                phase = .refreshing(attempt)
+                return [
+                    .log(.info, "refresh timed out; cancelling its request and waiting for it to end",
+                         ["attempt": "\(attempt.identity.id)", "timeout": "\(policy.timeout)"]),
+                    .cancelRequest(attempt.identity),
+                    .arm(.attemptTimeout, after: policy.timeout),
+                ]
+            }
+            var message = "the authority did not answer within \(policy.timeout)"
+            if attempt.cancelling {
+                message += "; its request was cancelled but did not end within \(policy.timeout) more"
+            }
             // A transient failure: re-authentication is never reached from it.
-            return answerArrived(
-                attempt.identity, .failure(.transient("the authority did not answer within \(policy.timeout)")),
+            var actions: [Action] = []
+            if attempt.cancelling {
+                actions.append(.log(.error, "the authority did not end a cancelled refresh; giving up on it "
+                    + "(its refresh token may be sent again while that request is still running)",
+                    ["attempt": "\(attempt.identity.id)"]))
+            }
+            return actions + answerArrived(
+                attempt.identity, .failure(.transient(message)),
                 receivedAt: now, now: now, unitRandom: unitRandom, canReauthenticate: false)
         case (.lockRetry, .refreshing(let attempt)) where attempt.lock == .waiting:
             return [.acquireLock]
@@ -395,6 +431,12 @@ struct RefreshStateMachine<Waiter> {
                 return actions
             }
             return [.log(.debug, "a late refresh answer was discarded", ["attempt": "\(identity.id)"])]
+        }
+
+        // A cancelled request's end is the timeout it was cancelled for.
+        var result = result
+        if attempt.cancelling, case .failure(let error) = result, error.isCancellation {
+            result = .failure(.transient("the authority did not answer within \(policy.timeout) (the request was cancelled)"))
         }
 
         // The attempt ends here. Its lock is released only after the answer is stored, so
