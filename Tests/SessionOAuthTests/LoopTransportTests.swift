@@ -1,0 +1,146 @@
+import CLibUV
+import Foundation
+import LoopFlow
+import SessionCore
+import SessionFlowTestSupport
+import Testing
+
+@_spi(Fuzzing) @testable import SessionOAuth
+
+/// The HTTP client on the loop (libcurl multi driven by libuv), against the real server:
+/// on a loop the library owns and on a host's borrowed loop, every answer on the loop
+/// thread, requests cancelled for real, nothing left open at teardown.
+@Suite("HTTP on the loop", .serialized)
+struct LoopTransportTests {
+    /// A host program's own uv loop, run on a thread of its own until nothing is left on it.
+    final class HostLoop: @unchecked Sendable {
+        let uvLoop = UnsafeMutablePointer<uv_loop_t>.allocate(capacity: 1)
+        private let ready = DispatchSemaphore(value: 0)
+        private let done = DispatchSemaphore(value: 0)
+        private(set) var loop: EventLoop!
+        private(set) var closeResult: Int32 = -1
+        /// A host timer that keeps uv_run alive until the host closes it.
+        private let keepAlive = UnsafeMutablePointer<uv_timer_t>.allocate(capacity: 1)
+
+        init() {
+            let thread = Thread { [self] in
+                uv_loop_init(uvLoop)
+                uv_timer_init(uvLoop, keepAlive)
+                uv_timer_start(keepAlive, { _ in }, 1000, 1000)
+                loop = try! EventLoop(borrowing: uvLoop)
+                ready.signal()
+                uv_run(uvLoop, UV_RUN_DEFAULT)
+                closeResult = uv_loop_close(uvLoop)
+                done.signal()
+            }
+            thread.start()
+            ready.wait()
+        }
+
+        /// On the loop thread: the library is shut down, then the host's timer closed; waits
+        /// until uv_run has returned.
+        func finish() {
+            try! loop.execute { [self] in
+                _ = try? loop.shutdown()
+                uv_close(UnsafeMutableRawPointer(keepAlive).assumingMemoryBound(to: uv_handle_t.self), nil)
+            }
+            done.wait()
+        }
+    }
+
+    @Test func onABorrowedLoopEveryAnswerArrivesOnTheLoopThreadAndTeardownLeavesNothingOpen() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let tokens = try await server.signIn()
+        let host = HostLoop()
+        let loop = host.loop!
+        var configuration = server.configuration()
+        configuration.requestTimeout = .seconds(10)
+        let authority = try OAuthAuthority(configuration, loop: loop)
+
+        // A refresh: answered on the host's loop thread, with the rotated token.
+        let answered = LockedBox<(onLoop: Bool, result: Result<TokenGrant, AuthorityError>)?>(nil)
+        try loop.execute {
+            authority.refresh(
+                RefreshRequest(refreshToken: tokens.refreshToken!, memberID: nil, reason: .onDemand),
+                completion: .standalone { result in answered.withLockedValue { $0 = (loop.inEventLoop, result) } })
+        }
+        #expect(await eventually(timeout: .seconds(10)) { answered.withLockedValue { $0 } != nil })
+        let first = try #require(answered.withLockedValue { $0 })
+        #expect(first.onLoop)
+        let grant = try first.result.get()
+        #expect(grant.refreshToken != nil && grant.refreshToken != tokens.refreshToken)
+
+        // A request that hangs, still running when the host tears the library down: it
+        // ends as cancelled (on the loop thread), and the host's loop closes cleanly.
+        try await server.fault("hang")
+        let hung = LockedBox<(onLoop: Bool, result: Result<TokenGrant, AuthorityError>)?>(nil)
+        try loop.execute {
+            authority.refresh(
+                RefreshRequest(refreshToken: grant.refreshToken!, memberID: nil, reason: .onDemand),
+                completion: .standalone { result in hung.withLockedValue { $0 = (loop.inEventLoop, result) } })
+        }
+        #expect(await eventually(timeout: .seconds(5)) { (try? await server.stats()["token_requests"]) ?? 0 >= 3 })
+        #expect(hung.withLockedValue { $0 } == nil)
+        host.finish()
+        let ended = try #require(hung.withLockedValue { $0 })
+        #expect(ended.onLoop)
+        guard case .failure(let error) = ended.result else {
+            Issue.record("a hanging request answered tokens")
+            return
+        }
+        #expect(error.isCancellation)
+        #expect(host.closeResult == 0, "uv_loop_close: \(host.closeResult) (a handle was left open)")
+    }
+
+    @Test func cancellingARequestClosesItsConnectionAndAnswersCancelled() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let tokens = try await server.signIn()
+        let loop = try EventLoop(name: "cancel")
+        defer { _ = try? loop.shutdown() }
+        let authority = try OAuthAuthority(server.configuration(), loop: loop)
+        try await server.fault("hang")
+        let result = LockedBox<Result<TokenGrant, AuthorityError>?>(nil)
+        let completion = AuthorityCompletion<TokenGrant>.standalone { answer in result.withLockedValue { $0 = answer } }
+        try loop.execute {
+            authority.refresh(
+                RefreshRequest(refreshToken: tokens.refreshToken!, memberID: nil, reason: .onDemand), completion: completion)
+        }
+        #expect(await eventually(timeout: .seconds(5)) { completion.isCancellable })
+        #expect(await eventually(timeout: .seconds(5)) { (try? await server.stats()["token_requests"]) ?? 0 >= 2 })
+        try await loop.submit { #expect(completion.requestCancellation()) }
+        #expect(await eventually(timeout: .seconds(5)) { result.withLockedValue { $0 } != nil })
+        guard case .failure(let error)? = result.withLockedValue({ $0 }) else {
+            Issue.record("a cancelled request answered tokens")
+            return
+        }
+        #expect(error.isCancellation)
+        // A second cancellation changes nothing; the completion is spent.
+        try await loop.submit { #expect(!completion.requestCancellation()) }
+        #expect(!completion.isCancellable)
+    }
+
+    @Test func anEndpointThatIsNotHttpsOrLoopbackIsRefusedBeforeAnyConnection() throws {
+        let loop = try EventLoop(name: "rules")
+        defer { _ = try? loop.shutdown() }
+        func make(_ url: String) -> OAuthConfigurationError? {
+            do {
+                _ = try OAuthAuthority(OAuthConfiguration(tokenEndpoint: URL(string: url)!, clientID: "c"), loop: loop)
+                return nil
+            } catch {
+                return error
+            }
+        }
+        #expect(make("http://auth.example.com/token")?.reason.contains("plain http") == true)
+        #expect(make("http://192.168.1.1/token")?.reason.contains("plain http") == true)
+        #expect(make("http://localhost.evil.example/token")?.reason.contains("plain http") == true)
+        #expect(make("ftp://auth.example.com/token") != nil)
+        #expect(make("https://u:p@auth.example.com/token")?.reason.contains("user name or password") == true)
+        #expect(make("https://auth.example.com/token") == nil)
+        #expect(make("http://127.0.0.1:1/token") == nil)
+        #expect(make("http://localhost:1/token") == nil)
+        #expect(make("http://[::1]:1/token") == nil)
+        var revocation = OAuthConfiguration(tokenEndpoint: URL(string: "https://a.example/token")!, clientID: "c")
+        revocation.revocationEndpoint = URL(string: "http://a.example/revoke")
+        #expect(throws: OAuthConfigurationError.self) { try OAuthAuthority(revocation, loop: loop) }
+    }
+}
