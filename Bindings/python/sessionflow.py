@@ -49,6 +49,7 @@ _ERROR_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_
 _VOID_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _TOKEN_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _REFRESH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+_CANCEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class _Observer(ctypes.Structure):
@@ -117,6 +118,7 @@ class _Options(ctypes.Structure):
         ("store_directory", ctypes.c_char_p),
         ("refresh_release", _VOID_FN),
         ("start_manually", ctypes.c_int),
+        ("refresh_cancel", _CANCEL_FN),  # not offered by this binding yet: NULL
     ]
 
 
