@@ -210,9 +210,9 @@ public final class OAuthAuthority: SessionAuthority {
             let seen = received > 0 ? " (\(received) bytes received)" : ""
             return .transient("the answer is larger than \(limit) bytes\(seen); the transfer was stopped")
         case .network(let text):
-            return .transient("network: \(Redaction.scrub(text, redactions))")
+            return .transient("network: \(ErrorText.scrub(text, secrets: redactions))")
         case .refused(let text):
-            return .transient("the request was not sent: \(Redaction.scrub(text, redactions))")
+            return .transient("the request was not sent: \(ErrorText.scrub(text, secrets: redactions))")
         }
     }
 }
@@ -279,7 +279,7 @@ public final class OAuthAuthority: SessionAuthority {
             return .failure(.transient("the token answer has no access_token"))
         }
         if let type = object["token_type"]?.string, type.lowercased() != "bearer" {
-            let shown = Redaction.scrub(type, answer.redactions + [Secret(access)])
+            let shown = ErrorText.description(type, secrets: answer.redactions + [Secret(access)]) ?? ""
             return .failure(.configuration("unsupported_token_type", "token_type \(shown) is not Bearer"))
         }
         let lifetime: Duration
@@ -300,10 +300,12 @@ public final class OAuthAuthority: SessionAuthority {
     /// The error an unsuccessful answer stands for (RFC 6749 §5.2).
     public static func error(from answer: HTTPAnswer) -> AuthorityError {
         let object = answer.json
-        // Everything the server wrote is scrubbed of what we sent it: a server may echo the
-        // refresh token in any field (the fuzzer found `error` itself).
-        let code = object?["error"]?.string.map { Redaction.scrub($0, answer.redactions) }
-        let description = object?["error_description"]?.string.map { Redaction.scrub($0, answer.redactions) }
+        // Only what ErrorText lets through reaches a message: a code from the RFCs' list
+        // (anything else, the refresh token echoed in `error` included, is
+        // "unrecognised_error"), and a short, printable description scrubbed of every form of
+        // what we sent.
+        let code = ErrorText.code(object?["error"]?.string)
+        let description = ErrorText.description(object?["error_description"]?.string, secrets: answer.redactions)
         let message = ["HTTP \(answer.status)", code, description].compactMap { $0 }.joined(separator: ": ")
         switch (answer.status, code) {
         case (_, "invalid_grant"):
@@ -392,16 +394,6 @@ enum FormEncoding {
         let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
         let days1970 = era * 146_097 + dayOfEra - 719_468
         return days1970 * 86_400 + Int64(hour * 3600 + minute * 60 + second)
-    }
-}
-
-/// Never let a token the request carried come back in a message.
-enum Redaction {
-    static func scrub(_ text: String, _ secrets: [Secret]) -> String {
-        secrets.reduce(text) { text, secret in
-            let value = secret.reveal()
-            return value.isEmpty ? text : text.replacing(value, with: "<redacted>")
-        }
     }
 }
 
