@@ -458,6 +458,17 @@ struct RefreshStateMachineTests {
         #expect(Self.leaseWaitFailure(t)?.hasPrefix("another session of this process is refreshing through the same store") == true)
     }
 
+    @Test func aLeaseHolderDescribesItselfToTheMillisecond() {
+        func text(_ remaining: Duration, this: Bool = false) -> String {
+            RefreshLeaseHolder(pid: 31, isThisProcess: this, until: .seconds(1), remaining: remaining).description
+        }
+        #expect(text(.milliseconds(599_987)) == "process 31 (for 599.987 seconds more)")
+        #expect(text(.nanoseconds(29_950_999_999)) == "process 31 (for 29.95 seconds more)")
+        #expect(text(.seconds(600)) == "process 31 (for 600.0 seconds more)")
+        #expect(text(.milliseconds(5)) == "process 31 (for 0.005 seconds more)")
+        #expect(text(.milliseconds(-20), this: true) == "this process (for 0.0 seconds more)")
+    }
+
     @Test func aTimeoutAfterTheLeaseWasTakenStillBlamesTheAuthority() {
         var s = State.holdingLock.make()
         s.armed[.attemptTimeout] = nil

@@ -505,10 +505,10 @@ struct RefreshStateMachine<Waiter> {
         switch attempt.leaseHolder {
         case .some(let holder) where holder.isThisProcess:
             message = "another session of this process is refreshing through the same store (its lease runs "
-                + "\(holder.remaining.roundedToMilliseconds) more); no refresh was sent after waiting \(policy.timeout)"
+                + "\(holder.remaining.secondsToTheMillisecond) more); no refresh was sent after waiting \(policy.timeout)"
         case .some(let holder):
             message = "another process (pid \(holder.pid)) is refreshing the session (its lease runs "
-                + "\(holder.remaining.roundedToMilliseconds) more); no refresh was sent after waiting \(policy.timeout)"
+                + "\(holder.remaining.secondsToTheMillisecond) more); no refresh was sent after waiting \(policy.timeout)"
         case .none:
             message = "another process is refreshing the session (the store's refresh lease stayed busy); "
                 + "no refresh was sent after waiting \(policy.timeout)"

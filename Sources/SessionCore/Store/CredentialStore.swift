@@ -113,15 +113,20 @@ public struct RefreshLeaseHolder: Sendable, Hashable, CustomStringConvertible {
 
     /// "process 4242 (for 29.95 seconds more)", or "this process (...)".
     public var description: String {
-        "\(isThisProcess ? "this process" : "process \(pid)") (for \(remaining.roundedToMilliseconds) more)"
+        "\(isThisProcess ? "this process" : "process \(pid)") (for \(remaining.secondsToTheMillisecond) more)"
     }
 }
 
 extension Duration {
-    /// Whole milliseconds within [0, 10¹² s], for messages ("29.95 seconds", not 29.950123456).
-    var roundedToMilliseconds: Duration {
+    /// "29.95 seconds", "600.0 seconds": to the millisecond, never negative, without the binary
+    /// fraction artefacts of `description` ("599.9870000000001 seconds").
+    var secondsToTheMillisecond: String {
         let (seconds, attoseconds) = components
-        guard seconds >= 0 else { return .zero }
-        return .milliseconds(min(seconds, 1_000_000_000_000) * 1000 + attoseconds / 1_000_000_000_000_000)
+        guard seconds >= 0 && attoseconds >= 0 else { return "0.0 seconds" }
+        let milliseconds = attoseconds / 1_000_000_000_000_000
+        var fraction = String(milliseconds)
+        fraction = String(repeating: "0", count: 3 - fraction.count) + fraction
+        while fraction.count > 1 && fraction.hasSuffix("0") { fraction.removeLast() }
+        return "\(seconds).\(fraction) seconds"
     }
 }
