@@ -1,6 +1,7 @@
-// Over 400 lines (437): the record format (sealed, account-keyed), the atomic replace and the
-// cross-process locks are still one type. The store issue moves its file work to an I/O
-// worker and trusted directory descriptors; it splits along those lines then.
+// Over 400 lines (410): the record format (sealed, account-keyed), the atomic replace and the
+// write lock are still one type (the refresh lease is in RefreshLease.swift). The store issue
+// moves its file work to an I/O worker and trusted directory descriptors; it splits along
+// those lines then.
 
 import Crypto
 import FoundationEssentials
@@ -25,7 +26,8 @@ import Glibc
 ///   (bad magic, failed authentication, unreadable content): a damaged file is moved aside
 ///   as `<name>.damaged-<time>` — never deleted — and reads as absent.
 ///
-/// Calls are serialised by a lock; across processes, see `SessionFileLock`.
+/// Calls are serialised by a lock. Across processes: `<store>.wlock` is held around each change
+/// of the file, and `<store>.lock` holds the refresh lease (`RefreshLease.swift`).
 public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendable {
     /// Where the encryption key comes from.
     public enum Key: Sendable {
@@ -40,12 +42,12 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public let keyPath: String
     private let keySource: Key
     private let lock = Lock()
-    /// The cross-process refresh lock: `flock` on `<store>.lock` (guarded by `lock`).
+    /// The cross-process refresh lease: a record in `<store>.lock` (see `LeaseRecord`).
     public let lockPath: String
     /// The cross-process write lock: `flock` on `<store>.wlock` around each change.
     public let writeLockPath: String
-    private var lockFD: Int32 = -1
-    private var lockHeld = false  // guarded by `lock`
+    /// This instance's refresh lease (guarded by `lock`).
+    private var lease: LeaseFile.Hold = .none
     /// Whether this instance is inside `withWriteLock` (guarded by `lock`).
     private var holdsWriteLock = false
 
@@ -65,63 +67,39 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     deinit {
-        if lockFD >= 0 { close(lockFD) }
+        LeaseFile.release(lease, path: lockPath)
     }
 
     // MARK: SharedCredentialStore
 
-    public func tryLockRefresh() -> Bool {
+    /// Takes the refresh lease if no one holds it: the lock file is locked (`flock`) only to
+    /// read and write its record, never across the refresh. Free means: no record (or garbage),
+    /// its deadline passed, it is from an earlier boot, or its holder died. An instance that
+    /// holds the lease answers busy to a second request (two sessions may share an instance).
+    ///
+    /// Where no lock file can exist (a read-only or vanished store) the lease is granted
+    /// without any: no process can write tokens through such a store. A lock file that can
+    /// only be read keeps the old way: its `flock` is held until release.
+    public func tryAcquireRefreshLease(for duration: Duration) -> RefreshLeaseResult {
         lock.withLock {
-            // flock belongs to the open file description: this instance's own second try
-            // would succeed, so two sessions sharing one instance are kept apart here.
-            guard !lockHeld else { return false }
-            if lockFD < 0 {
-                switch Self.openLockFile(lockPath, directory: directory) {
-                case .open(let fd):
-                    lockFD = fd
-                case .impossible:
-                    // No lock file can exist here (a read-only or vanished store): nothing
-                    // can be written through it either, so no process can have rotated the
-                    // tokens through it. Refresh without the cross-process lock, not never.
-                    lockHeld = true
-                    return true
-                case .failed:
-                    return false  // out of descriptors, interrupted...: try again shortly
-                }
+            if let until = lease.until {
+                let now = LeaseClock.now()
+                return .busy(RefreshLeaseHolder(
+                    pid: getpid(), isThisProcess: true, until: .nanoseconds(until), remaining: .nanoseconds(until - now)))
             }
-            if flock(lockFD, LOCK_EX | LOCK_NB) == 0 {
-                lockHeld = true
-            } else if errno == EBADF || errno == ENOTSUP || errno == EOPNOTSUPP {
-                // A descriptor flock cannot use (a read-only one on NFS): as impossible.
-                close(lockFD)
-                lockFD = -1
-                lockHeld = true
-            }
-            // EWOULDBLOCK: another process refreshes; EINTR, ENOLCK: try again shortly.
-            return lockHeld
+            let (result, hold) = LeaseFile.acquire(lockPath, directory: directory, for: duration)
+            lease = hold
+            return result
         }
     }
 
-    private enum LockFile {
-        case open(Int32)
-        /// The store's directory or filesystem cannot hold a lock file at all.
-        case impossible
-        /// A passing failure (EMFILE, ENFILE, ENOMEM, EINTR...): worth another try.
-        case failed
-    }
-
-    /// A lock file: read-write (created 0600 if need be), else read-only (flock works on
-    /// either); `impossible` only for the errors that mean no lock file can exist.
-    private static func openLockFile(_ path: String, directory: String) -> LockFile {
-        let cannotExist: Set<Int32> = [EROFS, EACCES, EPERM, ENOENT, ENOTDIR]
-        if (try? FileIO.makeDirectory(directory)) != nil {
-            let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-            if fd >= 0 { return .open(fd) }
-            guard cannotExist.contains(errno) else { return .failed }
+    /// Ends this instance's lease; the lock file's record is cleared only if it is still ours.
+    public func releaseRefreshLease() {
+        lock.withLock {
+            let hold = lease
+            lease = .none
+            LeaseFile.release(hold, path: lockPath)
         }
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        if fd >= 0 { return .open(fd) }
-        return cannotExist.contains(errno) ? .impossible : .failed
     }
 
     /// Runs a read-modify-write of the store file with `<store>.wlock` held exclusively, so
@@ -132,8 +110,8 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// than freeze the caller's loop. Where no lock file can exist the write fails anyway.
     private func withWriteLock<T>(_ body: () throws(StoreFailure) -> T) throws(StoreFailure) -> T {
         var fd: Int32 = -1
-        switch Self.openLockFile(writeLockPath, directory: directory) {
-        case .open(let opened):
+        switch LockFile.open(writeLockPath, directory: directory) {
+        case .open(let opened, _):
             fd = opened
             var waited = 0
             while flock(fd, LOCK_EX | LOCK_NB) != 0 {
@@ -163,14 +141,6 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     /// How long a change waits for another process's change, in milliseconds.
     private static let writeLockPatience = 2000
-
-    public func unlockRefresh() {
-        lock.withLock {
-            guard lockHeld else { return }
-            lockHeld = false
-            if lockFD >= 0 { _ = flock(lockFD, LOCK_UN) }
-        }
-    }
 
     public func directoryToWatch() -> String? {
         lock.withLock { (try? FileIO.makeDirectory(directory)) != nil ? directory : nil }

@@ -15,6 +15,8 @@ struct RefreshStateMachineTests {
     static let a2 = Secret("A2")
     static let r2 = Secret("R2")
     static let hour = Duration.seconds(3600)
+    /// Another process holding the shared store's refresh lease.
+    static let otherHolder = RefreshLeaseHolder(pid: 4242, isThisProcess: false, until: .seconds(500), remaining: .milliseconds(12_500))
 
     static func session(access: Secret = a1, refresh: Secret? = r1, expiresAt: Duration = hour, externalUserID: String? = nil) -> LiveSession {
         LiveSession(accessToken: access, refreshToken: refresh, expiresAt: expiresAt, lifetime: expiresAt, externalUserID: externalUserID)
@@ -175,11 +177,12 @@ struct RefreshStateMachineTests {
                 s.armed[.attemptTimeout] = nil
                 s.run(s.machine.timerFired(.attemptTimeout, now: now, unitRandom: 0, requestCancellable: true))
             case .lockRetryFired: s.armed[.lockRetry] = nil; s.run(s.machine.timerFired(.lockRetry, now: now, unitRandom: 0))
-            case .lockBusy: s.run(s.machine.lockAttempted(.busy, now: now, unitRandom: 0))
+            case .lockBusy: s.run(s.machine.lockAttempted(.busy(RefreshStateMachineTests.otherHolder), now: now, unitRandom: 0))
             case .lockAcquired:
                 // The store answers `busy` to a holder asking again (FileCredentialStore).
                 if s.lockHeld {
-                    s.run(s.machine.lockAttempted(.busy, now: now, unitRandom: 0))
+                    let itself = RefreshLeaseHolder(pid: 1, isThisProcess: true, until: .seconds(70), remaining: .seconds(60))
+                    s.run(s.machine.lockAttempted(.busy(itself), now: now, unitRandom: 0))
                 } else {
                     s.lockHeld = true
                     s.run(s.machine.lockAttempted(.acquired, now: now, unitRandom: 0))
@@ -429,7 +432,7 @@ struct RefreshStateMachineTests {
     @Test func withASharedStoreTheRequestIsSentOnlyUnderTheLockWhichIsReleasedAfterThePersist() {
         var s = State.waitingForLock.make()
         #expect(s.sent.isEmpty && s.lockRequests == 1)
-        s.run(s.machine.lockAttempted(.busy, now: s.now, unitRandom: 0))
+        s.run(s.machine.lockAttempted(.busy(Self.otherHolder), now: s.now, unitRandom: 0))
         #expect(s.armed[.lockRetry] == s.now + .milliseconds(50))
         s.armed[.lockRetry] = nil
         s.run(s.machine.timerFired(.lockRetry, now: s.now, unitRandom: 0))
@@ -479,5 +482,80 @@ struct RefreshStateMachineTests {
         #expect(s.sent.isEmpty)
         s.run(s.machine.validationAnswered(generation: s.machine.generation, token: Self.a1, result: .failure(.terminal()), now: s.now))
         #expect(s.sent.count == 1 && s.sent[0].reason == .resume)
+    }
+
+    // MARK: - The refresh lease of a shared store
+
+    /// The error a timeout while waiting for the lease gives: the refreshFailed event's and the
+    /// waiter's, which must agree.
+    static func leaseWaitFailure(_ s: Storage) -> String? {
+        guard case .refreshFailed(_, _, let error)? = s.emitted.last, case .failure(let answered)? = s.answers.last?.result else {
+            return nil
+        }
+        #expect(answered.message == error.message)
+        #expect(error.kind == .transient && answered.code == .transient)
+        return error.message
+    }
+
+    @Test func aTimeoutWhileWaitingForTheLeaseNamesTheHolderNotTheAuthority() {
+        var s = State.waitingForLock.make()
+        s.run(s.machine.lockAttempted(.busy(Self.otherHolder), now: s.now, unitRandom: 0))
+        // A look that could not tell who holds it keeps the holder seen before.
+        s.armed[.lockRetry] = nil
+        s.run(s.machine.timerFired(.lockRetry, now: s.now, unitRandom: 0))
+        s.run(s.machine.lockAttempted(.busy(nil), now: s.now, unitRandom: 0))
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0))
+        #expect(s.phaseName == "backingOff")
+        #expect(s.armed[.lockRetry] == nil)
+        #expect(s.sent.isEmpty)
+        let message = Self.leaseWaitFailure(s)
+        #expect(message == "another process (pid 4242) is refreshing the session (its lease runs 12.5 seconds more); "
+            + "no refresh was sent after waiting 30.0 seconds")
+        #expect(message?.contains("did not answer") == false)
+        #expect(s.answers.last?.waiters == [1])
+        s.checkConsistency("after the lease wait timed out")
+        // The backoff tries again, and this time the lease is free.
+        s.armed[.backoff] = nil
+        s.run(s.machine.timerFired(.backoff, now: s.now, unitRandom: 0))
+        #expect(s.phaseName == "refreshing/waiting")
+        s.lockHeld = true
+        s.run(s.machine.lockAttempted(.acquired, now: s.now, unitRandom: 0))
+        #expect(s.sent.count == 1)
+    }
+
+    @Test func aLeaseWaitWithoutAKnownHolderOrHeldInThisProcessSaysSo() {
+        var s = State.waitingForLock.make()
+        s.run(s.machine.lockAttempted(.busy(nil), now: s.now, unitRandom: 0))
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0))
+        #expect(Self.leaseWaitFailure(s) == "another process is refreshing the session (the store's refresh lease stayed busy); "
+            + "no refresh was sent after waiting 30.0 seconds")
+
+        var t = State.waitingForLock.make()
+        let sibling = RefreshLeaseHolder(pid: 7, isThisProcess: true, until: .seconds(99), remaining: .milliseconds(1500))
+        t.run(t.machine.lockAttempted(.busy(sibling), now: t.now, unitRandom: 0))
+        t.armed[.attemptTimeout] = nil
+        t.run(t.machine.timerFired(.attemptTimeout, now: t.now, unitRandom: 0))
+        #expect(Self.leaseWaitFailure(t)?.hasPrefix("another session of this process is refreshing through the same store") == true)
+    }
+
+    @Test func aLeaseHolderDescribesItselfToTheMillisecond() {
+        func text(_ remaining: Duration, this: Bool = false) -> String {
+            RefreshLeaseHolder(pid: 31, isThisProcess: this, until: .seconds(1), remaining: remaining).description
+        }
+        #expect(text(.milliseconds(599_987)) == "process 31 (for 599.987 seconds more)")
+        #expect(text(.nanoseconds(29_950_999_999)) == "process 31 (for 29.95 seconds more)")
+        #expect(text(.seconds(600)) == "process 31 (for 600.0 seconds more)")
+        #expect(text(.milliseconds(5)) == "process 31 (for 0.005 seconds more)")
+        #expect(text(.milliseconds(-20), this: true) == "this process (for 0.0 seconds more)")
+    }
+
+    @Test func aTimeoutAfterTheLeaseWasTakenStillBlamesTheAuthority() {
+        var s = State.holdingLock.make()
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0))
+        #expect(Self.leaseWaitFailure(s) == "the authority did not answer within 30.0 seconds")
+        #expect(!s.lockHeld)
     }
 }

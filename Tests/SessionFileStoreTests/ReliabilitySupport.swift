@@ -27,17 +27,25 @@ struct SetupFailure: Error, CustomStringConvertible {
 final class ChildProcess {
     let pid: pid_t
     private let output: Int32
+    /// Our end of the child's stdin, when it was given one (`input: true`); else it inherits ours.
+    private var input: Int32 = -1
     private var buffer: [UInt8] = []
     private var ended = false
     private var status: Int32?
     /// Every line read so far.
     private(set) var lines: [String] = []
 
-    init(_ executable: String, _ arguments: [String]) throws {
+    init(_ executable: String, _ arguments: [String], input withInput: Bool = false) throws {
         var fds: [Int32] = [-1, -1]
+        var inputFDs: [Int32] = [-1, -1]
         // A socket pair, made close-on-exec atomically (pipe2 is not visible from Swift).
         let kind = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         guard socketpair(AF_UNIX, kind, 0, &fds) == 0 else {
+            throw SetupFailure(description: "socketpair: \(errnoDescription())")
+        }
+        if withInput && socketpair(AF_UNIX, kind, 0, &inputFDs) != 0 {
+            close(fds[0])
+            close(fds[1])
             throw SetupFailure(description: "socketpair: \(errnoDescription())")
         }
         var actions = posix_spawn_file_actions_t()
@@ -45,6 +53,7 @@ final class ChildProcess {
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
         posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
+        if withInput { posix_spawn_file_actions_adddup2(&actions, inputFDs[1], 0) }
         let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
         let environment: [UnsafeMutablePointer<CChar>?] =
             ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
@@ -55,12 +64,28 @@ final class ChildProcess {
         var child: pid_t = 0
         let rc = posix_spawn(&child, executable, &actions, nil, argv, environment)
         close(fds[1])
+        if withInput { close(inputFDs[1]) }
         guard rc == 0 else {
             close(fds[0])
+            if withInput { close(inputFDs[0]) }
             throw SetupFailure(description: "posix_spawn \(executable): \(String(cString: strerror(rc)))")
         }
         pid = child
         output = fds[0]
+        input = inputFDs[0]
+    }
+
+    /// Writes `line` and a newline to the child's stdin (made with `input: true`).
+    func send(_ line: String) {
+        precondition(input >= 0, "the child was made without input")
+        let bytes = Array((line + "\n").utf8)
+        var written = 0
+        while written < bytes.count {
+            let count = bytes.withUnsafeBytes { Glibc.send(input, $0.baseAddress! + written, $0.count - written, Int32(MSG_NOSIGNAL)) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { return }  // the child is gone: it will not answer
+            written += count
+        }
     }
 
     deinit {
@@ -69,6 +94,7 @@ final class ChildProcess {
             _ = waitForExit()
         }
         close(output)
+        if input >= 0 { close(input) }
     }
 
     /// The next line, or nil at end of output or after `timeout`.

@@ -16,8 +16,8 @@ final class FlakyShared: SharedCredentialStore, @unchecked Sendable {
         if failClear.withLockedValue({ $0 }) { throw StoreError("injected ENOSPC") }
         try inner.clear()
     }
-    func tryLockRefresh() -> Bool { inner.tryLockRefresh() }
-    func unlockRefresh() { inner.unlockRefresh() }
+    func tryAcquireRefreshLease(for duration: Duration) -> RefreshLeaseResult { inner.tryAcquireRefreshLease(for: duration) }
+    func releaseRefreshLease() { inner.releaseRefreshLease() }
     func directoryToWatch() -> String? { inner.directoryToWatch() }
 }
 
@@ -47,10 +47,14 @@ struct SharedStoreRegressionTests {
     @Test func oneStoreInstanceStillExcludesASecondRefresher() {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store)
-        #expect(store.tryLockRefresh())
-        #expect(!store.tryLockRefresh(), "flock is per open file description: same instance re-acquires")
-        store.unlockRefresh()
-        #expect(store.tryLockRefresh())
-        store.unlockRefresh()
+        #expect(store.tryAcquireRefreshLease(for: .seconds(30)) == .acquired)
+        guard case .busy(let holder?) = store.tryAcquireRefreshLease(for: .seconds(30)) else {
+            Issue.record("the instance holding the lease got it a second time (two sessions sharing it would both refresh)")
+            return
+        }
+        #expect(holder.pid == getpid() && holder.isThisProcess)
+        store.releaseRefreshLease()
+        #expect(store.tryAcquireRefreshLease(for: .seconds(30)) == .acquired)
+        store.releaseRefreshLease()
     }
 }

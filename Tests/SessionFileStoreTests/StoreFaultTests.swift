@@ -157,8 +157,8 @@ struct StoreFaultTests {
         // No other process holds the refresh lock, so it is taken even though the lock file
         // cannot be opened for writing on a read-only filesystem (EROFS).
         let probe = FileCredentialStore(directory: directory)
-        #expect(probe.tryLockRefresh())
-        probe.unlockRefresh()
+        #expect(probe.tryAcquireRefreshLease(for: .seconds(60)) == .acquired)
+        probe.releaseRefreshLease()
         // (It used to read as "another process is refreshing": the engine retried every 50 ms
         // until the attempt timed out, and the session died at expiry.)
         let authority = GrantingAuthority()

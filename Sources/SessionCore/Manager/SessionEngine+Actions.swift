@@ -24,7 +24,7 @@ extension SessionEngine {
             case .acquireLock:
                 perform(refresh.lockAttempted(acquireLock(), now: loop.now, unitRandom: configuration.random()))
             case .releaseLock:
-                shared?.unlockRefresh()
+                shared?.releaseRefreshLease()
             case .sendRefresh(let identity):
                 guard let refreshToken = identity.refreshToken else { continue }
                 let answer = attemptCompletion(identity)
@@ -76,15 +76,26 @@ extension SessionEngine {
     }
 
     /// Before sending a refresh with a shared store: tokens another process already
-    /// refreshed are adopted instead; otherwise the cross-process lock is taken if free,
-    /// and the store read again under it (the other process may have just finished).
+    /// refreshed are adopted instead; otherwise the cross-process refresh lease is taken if
+    /// free, and the store read again under it (the other process may have just finished).
     func acquireLock() -> Refresh.LockOutcome {
         guard let shared else { return .acquired }
         if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: false) }
-        guard shared.tryLockRefresh() else { return .busy }
+        if case .busy(let holder) = shared.tryAcquireRefreshLease(for: refreshLeaseDuration) { return .busy(holder) }
         if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: true) }
         return .acquired
     }
+
+    /// How long a refresh lease lasts unless released: twice the refresh timeout. The
+    /// attempt's timeout runs from its start, before the lease is taken, so its request has
+    /// ended (answered, or cancelled when the timeout fires) within one timeout of taking the
+    /// lease; the second timeout is grace for what follows — the cancellation, storing the
+    /// answer (the store's write lock waits up to 2 s), a busy loop — before the lease is
+    /// released. Past the deadline another process may refresh with the same refresh token, so
+    /// the lease must not end while a request that may rotate it can still be answered. The
+    /// deadline matters only for a holder that cannot release: one stopped or hung; a live
+    /// holder releases as soon as its answer is stored, and a dead one frees it at once.
+    var refreshLeaseDuration: Duration { policy.timeout * 2 }
 
     /// The shared store's tokens for this session if they were refreshed with a refresh
     /// token other than the one the attempt in flight would send.

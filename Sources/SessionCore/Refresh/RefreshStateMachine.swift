@@ -46,6 +46,8 @@ struct RefreshStateMachine<Waiter> {
         /// it to *end* (its answer, or the cancellation's), because the request may have
         /// rotated the refresh token, which must then not be sent again meanwhile.
         var cancelling = false
+        /// Who held the refresh lease when this attempt last looked (while `lock == .waiting`).
+        var leaseHolder: RefreshLeaseHolder? = nil
     }
 
     /// The attempt's hold on the cross-process refresh lock of a shared store.
@@ -70,8 +72,8 @@ struct RefreshStateMachine<Waiter> {
 
     /// What `acquireLock` found.
     enum LockOutcome: Sendable, Equatable {
-        /// Another process holds the lock.
-        case busy
+        /// Another process holds the lease (nil: the store could not tell who).
+        case busy(RefreshLeaseHolder?)
         /// The lock is this process's now, and the store holds nothing newer.
         case acquired
         /// The shared store holds tokens another process refreshed (a refresh token other
@@ -325,7 +327,8 @@ struct RefreshStateMachine<Waiter> {
             phase = .idle(proactiveDue: nil)
             return startRefresh(reason: .retry, waiters: [], now: now)
         case (.attemptTimeout, .refreshing(var attempt)):
-            if attempt.lock != .waiting && !attempt.cancelling && requestCancellable {
+            if attempt.lock == .waiting { return leaseWaitTimedOut(attempt, now: now, unitRandom: unitRandom) }
+            if !attempt.cancelling && requestCancellable {
                 // The request may have rotated the refresh token: it is cancelled, and the
                 // attempt (with the lock) lasts until it has really ended. A grace of one
                 // more timeout bounds an authority that never ends it.
@@ -371,8 +374,15 @@ struct RefreshStateMachine<Waiter> {
             return []
         }
         switch outcome {
-        case .busy:
-            // Another process is refreshing: look again shortly (the timeout still runs).
+        case .busy(let holder):
+            // Another process is refreshing: look again shortly (the timeout still runs). Not
+            // at the lease's deadline: that bounds a holder that cannot release (stopped, hung);
+            // a live one releases as soon as its answer is stored, usually within a round trip.
+            // A look is a small file's open, flock, read and close plus a store read, 20 a
+            // second and only while another process refreshes; the directory watch often brings
+            // the new tokens sooner still.
+            if let holder { attempt.leaseHolder = holder }
+            phase = .refreshing(attempt)
             return [.arm(.lockRetry, after: .milliseconds(50))]
         case .acquired:
             attempt.lock = .held
@@ -527,6 +537,27 @@ struct RefreshStateMachine<Waiter> {
         guard case .refreshing(let attempt) = phase else { return actions }
         actions.append(attempt.lock == .waiting ? .acquireLock : .sendRefresh(attempt.identity))
         return actions
+    }
+
+    /// The attempt's timeout fired while it still waited for another process's refresh lease:
+    /// a transient failure that says so (no request was sent, so the authority is not to blame).
+    /// The backoff retries; a holder that never releases loses the lease at its deadline.
+    private mutating func leaseWaitTimedOut(_ attempt: Attempt, now: Duration, unitRandom: Double) -> [Action] {
+        let message: String
+        switch attempt.leaseHolder {
+        case .some(let holder) where holder.isThisProcess:
+            message = "another session of this process is refreshing through the same store (its lease runs "
+                + "\(holder.remaining.secondsToTheMillisecond) more); no refresh was sent after waiting \(policy.timeout)"
+        case .some(let holder):
+            message = "another process (pid \(holder.pid)) is refreshing the session (its lease runs "
+                + "\(holder.remaining.secondsToTheMillisecond) more); no refresh was sent after waiting \(policy.timeout)"
+        case .none:
+            message = "another process is refreshing the session (the store's refresh lease stayed busy); "
+                + "no refresh was sent after waiting \(policy.timeout)"
+        }
+        return answerArrived(
+            attempt.identity, .failure(.transient(message)), receivedAt: now, now: now, unitRandom: unitRandom,
+            canReauthenticate: false)
     }
 
     /// Takes the single-flight slot; arms the timeout that ends it if the authority hangs.

@@ -56,13 +56,77 @@ public protocol CredentialStore: AnyObject, Sendable {
 }
 
 /// A store that several processes share: they refresh one at a time (a cross-process
-/// lock) and follow each other's changes (a directory watch).
+/// refresh lease) and follow each other's changes (a directory watch).
+///
+/// The lease says who refreshes and until when. What a conforming store guarantees:
+/// - While a lease is held and its deadline has not passed, `tryAcquireRefreshLease` answers
+///   `.busy` to every other caller — in any process sharing the store, and to the holder
+///   itself asking again (two sessions may share one store instance).
+/// - A lease ends when its holder releases it, when its deadline passes (a stopped or hung
+///   holder blocks the others only until then) or when its holder is known to be dead.
+/// - `releaseRefreshLease` ends only the caller's own lease: one whose deadline passed and
+///   that another caller has taken meanwhile stays the new holder's.
+/// - Neither call waits for another process's refresh; each is a short critical section.
+///
+/// A caller holds the lease only while it refreshes, and reads the store again after taking
+/// it (the previous holder may have stored tokens rotated meanwhile).
 public protocol SharedCredentialStore: CredentialStore {
-    /// Takes the cross-process refresh lock if it is free; never waits.
-    func tryLockRefresh() -> Bool
-    /// Releases the refresh lock taken by `tryLockRefresh`.
-    func unlockRefresh()
+    /// Takes the cross-process refresh lease for `duration` if it is free; never waits for
+    /// its holder. Choose `duration` so that the refresh has surely ended by then (its request
+    /// answered or cancelled, the answer stored): past it, another process may refresh too.
+    func tryAcquireRefreshLease(for duration: Duration) -> RefreshLeaseResult
+    /// Ends the lease taken by `tryAcquireRefreshLease`, if it is still this caller's.
+    func releaseRefreshLease()
     /// Makes sure the store's directory exists and returns it, for a directory watch
     /// (nil: no watch).
     func directoryToWatch() -> String?
+}
+
+/// What `SharedCredentialStore.tryAcquireRefreshLease` found.
+public enum RefreshLeaseResult: Sendable, Hashable {
+    /// The lease is the caller's until it releases it (or its duration runs out).
+    case acquired
+    /// Someone else refreshes. The holder, when the store could tell (nil: the lease could
+    /// not be looked at just now — another process was reading or writing it at that instant,
+    /// or its file could not be opened — try again shortly).
+    case busy(RefreshLeaseHolder?)
+}
+
+/// Who holds a refresh lease, and until when.
+public struct RefreshLeaseHolder: Sendable, Hashable, CustomStringConvertible {
+    /// The holder's process id (in the holder's pid namespace).
+    public var pid: Int32
+    /// Whether the holder is this process (another session, or another store instance, in it).
+    public var isThisProcess: Bool
+    /// When the lease runs out, on `CLOCK_MONOTONIC` (one clock for every process of a Linux
+    /// system, the one libuv's timers follow; it does not run while suspended).
+    public var until: Duration
+    /// How long the lease had left when it was looked at.
+    public var remaining: Duration
+
+    public init(pid: Int32, isThisProcess: Bool, until: Duration, remaining: Duration) {
+        self.pid = pid
+        self.isThisProcess = isThisProcess
+        self.until = until
+        self.remaining = remaining
+    }
+
+    /// "process 4242 (for 29.95 seconds more)", or "this process (...)".
+    public var description: String {
+        "\(isThisProcess ? "this process" : "process \(pid)") (for \(remaining.secondsToTheMillisecond) more)"
+    }
+}
+
+extension Duration {
+    /// "29.95 seconds", "600.0 seconds": to the millisecond, never negative, without the binary
+    /// fraction artefacts of `description` ("599.9870000000001 seconds").
+    var secondsToTheMillisecond: String {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 && attoseconds >= 0 else { return "0.0 seconds" }
+        let milliseconds = attoseconds / 1_000_000_000_000_000
+        var fraction = String(milliseconds)
+        fraction = String(repeating: "0", count: 3 - fraction.count) + fraction
+        while fraction.count > 1 && fraction.hasSuffix("0") { fraction.removeLast() }
+        return "\(seconds).\(fraction) seconds"
+    }
 }

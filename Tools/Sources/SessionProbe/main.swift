@@ -18,6 +18,16 @@
 //       "READ <what the store answers>".
 //       --as-nobody drops to uid/gid 65534 before touching the store (root ignores
 //       permission bits, so a root test runs the store operation here as nobody).
+//
+//   session-probe --lease STORE_DIR SECONDS
+//       Takes the store's refresh lease for SECONDS (trying every 10 ms for up to 20 s;
+//       "BUSY <holder>" and exit 1 if it never gets it), prints "LEASE <pid>", then follows
+//       commands on stdin, one a line, each answered by a line:
+//         store MEMBER ACCESS REFRESH   writes that session (expiring in an hour): "STORED"
+//         release                       releases the lease: "RELEASED"
+//         exit                          exits (the lease is not released)
+//       At the end of its input it exits without releasing. The lease tests stop it
+//       (SIGSTOP) or kill it while it holds the lease.
 import Crypto
 import Foundation
 import LoopFlow
@@ -131,7 +141,54 @@ func sessionMode(_ options: [String]) async -> Int32 {
     }
 }
 
+func leaseMode(directory: String, seconds: Double) -> Int32 {
+    let store = FileCredentialStore(directory: directory)
+    var tries = 0
+    while true {
+        switch store.tryAcquireRefreshLease(for: .milliseconds(Int64(seconds * 1000))) {
+        case .acquired:
+            break
+        case .busy(let holder):
+            tries += 1
+            guard tries < 2000 else {
+                say("BUSY \(holder.map(\.description) ?? "unknown")")
+                return 1
+            }
+            usleep(10_000)
+            continue
+        }
+        break
+    }
+    say("LEASE \(getpid())")
+    while let line = readLine() {
+        let words = line.split(separator: " ").map(String.init)
+        switch words.first {
+        case "store" where words.count == 4:
+            do {
+                try store.write(StoredSession(
+                    accessToken: Secret(words[2]), refreshToken: Secret(words[3]),
+                    accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: words[1]))
+                say("STORED")
+            } catch {
+                say("ERROR \(error.message)")
+            }
+        case "release":
+            store.releaseRefreshLease()
+            say("RELEASED")
+        case "exit":
+            exit(0)
+        default:
+            say("ERROR unknown command")
+        }
+    }
+    // The store's deinit would release the lease: end without it.
+    exit(0)
+}
+
 let arguments = CommandLine.arguments
+if arguments.count == 4, arguments[1] == "--lease", let seconds = Double(arguments[3]) {
+    exit(leaseMode(directory: arguments[2], seconds: seconds))
+}
 if arguments.count >= 3, arguments[1] == "--write-loop" {
     writeLoop(directory: arguments[2], start: arguments.count > 3 ? Int(arguments[3]) ?? 0 : 0)
 }
@@ -144,6 +201,7 @@ guard arguments.count == 4, let endpoint = URL(string: arguments[2]) else {
         usage: session-probe STORE_DIR TOKEN_ENDPOINT CLIENT_ID
                session-probe --write-loop STORE_DIR [START]
                session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH]
+               session-probe --lease STORE_DIR SECONDS
 
         """.utf8))
     exit(2)
