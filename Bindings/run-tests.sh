@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Builds libsessionflow and runs the C suite against it.
-#   bash Bindings/run-tests.sh [plain|asan|tsan]
-# plain: gcc -Wall -Wextra -Werror against the debug library.
+# Runs the C suite (and, plain and installed, the two example hosts) against libsessionflow.
+#   bash Bindings/run-tests.sh [plain|installed|asan|tsan]
+# plain: gcc -Wall -Wextra -Werror against the debug library, built here.
+# installed: the same against the library install.sh installed, found the way a host finds
+#   it: pkg-config (set PKG_CONFIG_PATH to $libdir/pkgconfig for a non-system prefix), the
+#   installed header, no rpath (run with LD_LIBRARY_PATH=$libdir); the exports must be
+#   exactly the header's functions. This is what scripts/test.sh runs.
 # asan / tsan: the library built with that sanitizer (its own scratch path) and the suite
 # built with the Swift toolchain's clang and the same sanitizer runtime.
 set -euo pipefail
@@ -13,6 +17,17 @@ case "$mode" in
 plain)
     swift build --product sessionflow
     libdir="$root/.build/debug"
+    cc=gcc
+    sanitize=()
+    ;;
+installed)
+    if ! pkg-config --exists sessionflow; then
+        echo "run-tests.sh installed: pkg-config finds no sessionflow (PKG_CONFIG_PATH?)" >&2
+        exit 1
+    fi
+    libdir=$(pkg-config --variable=libdir sessionflow)
+    # The suite compiles against the installed header: it must be this tree's.
+    cmp Bindings/include/sessionflow.h "$(pkg-config --variable=includedir sessionflow)/sessionflow.h"
     cc=gcc
     sanitize=()
     ;;
@@ -30,7 +45,7 @@ asan | tsan)
     fi
     ;;
 *)
-    echo "usage: $0 [plain|asan|tsan]" >&2
+    echo "usage: $0 [plain|installed|asan|tsan]" >&2
     exit 2
     ;;
 esac
@@ -38,13 +53,21 @@ esac
 out="$root/.build-c/$mode"
 mkdir -p "$out"
 
-# Every function the header declares must be exported by the library.
-exported=$(nm -D --defined-only "$libdir/libsessionflow.so" | awk '{print $3}')
-missing=$(grep -oE '\bsf_[a-z0-9_]+[[:space:]]*\(' Bindings/include/sessionflow.h | tr -d '( ' | sort -u |
-    while read -r name; do grep -qxF "$name" <<<"$exported" || echo "$name"; done)
+# Every function the header declares must be exported by the library (debug and sanitizer
+# builds export every public Swift symbol too; the installed library exactly those functions).
+declared=$(bash Bindings/header-functions.sh)
+exported=$(nm -D --defined-only --extern-only "$libdir/libsessionflow.so" | awk '{print $3}' | sed 's/@.*//' | sort -u)
+missing=$(comm -23 <(echo "$declared") <(echo "$exported"))
 if [ -n "$missing" ]; then
-    echo "declared in sessionflow.h but not exported by libsessionflow.so: $missing" >&2
+    echo "declared in sessionflow.h but not exported by libsessionflow.so:" $missing >&2
     exit 1
+fi
+if [ "$mode" = installed ]; then
+    extra=$(comm -13 <(echo "$declared") <(echo "$exported"))
+    if [ -n "$extra" ]; then
+        echo "exported by the installed libsessionflow.so but not declared in sessionflow.h:" $extra >&2
+        exit 1
+    fi
 fi
 
 # The header alone, strictly, in C99, C11 and C++.
@@ -53,9 +76,17 @@ for std in c99 c11; do
 done
 g++ -std=c++11 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ Bindings/include/sessionflow.h
 
-$cc -std=gnu11 -Wall -Wextra -Werror "${sanitize[@]}" -I Bindings/include \
-    Bindings/tests/*.c -o "$out/sessionflow-tests" \
-    -L "$libdir" -lsessionflow -luv -lpthread -Wl,-rpath,"$libdir"
+# How the suite and the examples find the library: the installed one through pkg-config,
+# without rpath (LD_LIBRARY_PATH when they run); a build tree's through -L and an rpath.
+if [ "$mode" = installed ]; then
+    read -r -a link <<<"$(pkg-config --cflags --libs sessionflow libuv)"
+    export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+    link=(-I Bindings/include -L "$libdir" -lsessionflow -luv -Wl,-rpath,"$libdir")
+fi
+
+$cc -std=gnu11 -Wall -Wextra -Werror "${sanitize[@]}" \
+    Bindings/tests/*.c -o "$out/sessionflow-tests" "${link[@]}" -lpthread
 
 echo "== C suite ($mode)"
 case "$mode" in
@@ -64,11 +95,11 @@ tsan) export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ;;
 esac
 "$out/sessionflow-tests"
 
-if [ "$mode" = plain ]; then
+if [ "$mode" = plain ] || [ "$mode" = installed ]; then
     echo "== C examples"
     for example in owned_host borrowed_host; do
-        $cc -std=gnu11 -Wall -Wextra -Werror -I Bindings/include "Bindings/examples/$example.c" \
-            -o "$out/$example" -L "$libdir" -lsessionflow -luv -Wl,-rpath,"$libdir"
+        $cc -std=gnu11 -Wall -Wextra -Werror "Bindings/examples/$example.c" \
+            -o "$out/$example" "${link[@]}"
         echo "-- $example"
         "$out/$example"
     done

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, installing what it needs first:
 #   1. the Swift tests (swift test), the OAuth ones against a real Authlib server on loopback
-#   2. the C suite against libsessionflow.so (gcc -Werror), and both C example hosts
-#   3. the Python (ctypes) host's pytest suite
-#   4. the installed, self-contained library used through pkg-config
+#   2. the library as shipped (Bindings/install.sh), installed once into a temporary prefix,
+#      checked by scripts/check-library.sh (prints its size, debug info, NEEDED, exports;
+#      fails on the size budget, a dependency, the SONAME or an export outside the header;
+#      that verdict is applied last, so that every other pass still runs and reports); a
+#      DESTDIR install checked too
+#   3. against that installed library: the C suite (gcc -Werror) and both C example hosts,
+#      the Python (ctypes) host's pytest suite, and hosts built with pkg-config (no rpath:
+#      they run with LD_LIBRARY_PATH, or carry their own rpath)
+#   4. the benchmark's smoke run
 #   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback)
 #   6. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
 #      ThreadSanitizer (each sanitizer with its own scratch path)
@@ -33,30 +39,75 @@ swift build --package-path Tools "${strict[@]}"
 export SESSIONFLOW_PROBE="$PWD/Tools/.build/debug/session-probe"
 swift test --skip-build
 
-echo "== C suite and examples"
-bash Bindings/run-tests.sh plain
-
-echo "== Python host (ctypes)"
-SESSIONFLOW_LIB="$PWD/.build/debug/libsessionflow.so" python3 -m pytest -q Bindings/python/tests
-
-echo "== installed library through pkg-config"
+echo "== the library as shipped: installed into a temporary prefix"
 prefix=$(mktemp -d)
-trap 'rm -rf "$prefix"' EXIT
+stage=$(mktemp -d)
+trap 'rm -rf "$prefix" "$stage"' EXIT
 bash Bindings/install.sh "$prefix"
-export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
-if ldd "$prefix/lib/libsessionflow.so" | grep -q libswift; then
-    echo "the installed library depends on the Swift runtime: not self-contained" >&2
+libdir="$prefix/lib"
+export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+version=$(pkg-config --modversion sessionflow)
+soname=$(readelf -d "$libdir/libsessionflow.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+
+echo "== library checks: size, debug info, dependencies, SONAME, exports"
+# The verdict is applied at the end: the passes below still run (and report) when the
+# library is, say, over its size budget.
+library_check=0
+bash scripts/check-library.sh "$libdir" --unstripped .build-release-static/release/libsessionflow.so ||
+    library_check=$?
+
+echo "== a packager's staged install (DESTDIR, --prefix, --libdir)"
+multiarch=$(gcc -dumpmachine)
+DESTDIR="$stage" bash Bindings/install.sh --prefix /usr --libdir "/usr/lib/$multiarch" >/dev/null
+staged="$stage/usr/lib/$multiarch"
+for path in "$staged/libsessionflow.so.$version" "$staged/$soname" "$staged/libsessionflow.so" \
+    "$staged/.debug/libsessionflow.so.$version.debug" "$staged/pkgconfig/sessionflow.pc" \
+    "$stage/usr/include/sessionflow.h"; do
+    [ -e "$path" ] || { echo "DESTDIR install: missing $path" >&2; exit 1; }
+done
+pc="$staged/pkgconfig/sessionflow.pc"
+if ! grep -qxF 'prefix=/usr' "$pc" || ! grep -qxF "libdir=\${prefix}/lib/$multiarch" "$pc" ||
+    grep -qF "$stage" "$pc" || grep -q rpath "$pc"; then
+    echo "DESTDIR install: sessionflow.pc names the staging directory, a wrong libdir or an rpath:" >&2
+    cat "$pc" >&2
     exit 1
 fi
+echo "DESTDIR install: files under $stage/usr as expected, sessionflow.pc names /usr"
+
+echo "== C suite and examples (the installed library, through pkg-config)"
+bash Bindings/run-tests.sh installed
+
+echo "== Python host (ctypes, the installed library)"
+SESSIONFLOW_LIB="$libdir/$soname" python3 -m pytest -q Bindings/python/tests
+
+echo "== installed library through pkg-config"
+# The .pc file has no rpath: hosts of a non-system prefix run with LD_LIBRARY_PATH, or link
+# their own rpath. Either way they load the library by its SONAME.
 cc Bindings/examples/owned_host.c $(pkg-config --cflags --libs sessionflow) -o "$prefix/owned_host"
 cc -std=gnu11 Bindings/examples/borrowed_host.c $(pkg-config --cflags --libs sessionflow libuv) -o "$prefix/borrowed_host"
-"$prefix/owned_host" >/dev/null && "$prefix/borrowed_host" >/dev/null
-echo "pkg-config hosts: 2 passed, 0 failed"
+cc Bindings/examples/owned_host.c $(pkg-config --cflags --libs sessionflow) \
+    -Wl,-rpath,"$(pkg-config --variable=libdir sessionflow)" -o "$prefix/owned_host_rpath"
+for host in owned_host borrowed_host owned_host_rpath; do
+    if ! readelf -d "$prefix/$host" | grep -qF "Shared library: [$soname]"; then
+        echo "$host does not load libsessionflow by its SONAME $soname" >&2
+        exit 1
+    fi
+done
+if readelf -d "$prefix/owned_host" "$prefix/borrowed_host" | grep -qE 'RPATH|RUNPATH'; then
+    echo "pkg-config --libs sessionflow gave the hosts an rpath" >&2
+    exit 1
+fi
+LD_LIBRARY_PATH="$libdir" "$prefix/owned_host" >/dev/null
+LD_LIBRARY_PATH="$libdir" "$prefix/borrowed_host" >/dev/null
+env -u LD_LIBRARY_PATH "$prefix/owned_host_rpath" >/dev/null
+echo "pkg-config hosts: 3 passed, 0 failed"
 
 echo "== benchmark smoke run (tiny sizes, release; figures not judged, but every one must be measured)"
 swift build -c release --package-path Tools --product loopflow-allocs "${strict[@]}"
 swift build -c release --package-path Tools --product loopflow-bench "${strict[@]}"
-# The C fan-out goes through the libsessionflow.so the C suite used (the debug build).
+# The C fan-out goes through the debug build's libsessionflow.so (the C suite used the
+# installed one; this build is a no-op after the one above).
+swift build --product sessionflow "${strict[@]}"
 bench=(Tools/.build/release/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/debug/libsessionflow.so")
 "${bench[@]}"
 "${bench[@]}" --json | python3 -c '
@@ -92,4 +143,8 @@ bash Bindings/run-tests.sh tsan
 echo "== a package that depends on SessionCore only"
 bash scripts/check-consumer.sh
 
+if [ "$library_check" -ne 0 ]; then
+    echo "== the library checks failed (see \"library checks\" above): the other passes finished" >&2
+    exit "$library_check"
+fi
 echo "== all test passes finished"

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Checks an installed libsessionflow the way a C developer's release checklist would, and
+# prints what it measured:
+#   bash scripts/check-library.sh LIB [--unstripped FILE] [--header HEADER]
+# LIB: the installed library (libsessionflow.so, .so.MAJOR or the real file) or its libdir.
+# --unstripped: the linked library before stripping (install.sh's build output), to print
+#   its size too. --header: the header the exports must match (default
+#   Bindings/include/sessionflow.h).
+# Prints: the file and its symlinks, its size stripped, the size of its separate debug
+# info (found as gdb finds it: .gnu_debuglink in the library's directory, its .debug/ or
+# /usr/lib/debug/…) and, if given, of the unstripped library, the largest sections, the
+# SONAME, the NEEDED list, the RUNPATH, the exported (defined, global, dynamic) symbols.
+# Fails (after printing everything) if:
+#   - the stripped library is larger than the budget, 20 MiB (20*1024*1024 bytes);
+#   - a NEEDED entry is not one of libc, libm, libstdc++, libgcc_s, libuv, libcurl, or the
+#     other parts of glibc a link may name (the dynamic loader ld-linux*, libpthread, libdl,
+#     librt, libutil: since glibc 2.34 stubs inside libc, still separate names on older
+#     systems);
+#   - the SONAME is not libsessionflow.so.MAJOR (SF_VERSION_MAJOR of the header), the file
+#     is not libsessionflow.so.MAJOR.MINOR.PATCH, or libsessionflow.so.MAJOR beside it is
+#     not that file;
+#   - the exported symbols are not exactly the functions the header declares (nothing
+#     missing, nothing extra);
+#   - the library is not stripped (a .symtab or .debug_* section), or it has an RPATH or
+#     RUNPATH (a shipped library does not choose where its dependencies come from), or
+#     one of its dependencies cannot be found.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+budget=$((20 * 1024 * 1024))
+
+lib=
+unstripped=
+header="$root/Bindings/include/sessionflow.h"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --unstripped) unstripped=$2; shift 2 ;;
+    --header) header=$2; shift 2 ;;
+    -*) echo "usage: $0 LIB [--unstripped FILE] [--header HEADER]" >&2; exit 2 ;;
+    *) lib=$1; shift ;;
+    esac
+done
+if [ -z "$lib" ]; then
+    echo "usage: $0 LIB [--unstripped FILE] [--header HEADER]" >&2
+    exit 2
+fi
+[ -d "$lib" ] && lib="$lib/libsessionflow.so"
+if [ ! -e "$lib" ]; then
+    echo "check-library: no such library: $lib" >&2
+    exit 2
+fi
+
+failures=()
+fail() { failures+=("$1"); }
+size_of() { stat -L -c %s "$1"; }
+human() { awk -v b="$1" 'BEGIN { printf "%d bytes (%.1f MiB)", b, b / 1048576 }'; }
+
+macro() { awk -v name="SF_VERSION_$1" '$1 == "#define" && $2 == name { print $3 }' "$header"; }
+major=$(macro MAJOR)
+version="$major.$(macro MINOR).$(macro PATCH)"
+file=$(readlink -f "$lib")
+dir=$(dirname "$file")
+
+echo "library:    $file"
+for link in "$dir/libsessionflow.so" "$dir/libsessionflow.so.$major"; do
+    if [ -L "$link" ]; then echo "            $(basename "$link") -> $(readlink "$link")"; fi
+done
+[ "$(basename "$file")" = "libsessionflow.so.$version" ] ||
+    fail "the file is $(basename "$file"), not libsessionflow.so.$version"
+[ "$(readlink -f "$dir/libsessionflow.so.$major" 2>/dev/null)" = "$file" ] ||
+    fail "$dir/libsessionflow.so.$major (what programs load) is not $(basename "$file")"
+
+# ---- Size
+size=$(size_of "$file")
+echo "size:       $(human "$size") stripped; budget $(human "$budget")"
+debuglink=$(readelf -p .gnu_debuglink "$file" 2>/dev/null | awk '/\]/ { print $3; exit }')
+if [ -n "$debuglink" ]; then
+    debugfile=
+    for candidate in "$dir/$debuglink" "$dir/.debug/$debuglink" "/usr/lib/debug$dir/$debuglink"; do
+        if [ -f "$candidate" ]; then debugfile=$candidate; break; fi
+    done
+    if [ -n "$debugfile" ]; then
+        echo "debug info: $(human "$(size_of "$debugfile")") in $debugfile"
+    else
+        echo "debug info: $debuglink (.gnu_debuglink) not found beside the library"
+    fi
+else
+    echo "debug info: no .gnu_debuglink"
+fi
+if [ -n "$unstripped" ]; then
+    echo "unstripped: $(human "$(size_of "$unstripped")") ($unstripped)"
+fi
+echo "largest sections:"
+readelf -S -W "$file" | sed -n 's/^ *\[ *[0-9]*\] //p' | awk '$2 != "NOBITS" { print $1, $5 }' |
+    while read -r name hex; do echo "$((16#$hex)) $name"; done | sort -n -r | head -5 |
+    while read -r bytes name; do printf '            %-24s %s\n' "$name" "$(human "$bytes")"; done
+if [ "$size" -gt "$budget" ]; then
+    fail "stripped size $(human "$size") is over the budget of $(human "$budget")"
+fi
+if readelf -S -W "$file" | grep -qE '\] (\.symtab|\.debug_[a-z_]+) '; then
+    fail "not stripped: it has a .symtab or .debug_* section"
+fi
+
+# ---- Dynamic section
+dynamic=$(readelf -d "$file")
+soname=$(sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p' <<<"$dynamic")
+needed=$(sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' <<<"$dynamic")
+runpath=$(sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]/\1 \2/p' <<<"$dynamic")
+echo "SONAME:     ${soname:-(none)}"
+echo "NEEDED:     $(echo $needed)"
+echo "RUNPATH:    ${runpath:-(none)}"
+[ "$soname" = "libsessionflow.so.$major" ] || fail "SONAME is '${soname}', not libsessionflow.so.$major"
+allowed='^(libc|libm|libstdc\+\+|libgcc_s|libuv|libcurl|libpthread|libdl|librt|libutil)\.so(\.[0-9]+)*$|^ld-linux[-a-z0-9_.]*\.so\.[0-9]+$'
+unexpected=$(grep -vE "$allowed" <<<"$needed" || true)
+[ -z "$unexpected" ] || fail "NEEDED outside libc/libm/libstdc++/libgcc_s/libuv/libcurl (and glibc's parts): $(echo $unexpected)"
+[ -z "$runpath" ] || fail "it has $runpath"
+notfound=$(ldd "$file" | grep 'not found' || true)
+[ -z "$notfound" ] || fail "dependencies not found: $(echo $notfound)"
+
+# ---- Exports
+declared=$(bash "$root/Bindings/header-functions.sh" "$header")
+exported=$(nm -D --defined-only --extern-only "$file" | awk '{print $3}' | sed 's/@.*//' | sort -u)
+echo "exported:   $(grep -c . <<<"$exported") symbols (defined, global, dynamic); the header declares $(grep -c . <<<"$declared") functions"
+missing=$(comm -23 <(echo "$declared") <(echo "$exported"))
+extra=$(comm -13 <(echo "$declared") <(echo "$exported"))
+[ -z "$missing" ] || fail "declared in $(basename "$header") but not exported: $(echo $missing)"
+if [ -n "$extra" ]; then
+    fail "exported but not declared in $(basename "$header"): $(grep -c . <<<"$extra") symbols, e.g. $(head -5 <<<"$extra" | tr '\n' ' ')"
+fi
+
+if [ ${#failures[@]} -gt 0 ]; then
+    printf 'FAIL: %s\n' "${failures[@]}" >&2
+    exit 1
+fi
+echo "library checks: all passed"
