@@ -196,9 +196,9 @@ if arguments.count >= 3, arguments[1] == "--session" {
     exit(await sessionMode(Array(arguments.dropFirst(2))))
 }
 
-guard arguments.count == 4, let endpoint = URL(string: arguments[2]) else {
+guard arguments.count == 4 || arguments.count == 5, let endpoint = URL(string: arguments[2]) else {
     FileHandle.standardError.write(Data("""
-        usage: session-probe STORE_DIR TOKEN_ENDPOINT CLIENT_ID
+        usage: session-probe STORE_DIR TOKEN_ENDPOINT CLIENT_ID [REFRESH_TIMEOUT_MS]
                session-probe --write-loop STORE_DIR [START]
                session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH]
                session-probe --lease STORE_DIR SECONDS
@@ -207,16 +207,35 @@ guard arguments.count == 4, let endpoint = URL(string: arguments[2]) else {
     exit(2)
 }
 
+// With REFRESH_TIMEOUT_MS: that refresh timeout, and transient failures are retried (the
+// session's own backoff) for up to 60 s until a token comes or the session ends — what an
+// app asking for a token again would do (the rotation race tests).
+var configuration = SessionConfiguration()
+let retrying = arguments.count == 5
+if retrying, let milliseconds = Int64(arguments[4]) {
+    configuration.policy.timeout = .milliseconds(milliseconds)
+    configuration.policy.initialBackoff = .milliseconds(200)
+}
 let loop = try EventLoop(name: "probe")
 let authority = try OAuthAuthority(OAuthConfiguration(tokenEndpoint: endpoint, clientID: arguments[3]), loop: loop)
-let manager = try SessionManager(loop: loop, authority: authority, store: FileCredentialStore(directory: arguments[1]))
-do {
-    let token = try await manager.freshAccessToken()
-    let digest = SHA256.hash(data: Data(token.reveal().utf8)).map { String(format: "%02x", $0) }.joined()
-    print("TOKEN-SHA256 \(digest.prefix(16))")
-    print("STATE \(manager.state.value)")
-} catch {
-    print("ERROR \(error)")
+let manager = try SessionManager(
+    loop: loop, authority: authority, store: FileCredentialStore(directory: arguments[1]), configuration: configuration)
+let deadline = ContinuousClock.now + .seconds(60)
+while true {
+    do {
+        let token = try await manager.freshAccessToken()
+        let digest = SHA256.hash(data: Data(token.reveal().utf8)).map { String(format: "%02x", $0) }.joined()
+        print("TOKEN-SHA256 \(digest.prefix(16))")
+        print("STATE \(manager.state.value)")
+        break
+    } catch {
+        print("ERROR \(error)")
+        guard retrying, error.code == .transient, ContinuousClock.now < deadline else {
+            print("STATE \(manager.state.value)")
+            break
+        }
+        try await Task.sleep(for: error.retryAfter ?? .milliseconds(200))
+    }
 }
 await manager.close()
 try loop.shutdown()
