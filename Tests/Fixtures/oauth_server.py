@@ -1,41 +1,128 @@
-"""A real OAuth 2.0 authorization server for the tests, on loopback: Authlib + Flask.
+r"""A real OAuth 2.0 authorization server for the tests, on loopback: Authlib + Flask.
 
 Grants: password (how a test signs a user in) and refresh_token (RFC 6749 §6, with
 rotation: each refresh issues a new refresh token and revokes the old one).
 Endpoints: RFC 7009 revocation, RFC 7662 introspection, a protected resource that answers
-401 for an expired or revoked token, and test hooks (/__stats, /__revoke_user, /__fault).
+401 for an expired or revoked token, and test hooks (/__stats, /__revoke_user, /__fault,
+/__last_request, /__requests, /__redirect_hits).
 
-/__fault (POST mode=..., count=N, retry_after=S) makes the next N token requests misbehave:
+/__fault (POST mode=..., count=N, retry_after=S, endpoint=token|revoke|introspect) makes the
+next N requests to that endpoint (default: token) misbehave:
   delay:<s>      answer normally after <s> seconds      hang        never answer (until exit)
   status:<code>  that status, a plain-text body          invalid_grant / invalid_client
   html           200 with an HTML page                   truncated   200 with cut-off JSON
   missing        200 JSON without access_token           huge        200 with a 4 MiB body
   expires:<n>    a real refresh whose expires_in is <n> (any JSON number or string)
+  redirect:<code>  (301, 302, 303, 307, 308) that status, no body, and a Location on a second
+                 listener of this process (another loopback port, same path) that records every
+                 hit (method, path, headers, body: GET /__redirect_hits; count in /__stats
+                 "redirect_target_hits") and answers 200 with a valid-looking token answer
+                 {"access_token": "tok-from-redirect-target", "refresh_token":
+                 "rt-from-redirect-target", "token_type": "Bearer", "expires_in": 3600,
+                 "active": true} to anything. A client that follows the redirect shows there.
+  rotate-late:<s>  (token endpoint, refresh_token grant) a real refresh that rotates at once (the
+                 old refresh token is consumed the moment the request arrives), then holds the
+                 answer <s> seconds before writing it. Errors (an unknown token...) are answered
+                 at once. A rotation is committed only if its answer was delivered: during the
+                 hold (every 10 ms) and once more just before writing, the server looks at the
+                 client's socket (poll, then recv MSG_PEEK); if the client has closed it (EOF or
+                 reset: it cancelled), the rotation is rolled back (the new tokens are forgotten,
+                 the old refresh token is valid again) and "cancelled_before_answer" is counted.
+                 A request that presents the held token looks at the holder's socket first, so
+                 a client that cancels and retries at once is not taken for reuse: a cancelled
+                 request is over when its client closed the connection.
+                 Strict reuse detection (RFC 9700 §4.14.2): a refresh token presented while a
+                 rotate-late request with it is in flight (by any request, faulted or not), or
+                 presented again after a rotate-late rotation was committed, revokes the whole
+                 grant (every access and refresh token descended from the same sign-in, those
+                 being issued included) and is answered invalid_grant; counted as
+                 "reuse_detected" (and "families_revoked" once per grant). A request in flight
+                 whose grant was revoked meanwhile still writes its (dead) tokens, as a real
+                 server would, and its cancellation rolls nothing back. Answers written:
+                 "rotations_committed". A client that half-closes its socket after sending
+                 counts as gone. Ordinary refreshes keep Authlib's rotation: the old token is
+                 revoked, and presenting it again is a plain invalid_grant (unless
+                 --strict-reuse).
+  stream-huge:<MiB>          200 with Content-Length <MiB> MiB (fractions allowed), the body a
+                 token JSON padded with "x" and streamed in 64 KiB chunks, so the client can stop
+                 reading mid-way.
+  stream-huge-chunked:<MiB>  the same without Content-Length (Transfer-Encoding: chunked).
+                 Both record "streams_started", "streams_completed", "streams_aborted" and
+                 "stream_bytes_sent": how many bytes of the last stream's body were written to the
+                 socket before the client went away (kernel buffers included, so more than the
+                 client read).
+  gzip-bomb      200, Content-Encoding: gzip, Content-Type: application/json: ~1 MB (995 KB) of gzip that
+                 inflates to ~1 GB (a token JSON whose "padding" is 960 MiB of spaces; the gzip is
+                 under 1 MiB, so a client whose limit counts only wire bytes lets it in), built once
+                 (when the fault is set) without ever holding the inflated text. Counted as
+                 "gzip_bombs_served"; what the client sent as Accept-Encoding (or that it sent
+                 none) is in /__last_request's headers.
+  echo           400 {"error": <the refresh token (or `token`) as sent>, "error_description": that
+                 token raw, form-encoded, every byte percent-encoded (upper and lower hex),
+                 JSON-escaped ("\/" and every character as a \u escape, as text: the decoded
+                 description holds the escapes), the client_secret if one was sent (form or Basic),
+                 then "\u001b]0;pwned\u0007\u001b[2J session OK"}, with the token also in
+                 WWW-Authenticate (error and error_description) and X-Echo headers.
+  echo-200       200 {"access_token": "tok-echo", "token_type": <the token as sent>, "expires_in": 3600}.
 retry_after adds a Retry-After header (seconds) to a status answer.
 
+Other hooks:
+  GET /__stats          counters (all integers): grants, requests, revocations, introspections,
+                        and the counters of the faults above
+  GET /__last_request   the last request to /oauth/*: method, path, headers (all of them), form
+                        (secrets included: the tests are the only reader), the fault it got
+  GET /__requests       the last 200 such requests, oldest first
+  GET /__redirect_hits  {"port": <the redirect target's port>, "hits": [{method, path, headers, body}]}
+  POST /__revoke_user   user=<name>: revokes every token of that user
+
     python3 oauth_server.py --expires-in 2      prints "PORT <n>" once listening
+    python3 oauth_server.py --strict-reuse      every rotated refresh token presented again
+                                                revokes its grant (not only rotate-late ones)
 """
 import argparse
+import base64
+import collections
 import json
 import os
+import select
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
+import zlib
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer, ResourceProtector
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6750 import BearerTokenValidator
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7662 import IntrospectionEndpoint
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.serving import make_server
 
 lock = threading.Lock()
-stats = {"refresh_grants": 0, "password_grants": 0, "revocations": 0, "introspections": 0, "token_requests": 0}
-faults = []  # [mode, remaining, retry_after]: the next token requests misbehave
+stats = {
+    "refresh_grants": 0, "password_grants": 0, "revocations": 0, "introspections": 0, "token_requests": 0,
+    "revoke_requests": 0, "introspect_requests": 0,
+    "reuse_detected": 0, "families_revoked": 0,
+    "rotate_late_requests": 0, "rotations_committed": 0, "cancelled_before_answer": 0,
+    "redirects_sent": 0, "redirect_target_hits": 0,
+    "streams_started": 0, "streams_completed": 0, "streams_aborted": 0, "stream_bytes_sent": 0,
+    "gzip_bombs_served": 0, "echoes_served": 0,
+}
+# endpoint -> [[mode, remaining, retry_after]]: the next requests to that endpoint misbehave
+faults = {"token": [], "revoke": [], "introspect": []}
 hang_forever = threading.Event()
+requests_seen = collections.deque(maxlen=200)  # what /oauth/* was sent (see /__last_request)
+redirect_hits = []  # what the redirect target was sent
+redirect_target = {"port": None}
+# Strict reuse detection (see rotate-late): refresh token -> the Holder (request) holding it.
+in_flight = {}
+revoked_families = set()
+strict_reuse = False  # --strict-reuse: every rotated refresh token, not only rotate-late ones
 
 
 class User:
@@ -88,7 +175,7 @@ CLIENTS = {
 
 
 class Token(TokenMixin):
-    def __init__(self, client_id, user_id, data):
+    def __init__(self, client_id, user_id, data, family):
         self.client_id = client_id
         self.user_id = user_id
         self.access_token = data["access_token"]
@@ -97,6 +184,11 @@ class Token(TokenMixin):
         self.expires_in = data["expires_in"]
         self.issued_at = time.time()
         self.revoked = False
+        # The grant this token descends from (one per password sign-in), for reuse detection.
+        self.family = family
+        self.rotated = False  # revoked because a refresh rotated it (not by revocation)
+        self.strict = False  # rotated by rotate-late: presenting it again is reuse
+        self.pending = False  # issued by a rotate-late request whose answer is not delivered yet
 
     def check_client(self, client):
         return client.get_client_id() == self.client_id
@@ -111,7 +203,7 @@ class Token(TokenMixin):
         return time.time() >= self.issued_at + self.expires_in
 
     def is_revoked(self):
-        return self.revoked
+        return self.revoked or self.pending
 
     def get_user(self):
         return USERS[self.user_id]
@@ -125,12 +217,51 @@ TOKENS = []
 
 def find_token(value, hint=None):
     with lock:
-        for token in TOKENS:
-            if hint != "refresh_token" and token.access_token == value:
-                return token
-            if hint != "access_token" and token.refresh_token == value:
-                return token
+        return find_token_locked(value, hint)
+
+
+def find_token_locked(value, hint=None):
+    for token in TOKENS:
+        if hint != "refresh_token" and token.access_token == value:
+            return token
+        if hint != "access_token" and token.refresh_token == value:
+            return token
     return None
+
+
+class Holder:
+    """A rotate-late request holding a refresh token (see in_flight)."""
+
+    def __init__(self, connection):
+        self.thread = threading.get_ident()
+        self.connection = connection
+        self.wake = threading.Event()  # look at the client's socket now
+        self.done = threading.Event()  # committed or rolled back, and out of in_flight
+
+
+def settle(refresh_token):
+    """If a rotate-late request holds `refresh_token` but its client has already closed the
+    connection (the holder has not noticed yet: it looks every 10 ms), let the holder roll back
+    first: a cancelled request is over for the client, so presenting the token again is no
+    reuse, however soon it comes."""
+    for _ in range(3):
+        with lock:
+            holder = in_flight.get(refresh_token)
+            if holder is None or holder.thread == threading.get_ident() or not client_gone(holder.connection):
+                return
+            holder.wake.set()
+        holder.done.wait(2)
+
+
+def revoke_family_locked(family):
+    """Reuse detected: every token of the grant dies (RFC 9700 §4.14.2)."""
+    stats["reuse_detected"] += 1
+    if family not in revoked_families:
+        revoked_families.add(family)
+        stats["families_revoked"] += 1
+    for token in TOKENS:
+        if token.family == family:
+            token.revoked = True
 
 
 def query_client(client_id):
@@ -138,9 +269,14 @@ def query_client(client_id):
 
 
 def save_token(data, req):
-    token = Token(req.client.get_client_id(), req.user.get_user_id(), data)
+    parent = req.refresh_token if isinstance(req.refresh_token, Token) else None
+    family = parent.family if parent else uuid.uuid4().hex
+    token = Token(req.client.get_client_id(), req.user.get_user_id(), data, family)
     with lock:
+        if family in revoked_families:
+            token.revoked = True  # issued while its grant was being revoked
         TOKENS.append(token)
+    g.issued_token = token
 
 
 class PasswordGrant(grants.ResourceOwnerPasswordCredentialsGrant):
@@ -161,16 +297,30 @@ class RefreshGrant(grants.RefreshTokenGrant):
     def authenticate_refresh_token(self, refresh_token):
         with lock:
             stats["refresh_grants"] += 1
-        token = find_token(refresh_token, "refresh_token")
-        if token and not token.revoked:
+        settle(refresh_token)
+        with lock:
+            token = find_token_locked(refresh_token, "refresh_token")
+            if token is None:
+                return None
+            holder = in_flight.get(refresh_token)
+            if holder is not None and holder.thread != threading.get_ident():
+                revoke_family_locked(token.family)  # presented while a request with it is in flight
+                return None
+            if token.revoked and token.rotated and (token.strict or strict_reuse):
+                revoke_family_locked(token.family)  # presented again after its rotation
+                return None
+            if token.revoked or token.pending:
+                return None
             return token
-        return None
 
     def authenticate_user(self, refresh_token):
         return refresh_token.get_user()
 
     def revoke_old_credential(self, refresh_token):
-        refresh_token.revoked = True
+        with lock:
+            refresh_token.revoked = True
+            refresh_token.rotated = True
+        g.rotated_token = refresh_token
 
 
 class Revocation(RevocationEndpoint):
@@ -226,34 +376,65 @@ def create_app(expires_in):
     protect = ResourceProtector()
     protect.register_token_validator(Validator())
 
+    @app.before_request
+    def record():
+        if request.path.startswith("/oauth/"):
+            entry = {
+                "time": time.time(), "method": request.method, "path": request.path,
+                "headers": dict(request.headers.items()), "form": request.form.to_dict(), "fault": None,
+            }
+            with lock:
+                requests_seen.append(entry)
+            g.record = entry
+
+    def take_fault(endpoint):
+        with lock:
+            queue = faults[endpoint]
+            if not queue:
+                return None
+            fault = queue[0]
+            fault[1] -= 1
+            if fault[1] <= 0:
+                queue.pop(0)
+            g.record["fault"] = fault[0]
+            return fault
+
+    def answer(endpoint, real_answer):
+        fault = take_fault(endpoint)
+        if fault is None:
+            return real_answer()
+        return misbehave(fault[0], fault[2], real_answer, endpoint)
+
     @app.route("/oauth/token", methods=["POST"])
     def token():
         with lock:
             stats["token_requests"] += 1
-            fault = None
-            if faults:
-                fault = faults[0]
-                fault[1] -= 1
-                if fault[1] <= 0:
-                    faults.pop(0)
-        if fault is None:
-            return server.create_token_response()
-        return misbehave(fault[0], fault[2], lambda: server.create_token_response())
+        return answer("token", lambda: server.create_token_response())
 
     @app.route("/__fault", methods=["POST"])
     def set_fault():
         retry_after = request.form.get("retry_after")
+        mode = request.form["mode"]
+        endpoint = request.form.get("endpoint", "token")
+        if endpoint not in faults:
+            return jsonify(ok=False, error=f"unknown endpoint {endpoint}"), 400
+        if mode == "gzip-bomb":
+            gzip_bomb()  # built now (about a second), not while a client waits
         with lock:
-            faults.append([request.form["mode"], int(request.form.get("count", "1")), retry_after])
+            faults[endpoint].append([mode, int(request.form.get("count", "1")), retry_after])
         return jsonify(ok=True)
 
     @app.route("/oauth/revoke", methods=["POST"])
     def revoke():
-        return server.create_endpoint_response(Revocation.ENDPOINT_NAME)
+        with lock:
+            stats["revoke_requests"] += 1
+        return answer("revoke", lambda: server.create_endpoint_response(Revocation.ENDPOINT_NAME))
 
     @app.route("/oauth/introspect", methods=["POST"])
     def introspect():
-        return server.create_endpoint_response(Introspection.ENDPOINT_NAME)
+        with lock:
+            stats["introspect_requests"] += 1
+        return answer("introspect", lambda: server.create_endpoint_response(Introspection.ENDPOINT_NAME))
 
     @app.route("/api/me")
     @protect()
@@ -265,6 +446,21 @@ def create_app(expires_in):
     def stats_view():
         with lock:
             return jsonify(stats)
+
+    @app.route("/__last_request")
+    def last_request():
+        with lock:
+            return jsonify(requests_seen[-1] if requests_seen else None)
+
+    @app.route("/__requests")
+    def all_requests():
+        with lock:
+            return jsonify(list(requests_seen))
+
+    @app.route("/__redirect_hits")
+    def redirect_hits_view():
+        with lock:
+            return jsonify(port=redirect_target["port"], hits=list(redirect_hits))
 
     @app.route("/__revoke_user", methods=["POST"])
     def revoke_user():
@@ -278,8 +474,29 @@ def create_app(expires_in):
     return app
 
 
-def misbehave(mode, retry_after, real_answer):
-    """The answer of a token request under fault `mode` (see the module docstring)."""
+def create_redirect_target():
+    """The second listener a `redirect:` fault points to: records, and answers like a token endpoint."""
+    target = Flask("redirect_target")
+
+    @target.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])
+    @target.route("/<path:path>", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])
+    def anything(path):
+        hit = {
+            "time": time.time(), "method": request.method, "path": request.path,
+            "query": request.query_string.decode("latin-1"), "headers": dict(request.headers.items()),
+            "body": request.get_data(as_text=True),
+        }
+        with lock:
+            redirect_hits.append(hit)
+            stats["redirect_target_hits"] += 1
+        return jsonify(access_token="tok-from-redirect-target", refresh_token="rt-from-redirect-target",
+                       token_type="Bearer", expires_in=3600, active=True)
+
+    return target
+
+
+def misbehave(mode, retry_after, real_answer, endpoint):
+    """The answer of a request under fault `mode` (see the module docstring)."""
     headers = {"Retry-After": retry_after} if retry_after else {}
     if mode.startswith("delay:"):
         time.sleep(float(mode.split(":", 1)[1]))
@@ -315,7 +532,188 @@ def misbehave(mode, retry_after, real_answer):
         data["expires_in"] = json.loads(mode.split(":", 1)[1])
         answer.set_data(json.dumps(data))
         return answer
+    if mode.startswith("redirect:"):
+        code = int(mode.split(":", 1)[1])
+        with lock:
+            stats["redirects_sent"] += 1
+        location = f"http://127.0.0.1:{redirect_target['port']}{request.path}"
+        return Response("", status=code, headers={"Location": location, **headers})
+    if mode.startswith("rotate-late:") and endpoint == "token":
+        return rotate_late(float(mode.split(":", 1)[1]), real_answer)
+    if mode.startswith("stream-huge:") or mode.startswith("stream-huge-chunked:"):
+        name, size = mode.split(":", 1)
+        return stream_huge(int(float(size) * (1 << 20)), chunked=name == "stream-huge-chunked")
+    if mode == "gzip-bomb":
+        with lock:
+            stats["gzip_bombs_served"] += 1
+        body = gzip_bomb()
+        return Response(body, status=200, headers={
+            "Content-Encoding": "gzip", "Content-Type": "application/json", "Content-Length": str(len(body))})
+    if mode in ("echo", "echo-200"):
+        return echo(mode == "echo-200")
     return Response(f"unknown fault {mode}", status=599)
+
+
+def client_gone(connection):
+    """Whether the client closed its end (EOF or reset): poll, then peek without consuming."""
+    if connection is None:
+        return False
+    try:
+        readable, _, _ = select.select([connection], [], [], 0)
+        if not readable:
+            return False
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # ECONNRESET and friends
+        return True
+
+
+def rotate_late(seconds, real_answer):
+    """A real refresh, rotated at once, answered after `seconds` unless the client went away
+    (then rolled back). See the module docstring."""
+    presented = request.form.get("refresh_token")
+    if request.form.get("grant_type") != "refresh_token" or not presented:
+        return real_answer()
+    connection = request.environ.get("werkzeug.socket")
+    settle(presented)
+    with lock:
+        stats["rotate_late_requests"] += 1
+        if presented in in_flight:
+            holder = None  # another request holds it: authenticate_refresh_token sees reuse
+        else:
+            holder = in_flight[presented] = Holder(connection)
+    if holder is None:
+        return real_answer()
+    try:
+        answer = real_answer()  # Authlib: validates, issues, revokes the old token
+        old, new = g.get("rotated_token"), g.get("issued_token")
+        if answer.status_code != 200 or old is None or new is None:
+            return answer
+        with lock:
+            new.pending = True
+            old.strict = True
+        deadline = time.monotonic() + seconds
+        gone = False
+        while not gone and time.monotonic() < deadline:
+            holder.wake.wait(min(0.01, max(deadline - time.monotonic(), 0)))
+            gone = client_gone(connection)
+        gone = gone or client_gone(connection)
+        with lock:
+            if gone:
+                stats["cancelled_before_answer"] += 1
+                if new in TOKENS:
+                    TOKENS.remove(new)
+                if old.family not in revoked_families:
+                    old.revoked = old.rotated = old.strict = False
+            else:
+                new.pending = False
+                stats["rotations_committed"] += 1
+        return answer
+    finally:
+        with lock:
+            if in_flight.get(presented) is holder:
+                del in_flight[presented]
+        holder.done.set()
+
+
+def stream_huge(size, chunked):
+    head = b'{"access_token": "tok-stream", "token_type": "Bearer", "expires_in": 3600, "padding": "'
+    tail = b'"}'
+    size = max(size, len(head) + len(tail))
+    block = b"x" * 65536
+
+    def body():
+        sent = 0
+        with lock:
+            stats["streams_started"] += 1
+            stats["stream_bytes_sent"] = 0
+        try:
+            yield head
+            sent += len(head)
+            remaining = size - len(head) - len(tail)
+            while remaining > 0:
+                piece = block[:min(remaining, len(block))]
+                yield piece
+                sent += len(piece)
+                remaining -= len(piece)
+                with lock:
+                    stats["stream_bytes_sent"] = sent
+            yield tail
+            sent += len(tail)
+        finally:
+            with lock:
+                stats["stream_bytes_sent"] = sent
+                stats["streams_completed" if sent == size else "streams_aborted"] += 1
+
+    headers = {} if chunked else {"Content-Length": str(size)}
+    return Response(body(), status=200, mimetype="application/json", headers=headers, direct_passthrough=True)
+
+
+bomb = {"body": None}
+bomb_lock = threading.Lock()
+
+
+def gzip_bomb():
+    """~1 MB of gzip inflating to 1 GiB of JSON-ish padding, made once: the 1 MiB block of
+    spaces is compressed once after a full flush (which resets the compressor's window), so its
+    compressed form can simply be repeated; the trailer's CRC-32 and size are computed apart."""
+    with bomb_lock:
+        if bomb["body"] is None:
+            head = b'{"access_token": "tok-bomb", "token_type": "Bearer", "expires_in": 3600, "padding": "'
+            tail = b'"}'
+            block = b" " * (1 << 20)
+            blocks = 960  # ~1 GB inflated; compressed under 1 MiB, so a 1 MiB byte limit on the wire lets it through
+            deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+            parts = [b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"]  # gzip header, no name, no mtime
+            parts.append(deflate.compress(head) + deflate.flush(zlib.Z_FULL_FLUSH))
+            first = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+            again = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+            parts += [first] + [again] * (blocks - 1)
+            parts.append(deflate.compress(tail) + deflate.flush(zlib.Z_FINISH))
+            crc = zlib.crc32(head)
+            for _ in range(blocks):
+                crc = zlib.crc32(block, crc)
+            crc = zlib.crc32(tail, crc)
+            size = len(head) + blocks * len(block) + len(tail)
+            parts.append(struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF))
+            bomb["body"] = b"".join(parts)
+        return bomb["body"]
+
+
+def echo(success):
+    """The secret the client sent, in every form, back in the answer (see the docstring)."""
+    sent = request.form.get("refresh_token") or request.form.get("token") or ""
+    client_secret = request.form.get("client_secret")
+    authorization = request.headers.get("Authorization", "")
+    if not client_secret and authorization.startswith("Basic "):
+        try:
+            client_secret = base64.b64decode(authorization[6:]).decode("utf-8").split(":", 1)[1]
+        except (ValueError, IndexError):
+            client_secret = None
+    with lock:
+        stats["echoes_served"] += 1
+    if success:
+        return Response(json.dumps({"access_token": "tok-echo", "token_type": sent, "expires_in": 3600}),
+                        status=200, mimetype="application/json")
+    utf8 = sent.encode("utf-8")
+    utf16 = sent.encode("utf-16-be")
+    forms = [
+        sent,
+        urllib.parse.quote_plus(sent),
+        "".join(f"%{b:02X}" for b in utf8),
+        "".join(f"%{b:02x}" for b in utf8),
+        json.dumps(sent)[1:-1].replace("/", "\\/"),
+        "".join(f"\\u{utf16[i]:02x}{utf16[i + 1]:02x}" for i in range(0, len(utf16), 2)),
+    ]
+    if client_secret:
+        forms.append(client_secret)
+    forms.append("\u001b]0;pwned\u0007\u001b[2J session OK")
+    header_value = sent if sent.isascii() and sent.isprintable() else urllib.parse.quote(sent)
+    return Response(json.dumps({"error": sent, "error_description": " ".join(forms)}), status=400,
+                    mimetype="application/json", headers={
+                        "WWW-Authenticate": f'Bearer error="{header_value}", error_description="{header_value}"',
+                        "X-Echo": header_value})
 
 
 def exit_with_parent():
@@ -325,12 +723,19 @@ def exit_with_parent():
 
 
 def main():
+    global strict_reuse
     # A parent's thread may have blocked these; a test stopping us must be heard.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM, signal.SIGINT])
     threading.Thread(target=exit_with_parent, daemon=True).start()
     parser = argparse.ArgumentParser()
     parser.add_argument("--expires-in", type=int, default=3600)
+    parser.add_argument("--strict-reuse", action="store_true",
+                        help="a rotated refresh token presented again revokes its whole grant")
     args = parser.parse_args()
+    strict_reuse = args.strict_reuse
+    target = make_server("127.0.0.1", 0, create_redirect_target(), threaded=True)
+    redirect_target["port"] = target.port
+    threading.Thread(target=target.serve_forever, daemon=True).start()
     server = make_server("127.0.0.1", 0, create_app(args.expires_in), threaded=True)
     print(f"PORT {server.port}", flush=True)
     server.serve_forever()

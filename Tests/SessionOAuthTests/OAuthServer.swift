@@ -1,14 +1,12 @@
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import SessionOAuth
 
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
-
 /// The Authlib server of Tests/Fixtures/oauth_server.py, started for a test and stopped
-/// after it, on a loopback port of its own.
+/// after it, on a loopback port of its own. The test's own calls to it (sign-in, hooks) go
+/// through `LoopbackHTTP` (POSIX sockets), never through the transport under test.
 final class OAuthServer: @unchecked Sendable {
     let process = Process()
     /// The server's stdin: closing it ends the server, even if this process dies first.
@@ -21,10 +19,12 @@ final class OAuthServer: @unchecked Sendable {
             .appendingPathComponent("Fixtures/oauth_server.py").path
     }
 
-    init(expiresIn: Int) throws {
+    /// `strictReuse`: every rotated refresh token presented again revokes its grant (the
+    /// server's --strict-reuse; without it only rotate-late rotations are strict).
+    init(expiresIn: Int, strictReuse: Bool = false) throws {
         let output = Pipe()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", Self.fixture, "--expires-in", "\(expiresIn)"]
+        process.arguments = ["python3", Self.fixture, "--expires-in", "\(expiresIn)"] + (strictReuse ? ["--strict-reuse"] : [])
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         process.standardInput = lifeline
@@ -62,30 +62,34 @@ final class OAuthServer: @unchecked Sendable {
         let object = try await post("oauth/token", [
             "grant_type": "password", "username": user, "password": "correct horse", "client_id": "sessionflow-public",
         ])
+        guard let access = object["access_token"] as? String, let refresh = object["refresh_token"] as? String,
+              let expiresIn = object["expires_in"] as? Int
+        else { throw ServerError("the password grant did not answer tokens: \(object.keys.sorted())") }
         return SessionTokens(
-            accessToken: Secret(object["access_token"] as! String),
-            refreshToken: Secret(object["refresh_token"] as! String),
-            expiresIn: .seconds(object["expires_in"] as! Int), memberID: user)
+            accessToken: Secret(access), refreshToken: Secret(refresh), expiresIn: .seconds(expiresIn), memberID: user)
     }
 
+    /// The server's counters (see oauth_server.py's docstring; all integers).
     func stats() async throws -> [String: Int] {
-        let (data, _) = try await URLSession.shared.data(from: base.appendingPathComponent("__stats"))
-        return try JSONSerialization.jsonObject(with: data) as! [String: Int]
+        let response = try await call("GET", "__stats")
+        guard let stats = try response.json() as? [String: Int] else {
+            throw ServerError("/__stats is not a map of integers: \(response.text.prefix(200))")
+        }
+        return stats
     }
 
     /// The protected resource's status code for `token`.
     func me(_ token: Secret) async throws -> Int {
-        var request = URLRequest(url: base.appendingPathComponent("api/me"))
-        request.setValue("Bearer \(token.reveal())", forHTTPHeaderField: "Authorization")
-        let (_, response) = try await URLSession.shared.data(for: request)
-        return (response as! HTTPURLResponse).statusCode
+        try await call("GET", "api/me", headers: [("Authorization", "Bearer \(token.reveal())")]).status
     }
 
-    /// The next `count` token requests misbehave as `mode` says (see oauth_server.py).
-    func fault(_ mode: String, count: Int = 1, retryAfter: Int? = nil) async throws {
-        var form = ["mode": mode, "count": "\(count)"]
+    /// The next `count` requests to `endpoint` ("token", "revoke" or "introspect") misbehave as
+    /// `mode` says (see oauth_server.py).
+    func fault(_ mode: String, count: Int = 1, retryAfter: Int? = nil, endpoint: String = "token") async throws {
+        var form = ["mode": mode, "count": "\(count)", "endpoint": endpoint]
         if let retryAfter { form["retry_after"] = "\(retryAfter)" }
-        _ = try await post("__fault", form)
+        let response = try await call("POST", "__fault", form: form)
+        guard response.status == 200 else { throw ServerError("/__fault \(mode): HTTP \(response.status) \(response.text)") }
     }
 
     func revokeEverything(of user: String) async throws {
@@ -100,14 +104,65 @@ final class OAuthServer: @unchecked Sendable {
         return object["error"] as? String
     }
 
-    private func post(_ path: String, _ form: [String: String]) async throws -> [String: Any] {
-        var request = URLRequest(url: base.appendingPathComponent(path))
-        request.httpMethod = "POST"
-        request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
-        request.httpBody = form.map { "\($0.key)=\($0.value.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)" }
-            .joined(separator: "&").data(using: .utf8)
-        let (data, _) = try await URLSession.shared.data(for: request)
-        return (try JSONSerialization.jsonObject(with: data) as? [String: Any]) ?? [:]
+    /// A request the server recorded: to /oauth/* (`lastRequest`, `requests`) or to the
+    /// redirect target (`redirectHits`; `form` is empty there, `body` holds what was sent).
+    struct RecordedRequest: Sendable {
+        let method: String
+        let path: String
+        /// Names as the client sent them; `header(_:)` looks them up case-insensitively.
+        let headers: [String: String]
+        let form: [String: String]
+        let body: String?
+        /// The fault mode this request got, if any.
+        let fault: String?
+
+        func header(_ name: String) -> String? {
+            headers.first { $0.key.lowercased() == name.lowercased() }?.value
+        }
+
+        init(_ object: [String: Any]) {
+            method = object["method"] as? String ?? ""
+            path = object["path"] as? String ?? ""
+            headers = object["headers"] as? [String: String] ?? [:]
+            form = object["form"] as? [String: String] ?? [:]
+            body = object["body"] as? String
+            fault = object["fault"] as? String
+        }
+    }
+
+    /// The last request to /oauth/*, or nil before any.
+    func lastRequest() async throws -> RecordedRequest? {
+        try (await call("GET", "__last_request").json() as? [String: Any]).map(RecordedRequest.init)
+    }
+
+    /// The last 200 requests to /oauth/*, oldest first.
+    func requests() async throws -> [RecordedRequest] {
+        ((try await call("GET", "__requests").json() as? [[String: Any]]) ?? []).map(RecordedRequest.init)
+    }
+
+    /// What reached the second listener `redirect:<code>` faults point to.
+    func redirectHits() async throws -> [RecordedRequest] {
+        let object = try await call("GET", "__redirect_hits").json() as? [String: Any]
+        return ((object?["hits"] as? [[String: Any]]) ?? []).map(RecordedRequest.init)
+    }
+
+    /// A form POST to the server; its JSON object (empty if it answered none).
+    func post(_ path: String, _ form: [String: String]) async throws -> [String: Any] {
+        let response = try await call("POST", path, form: form)
+        return ((try? response.json()) as? [String: Any]) ?? [:]
+    }
+
+    /// One request to the server (a form body when `form` is given).
+    func call(
+        _ method: String, _ path: String, form: [String: String]? = nil, headers: [(String, String)] = []
+    ) async throws -> LoopbackHTTP.Response {
+        var headers = headers
+        var body: [UInt8] = []
+        if let form {
+            headers.append(("Content-Type", "application/x-www-form-urlencoded"))
+            body = LoopbackHTTP.form(form.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
+        }
+        return try await LoopbackHTTP.perform(port: port, method: method, path: "/" + path, headers: headers, body: body)
     }
 }
 
