@@ -6,10 +6,12 @@ import SessionFlowTestSupport
 import Testing
 
 /// Runs a probe process; returns what it printed.
-func runProbe(store: String, server: OAuthServer) throws -> Process {
+/// `refreshTimeout`: the probe's refresh timeout, with transient failures retried (see the probe).
+func runProbe(store: String, server: OAuthServer, refreshTimeout: Duration? = nil) throws -> Process {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: try sessionProbeExecutable())
     process.arguments = [store, server.base.appendingPathComponent("oauth/token").absoluteString, "sessionflow-public"]
+        + (refreshTimeout.map { ["\($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000)"] } ?? [])
     process.standardOutput = Pipe()
     process.standardError = Pipe()
     try process.run()
