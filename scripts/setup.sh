@@ -16,7 +16,7 @@ apt_install() {
 }
 
 # libuv (the loop), pkg-config (how SwiftPM finds it), and libcurl's development files
-# (the self-contained library links Foundation's networking statically, which needs -lcurl).
+# (the OAuth client is libcurl driven by the loop: Sources/CLoopHTTP).
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libuv || ! pkg-config --exists libcurl; then
     echo "setup: installing libuv1-dev, libcurl4-openssl-dev and pkg-config" >&2
     apt_install libuv1-dev libcurl4-openssl-dev pkg-config
