@@ -1,0 +1,98 @@
+import LoopFlow
+import SessionFlowTestSupport
+import Synchronization
+import Testing
+
+@testable import SessionCore
+
+/// `AsyncAuthority`: an async/await authority whose task is cancelled when the session
+/// cancels the refresh, on a real loop and the system clock.
+@Suite("AsyncAuthority: async/await authorities and cancellation", .serialized)
+struct AsyncAuthorityTests {
+    /// Answers after `delay`; counts its calls and the cancellations it saw. With
+    /// `honoursCancellation` off it finishes its work and returns tokens anyway.
+    final class Slow: AsyncSessionAuthority, Sendable {
+        let delay: Duration
+        let honoursCancellation: Bool
+        let calls = Atomic<Int>(0)
+        let cancellations = Atomic<Int>(0)
+
+        init(delay: Duration, honoursCancellation: Bool) {
+            self.delay = delay
+            self.honoursCancellation = honoursCancellation
+        }
+
+        func refresh(_ request: RefreshRequest) async throws -> TokenGrant {
+            calls.add(1, ordering: .relaxed)
+            try await withTaskCancellationHandler {
+                if honoursCancellation {
+                    try await Task.sleep(for: delay)
+                } else {
+                    let end = ContinuousClock.now + delay
+                    while ContinuousClock.now < end { try? await Task.sleep(for: .milliseconds(10)) }
+                }
+            } onCancel: {
+                cancellations.add(1, ordering: .relaxed)
+            }
+            return TokenGrant(accessToken: Secret("ACCESS-\(calls.load(ordering: .relaxed))"), refreshToken: Secret("R2"),
+                              expiresIn: .seconds(3600))
+        }
+    }
+
+    static func session(_ authority: Slow, timeout: Duration = .milliseconds(300)) async throws -> SessionHarness<AsyncAuthority<Slow>, MemoryCredentialStore> {
+        let session = try await SessionHarness(
+            loopName: "async-authority", authority: AsyncAuthority(authority), store: MemoryCredentialStore()
+        ) { configuration in
+            configuration.policy.timeout = timeout
+        }
+        try await session.manager.signIn(SessionTokens(
+            accessToken: Secret("ACCESS-0"), refreshToken: Secret("R1"), expiresIn: .seconds(3600), memberID: "m"))
+        return session
+    }
+
+    @Test func aTimedOutRefreshCancelsItsTaskAndEndsWhenTheTaskHas() async throws {
+        let authority = Slow(delay: .seconds(30), honoursCancellation: true)
+        let session = try await Self.session(authority)
+        let started = ContinuousClock.now
+        let error = await #expect(throws: SessionError.self) { try await session.manager.refreshNow() }
+        #expect(ContinuousClock.now - started < .seconds(5))
+        #expect(error?.code == .transient)
+        #expect(error?.message.contains("did not answer within") == true, "\(error?.message ?? "")")
+        #expect(authority.calls.load(ordering: .relaxed) == 1)
+        #expect(authority.cancellations.load(ordering: .relaxed) == 1)
+        #expect(session.manager.state.value == .loggedIn)
+        await session.stop()
+    }
+
+    @Test func tokensATaskReturnsAfterItsCancellationAreKeptAndNothingIsSentMeanwhile() async throws {
+        // The task ignores the cancellation and answers at 750 ms: after the 500 ms timeout,
+        // within the grace of one more timeout the session gives a cancelled request to end.
+        let authority = Slow(delay: .milliseconds(750), honoursCancellation: false)
+        let session = try await Self.session(authority, timeout: .milliseconds(500))
+        let token = try await session.manager.refreshNow()
+        #expect(token == Secret("ACCESS-1"))
+        #expect(authority.cancellations.load(ordering: .relaxed) == 1)
+        #expect(authority.calls.load(ordering: .relaxed) == 1)  // no second request while it ran
+        #expect(session.store.session?.refreshToken == Secret("R2"))
+        await session.stop()
+    }
+
+    @Test func errorsKeepTheirKindAndHideTheirText() async throws {
+        struct Failing: AsyncSessionAuthority {
+            let error: any Error
+            func refresh(_ request: RefreshRequest) async throws -> TokenGrant { throw error }
+        }
+        struct Leaky: Error, CustomStringConvertible { var description: String { "token R1 leaked" } }
+        for (thrown, expected) in [(AuthorityError.terminal() as any Error, SessionError.Code.sessionExpired),
+                                   (Leaky(), .transient)] {
+            let session = try await SessionHarness(
+                loopName: "async-errors", authority: AsyncAuthority(Failing(error: thrown)), store: MemoryCredentialStore())
+            try await session.manager.signIn(SessionTokens(
+                accessToken: Secret("A"), refreshToken: Secret("R1"), expiresIn: .seconds(3600), memberID: "m"))
+            let error = await #expect(throws: SessionError.self) { try await session.manager.refreshNow() }
+            #expect(error?.code == expected)
+            #expect(error?.message.contains("R1") == false)
+            await session.stop()
+        }
+    }
+}
