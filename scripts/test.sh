@@ -25,6 +25,8 @@ source "$(dirname "$0")/setup.sh"
 # The C and Python hosts' tools.
 command -v gcc >/dev/null 2>&1 || apt_install gcc
 command -v g++ >/dev/null 2>&1 || apt_install g++
+# A self-signed certificate for the TLS verification test.
+command -v openssl >/dev/null 2>&1 || apt_install openssl
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet pytest
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
 python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask

@@ -143,4 +143,76 @@ struct LoopTransportTests {
         revocation.revocationEndpoint = URL(string: "http://a.example/revoke")
         #expect(throws: OAuthConfigurationError.self) { try OAuthAuthority(revocation, loop: loop) }
     }
+
+    @Test func tlsIsAlwaysVerifiedASelfSignedServerGetsNoRequest() async throws {
+        // A TLS server on loopback with a self-signed certificate (made here with openssl):
+        // the handshake fails, nothing is sent, and the failure says why.
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tls-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        openssl.arguments = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                             "-keyout", directory + "/key.pem", "-out", directory + "/cert.pem"]
+        openssl.standardOutput = FileHandle.nullDevice
+        openssl.standardError = FileHandle.nullDevice
+        try openssl.run()
+        openssl.waitUntilExit()
+        #expect(openssl.terminationStatus == 0)
+        let script = """
+            import http.server, ssl, sys
+            class Handler(http.server.BaseHTTPRequestHandler):
+                def do_POST(self):
+                    print("GOT POST", flush=True)
+                    self.send_response(200); self.end_headers(); self.wfile.write(b'{"access_token":"x"}')
+                def log_message(self, *args): pass
+            server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(sys.argv[1], sys.argv[2])
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            print("PORT", server.server_address[1], flush=True)
+            server.serve_forever()
+            """
+        let server = Process()
+        let output = Pipe()
+        let lifeline = Pipe()
+        server.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        server.arguments = ["python3", "-c", script, directory + "/cert.pem", directory + "/key.pem"]
+        server.standardOutput = output
+        server.standardError = FileHandle.nullDevice
+        server.standardInput = lifeline
+        try server.run()
+        defer { kill(server.processIdentifier, SIGKILL) }
+        var first = Data()
+        while !first.contains(UInt8(ascii: "\n")) {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            first.append(chunk)
+        }
+        let port = try #require(String(decoding: first, as: UTF8.self).split(separator: " ").last
+            .flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
+
+        let loop = try EventLoop(name: "tls")
+        defer { _ = try? loop.shutdown() }
+        let configuration = OAuthConfiguration(tokenEndpoint: URL(string: "https://127.0.0.1:\(port)/token")!, clientID: "c")
+        let authority = try OAuthAuthority(configuration, loop: loop)
+        let result = LockedBox<Result<TokenGrant, AuthorityError>?>(nil)
+        try loop.execute {
+            authority.refresh(
+                RefreshRequest(refreshToken: Secret("SENTINEL-TLS-REFRESH"), memberID: nil, reason: .onDemand),
+                completion: .standalone { answer in result.withLockedValue { $0 = answer } })
+        }
+        #expect(await eventually(timeout: .seconds(10)) { result.withLockedValue { $0 } != nil })
+        guard case .failure(let error)? = result.withLockedValue({ $0 }) else {
+            Issue.record("a server with a self-signed certificate was trusted")
+            return
+        }
+        #expect(error.kind == .transient)
+        #expect(error.message.lowercased().contains("certificate"), "\(error.message)")
+        kill(server.processIdentifier, SIGKILL)
+        server.waitUntilExit()
+        let rest = output.fileHandleForReading.readDataToEndOfFile()
+        #expect(!String(decoding: rest, as: UTF8.self).contains("GOT POST"), "the request reached the server")
+    }
 }
