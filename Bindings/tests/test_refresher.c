@@ -259,16 +259,21 @@ static sf_runtime *cancellable_runtime(cancellable *host, int64_t timeout_ms) {
     return runtime;
 }
 
+/* Signs in with a token that needs a refresh and asks for a token: one refresh starts. */
+static void ask_for_a_refreshed_token(sf_runtime *runtime, answers *a) {
+    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
+    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+    memset(a, 0, sizeof *a);
+    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, a), SF_OK);
+}
+
 void test_refresher_cancel_waits_for_the_request_to_end(void) {
     /* At the timeout the host is asked to cancel; until it completes the request, nobody is
      * answered and no second refresh is sent (the first may have rotated the token). */
     cancellable host;
     sf_runtime *runtime = cancellable_runtime(&host, 150);
-    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
-    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
     answers a;
-    memset(&a, 0, sizeof a);
-    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    ask_for_a_refreshed_token(runtime, &a);
     WAIT_FOR(atomic_load(&host.cancels) == 1);
     CHECK_EQ_INT(atomic_load(&host.cancels), 1);
     pthread_mutex_lock(&host.base.lock);
@@ -294,11 +299,8 @@ void test_refresher_cancel_waits_for_the_request_to_end(void) {
 void test_refresher_tokens_after_cancel_are_kept(void) {
     cancellable host;
     sf_runtime *runtime = cancellable_runtime(&host, 150);
-    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
-    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
     answers a;
-    memset(&a, 0, sizeof a);
-    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    ask_for_a_refreshed_token(runtime, &a);
     WAIT_FOR(atomic_load(&host.cancels) == 1);
     /* Too late to stop it: the server answered, with a rotated refresh token. */
     sf_tokens rotated = test_tokens("access-2", "refresh-2", 3600, NULL);
@@ -314,11 +316,8 @@ void test_refresher_never_ended_cancel_is_given_up(void) {
      * then retried with backoff (a second request, with the same refresh token). */
     cancellable host;
     sf_runtime *runtime = cancellable_runtime(&host, 100);
-    sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);
-    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
     answers a;
-    memset(&a, 0, sizeof a);
-    CHECK_CODE(sf_session_fresh_token(runtime, on_answer, &a), SF_OK);
+    ask_for_a_refreshed_token(runtime, &a);
     WAIT_FOR(atomic_load(&a.calls) == 1);
     CHECK_EQ_INT(atomic_load(&a.results[0]), SF_ENETWORK);
     CHECK_EQ_INT(atomic_load(&host.cancels), 1);
