@@ -89,10 +89,18 @@ let package = Package(
 package.products += [
     .executable(name: "fuzz-token-response", targets: ["FuzzTokenResponse"]),
     .executable(name: "fuzz-store-decoder", targets: ["FuzzStoreDecoder"]),
+    .executable(name: "fuzz-error-text", targets: ["FuzzErrorText"]),
 ]
 package.targets += [
     .executableTarget(
         name: "FuzzTokenResponse",
+        dependencies: [
+            .product(name: "SessionOAuth", package: "SessionFlow"),
+            .product(name: "SessionCore", package: "SessionFlow"),
+        ]
+    ),
+    .executableTarget(
+        name: "FuzzErrorText",
         dependencies: [
             .product(name: "SessionOAuth", package: "SessionFlow"),
             .product(name: "SessionCore", package: "SessionFlow"),

@@ -62,7 +62,7 @@ import SessionCore
     /// scrubbed again (a secret with a `?` or `'` in it may only now appear);
     /// cut to `maximumDescriptionLength` characters with `ellipsis`. Should a secret still be
     /// found in the result (a secret containing `?` or `...` can be formed by those steps),
-    /// the whole description is `redacted`.
+    /// the whole description is `redacted` (or empty, if a secret is part of `redacted`).
     public static func description(_ raw: String?, secrets: [Secret]) -> String? {
         guard let raw else { return nil }
         let patterns = secrets.compactMap(SecretPattern.init)
@@ -80,7 +80,7 @@ import SessionCore
             text = Array(text.prefix(maximumDescriptionLength - ellipsis.utf8.count)) + Array(ellipsis.utf8)
         }
         if patterns.contains(where: { $0.firstMatch(in: text) != nil }) {
-            return redacted
+            return fallback(patterns)
         }
         return String(decoding: text, as: UTF8.self)
     }
@@ -95,10 +95,27 @@ import SessionCore
     /// So a secret is found however an encoder chose which characters to escape, and when
     /// the forms are mixed. Short secrets are scrubbed too (a one-character secret removes
     /// that character everywhere); empty ones are ignored.
+    ///
+    /// Nothing of what it returns is a form of a secret: should a replacement make one (the
+    /// end of `<redacted>` and what follows it spelling another secret), it scrubs again, and
+    /// after four rounds gives `redacted` alone (or nothing, if a secret is part of `redacted`).
     public static func scrub(_ text: String, secrets: [Secret]) -> String {
         let patterns = secrets.compactMap(SecretPattern.init)
         guard !patterns.isEmpty else { return text }
-        return String(decoding: replace(Array(text.utf8), patterns, redactingCutTail: false), as: UTF8.self)
+        var bytes = Array(text.utf8)
+        for _ in 0..<4 {
+            bytes = replace(bytes, patterns, redactingCutTail: false)
+            if !patterns.contains(where: { $0.firstMatch(in: bytes) != nil }) {
+                return String(decoding: bytes, as: UTF8.self)
+            }
+        }
+        return fallback(patterns)
+    }
+
+    /// `redacted`, or nothing when a secret is part of it (a secret "<" or "d").
+    static func fallback(_ patterns: [SecretPattern]) -> String {
+        let marker = Array(redacted.utf8)
+        return patterns.contains(where: { $0.firstMatch(in: marker) != nil }) ? "" : redacted
     }
 
     /// Whether any form `scrub` knows of any non-empty secret appears in `text` (for tests,
@@ -115,13 +132,29 @@ import SessionCore
     /// the end: the text was cut there, and the rest of that secret was in what was cut.
     static func replace(_ bytes: [UInt8], _ patterns: [SecretPattern], redactingCutTail: Bool) -> [UInt8] {
         guard !patterns.isEmpty else { return bytes }
+        var candidates: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)  // bytes that can begin a match
+        for pattern in patterns {
+            candidates.0 |= pattern.firstBytes.0
+            candidates.1 |= pattern.firstBytes.1
+            candidates.2 |= pattern.firstBytes.2
+            candidates.3 |= pattern.firstBytes.3
+        }
+        var scratch = SecretPattern.Scratch()
         var out: [UInt8] = []
         out.reserveCapacity(bytes.count)
         var index = 0
         while index < bytes.count {
+            let byte = bytes[index]
+            if !SecretPattern.contains(candidates, byte) {
+                out.append(byte)
+                index += 1
+                continue
+            }
             var end: Int? = nil
             for pattern in patterns {
-                if let e = pattern.match(bytes, at: index, cutTailMatches: redactingCutTail), e > index, e > (end ?? index) {
+                if let e = pattern.match(bytes, at: index, cutTailMatches: redactingCutTail, &scratch), e > index,
+                   e > (end ?? index)
+                {
                     end = e
                 }
             }
@@ -161,7 +194,9 @@ import SessionCore
 
 /// One secret as the forms it may take in a text: for each of its Unicode scalars, the byte
 /// patterns that stand for it. Matching runs the alternatives as a set of positions (an NFA),
-/// so mixed forms and ambiguous prefixes (`%` itself, `\` itself) cost no backtracking.
+/// so mixed forms and ambiguous prefixes (`%` itself, `\` itself) cost no backtracking. Kept
+/// flat (three arrays per secret) and matched with reused scratch space: an error path may
+/// run it on every answer, and a fuzzer millions of times.
 struct SecretPattern {
     /// One byte of a form: that exact byte, or a hexadecimal digit of that value in either case.
     enum Unit: Equatable {
@@ -178,88 +213,186 @@ struct SecretPattern {
         }
     }
 
-    /// For each scalar of the secret, its forms.
-    let scalars: [[[Unit]]]
-    /// Bytes that can begin a match (a quick rejection).
-    let firstBytes: Set<UInt8>
+    /// Every form's units, one form after another.
+    private let units: [Unit]
+    /// Form `f` is `units[formStarts[f]..<formStarts[f + 1]]`.
+    private let formStarts: [Int]
+    /// The forms of scalar `s` are `scalarStarts[s]..<scalarStarts[s + 1]`.
+    private let scalarStarts: [Int]
+    /// For scalar `s`, the bytes its forms begin with (a quick rejection inside a match).
+    private let scalarFirstBytes: [(UInt64, UInt64, UInt64, UInt64)]
+    /// Bytes that can begin a match (a quick rejection): a 256-bit set.
+    let firstBytes: (UInt64, UInt64, UInt64, UInt64)
 
     init?(_ secret: Secret) {
         let text = secret.reveal()
         guard !text.isEmpty else { return nil }
-        scalars = text.unicodeScalars.map(Self.forms)
-        var first = Set<UInt8>()
-        for form in scalars[0] {
-            switch form[0] {
-            case .byte(let b): first.insert(b)
-            case .hex:  // no form begins with a digit
-                preconditionFailure("a form begins with a hexadecimal digit")
-            }
+        var units: [Unit] = []
+        var formStarts: [Int] = [0]
+        var scalarStarts: [Int] = [0]
+        for scalar in text.unicodeScalars {
+            Self.appendForms(of: scalar, to: &units, &formStarts)
+            scalarStarts.append(formStarts.count - 1)
         }
-        firstBytes = first
+        var scalarFirstBytes: [(UInt64, UInt64, UInt64, UInt64)] = []
+        scalarFirstBytes.reserveCapacity(scalarStarts.count - 1)
+        for scalar in 0..<(scalarStarts.count - 1) {
+            var first: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+            for form in scalarStarts[scalar]..<scalarStarts[scalar + 1] {
+                guard case .byte(let b) = units[formStarts[form]] else {
+                    preconditionFailure("a form begins with a hexadecimal digit")
+                }
+                let bit = UInt64(1) << UInt64(b & 63)
+                switch b >> 6 {
+                case 0: first.0 |= bit
+                case 1: first.1 |= bit
+                case 2: first.2 |= bit
+                default: first.3 |= bit
+                }
+            }
+            scalarFirstBytes.append(first)
+        }
+        self.units = units
+        self.formStarts = formStarts
+        self.scalarStarts = scalarStarts
+        self.scalarFirstBytes = scalarFirstBytes
+        self.firstBytes = scalarFirstBytes[0]
     }
 
-    static func forms(_ scalar: Unicode.Scalar) -> [[Unit]] {
-        var forms: [[Unit]] = []
-        let utf8 = Array(String(scalar).utf8)
-        forms.append(utf8.map(Unit.byte))
-        // Percent-encoding, once and twice.
-        let percent = UInt8(ascii: "%")
-        forms.append(utf8.flatMap { [.byte(percent), .hex($0 >> 4), .hex($0 & 0xF)] })
-        forms.append(utf8.flatMap { [.byte(percent), .byte(UInt8(ascii: "2")), .byte(UInt8(ascii: "5")), .hex($0 >> 4), .hex($0 & 0xF)] })
-        if scalar == " " { forms.append([.byte(UInt8(ascii: "+"))]) }
-        // JSON: \uXXXX for any scalar (UTF-16 code units), and the short escapes.
-        let backslash = UInt8(ascii: "\\")
-        var unicode: [Unit] = []
-        for unit in String(scalar).utf16 {
-            unicode += [.byte(backslash), .byte(UInt8(ascii: "u")),
-                        .hex(UInt8(unit >> 12)), .hex(UInt8((unit >> 8) & 0xF)),
-                        .hex(UInt8((unit >> 4) & 0xF)), .hex(UInt8(unit & 0xF))]
+    func canBegin(_ byte: UInt8) -> Bool {
+        Self.contains(firstBytes, byte)
+    }
+
+    static func contains(_ set: (UInt64, UInt64, UInt64, UInt64), _ byte: UInt8) -> Bool {
+        let bit = UInt64(1) << UInt64(byte & 63)
+        switch byte >> 6 {
+        case 0: return set.0 & bit != 0
+        case 1: return set.1 & bit != 0
+        case 2: return set.2 & bit != 0
+        default: return set.3 & bit != 0
         }
-        forms.append(unicode)
-        let short: [Unicode.Scalar: Character] = [
-            "/": "/", "\"": "\"", "\\": "\\", "\u{08}": "b", "\u{0C}": "f", "\n": "n", "\r": "r", "\t": "t",
-        ]
-        if let letter = short[scalar] {
-            forms.append([.byte(backslash), .byte(letter.asciiValue!)])
+    }
+
+    /// The forms of one scalar: itself; its UTF-8 bytes percent-encoded, once and twice; `+`
+    /// for a space; `\uXXXX` (UTF-16); the JSON short escape, if it has one.
+    static func appendForms(of scalar: Unicode.Scalar, to units: inout [Unit], _ formStarts: inout [Int]) {
+        func endForm() { formStarts.append(units.count) }
+        let percent = UInt8(ascii: "%"), backslash = UInt8(ascii: "\\")
+        var utf8: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)
+        var count = 0
+        UTF8.encode(scalar) { byte in
+            switch count {
+            case 0: utf8.0 = byte
+            case 1: utf8.1 = byte
+            case 2: utf8.2 = byte
+            default: utf8.3 = byte
+            }
+            count += 1
         }
-        return forms
+        func byte(_ i: Int) -> UInt8 {
+            switch i {
+            case 0: utf8.0
+            case 1: utf8.1
+            case 2: utf8.2
+            default: utf8.3
+            }
+        }
+        func hex(_ value: UInt8) {
+            units.append(.hex(value >> 4))
+            units.append(.hex(value & 0xF))
+        }
+        for i in 0..<count { units.append(.byte(byte(i))) }
+        endForm()
+        for i in 0..<count {
+            units.append(.byte(percent))
+            hex(byte(i))
+        }
+        endForm()
+        for i in 0..<count {
+            units.append(.byte(percent))
+            units.append(.byte(UInt8(ascii: "2")))
+            units.append(.byte(UInt8(ascii: "5")))
+            hex(byte(i))
+        }
+        endForm()
+        if scalar == " " {
+            units.append(.byte(UInt8(ascii: "+")))
+            endForm()
+        }
+        for unit in UTF16.encode(scalar)! {
+            units.append(.byte(backslash))
+            units.append(.byte(UInt8(ascii: "u")))
+            hex(UInt8(unit >> 8))
+            hex(UInt8(unit & 0xFF))
+        }
+        endForm()
+        let letter: Unicode.Scalar? = switch scalar {
+        case "/", "\"", "\\": scalar
+        case "\u{08}": "b"
+        case "\u{0C}": "f"
+        case "\n": "n"
+        case "\r": "r"
+        case "\t": "t"
+        default: nil
+        }
+        if let letter {
+            units.append(.byte(backslash))
+            units.append(.byte(UInt8(letter.value)))
+            endForm()
+        }
+    }
+
+    /// Reusable position sets for `match`.
+    struct Scratch {
+        var positions: [Int] = []
+        var next: [Int] = []
+
+        init() {
+            positions.reserveCapacity(8)
+            next.reserveCapacity(8)
+        }
     }
 
     /// The end of the longest match starting at `start`, or nil. With `cutTailMatches`, a
     /// match still alive when the bytes run out ends at `bytes.count`.
-    func match(_ bytes: [UInt8], at start: Int, cutTailMatches: Bool) -> Int? {
-        guard start < bytes.count, firstBytes.contains(bytes[start]) else { return nil }
-        var positions = [start]
+    func match(_ bytes: [UInt8], at start: Int, cutTailMatches: Bool, _ scratch: inout Scratch) -> Int? {
+        guard start < bytes.count, canBegin(bytes[start]) else { return nil }
+        scratch.positions.removeAll(keepingCapacity: true)
+        scratch.positions.append(start)
         var alive = false  // a form that the end of bytes interrupted
-        for forms in scalars {
-            var next: [Int] = []
-            for position in positions {
+        for scalar in 0..<(scalarStarts.count - 1) {
+            scratch.next.removeAll(keepingCapacity: true)
+            for position in scratch.positions {
                 if position == bytes.count { alive = true; continue }
-                for form in forms {
+                guard Self.contains(scalarFirstBytes[scalar], bytes[position]) else { continue }
+                for form in scalarStarts[scalar]..<scalarStarts[scalar + 1] {
+                    let formStart = formStarts[form], formEnd = formStarts[form + 1]
                     var offset = 0
-                    while offset < form.count, position + offset < bytes.count, form[offset].matches(bytes[position + offset]) {
+                    while formStart + offset < formEnd, position + offset < bytes.count,
+                          units[formStart + offset].matches(bytes[position + offset]) {
                         offset += 1
                     }
-                    if offset == form.count {
+                    if formStart + offset == formEnd {
                         let end = position + offset
-                        if !next.contains(end) { next.append(end) }
+                        if !scratch.next.contains(end) { scratch.next.append(end) }
                     } else if position + offset == bytes.count {
                         alive = true
                     }
                 }
             }
-            if next.isEmpty {
+            if scratch.next.isEmpty {
                 return cutTailMatches && alive ? bytes.count : nil
             }
-            positions = next
+            swap(&scratch.positions, &scratch.next)
         }
-        return positions.max()
+        return scratch.positions.max()
     }
 
     /// The first match anywhere in `bytes` (whole secrets only).
     func firstMatch(in bytes: [UInt8]) -> Range<Int>? {
-        for start in bytes.indices {
-            if let end = match(bytes, at: start, cutTailMatches: false) { return start..<end }
+        var scratch = Scratch()
+        for start in bytes.indices where canBegin(bytes[start]) {
+            if let end = match(bytes, at: start, cutTailMatches: false, &scratch) { return start..<end }
         }
         return nil
     }

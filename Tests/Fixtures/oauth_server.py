@@ -51,18 +51,19 @@ next N requests to that endpoint (default: token) misbehave:
                  "stream_bytes_sent": how many bytes of the last stream's body were written to the
                  socket before the client went away (kernel buffers included, so more than the
                  client read).
-  gzip-bomb      200, Content-Encoding: gzip, Content-Type: application/json: ~1 MB (995 KB) of gzip that
-                 inflates to ~1 GB (a token JSON whose "padding" is 960 MiB of spaces; the gzip is
-                 under 1 MiB, so a client whose limit counts only wire bytes lets it in), built once
-                 (when the fault is set) without ever holding the inflated text. Counted as
-                 "gzip_bombs_served"; what the client sent as Accept-Encoding (or that it sent
-                 none) is in /__last_request's headers.
+  gzip-bomb      200, Content-Encoding: gzip, Content-Type: application/json: 995 KB of gzip
+                 (under 1 MiB, so a limit that counts only bytes on the wire lets it in) that
+                 inflates to ~1 GB (a token JSON whose "padding" is 960 MiB of spaces), built
+                 once, when the fault is set, without ever holding the inflated text. Counted
+                 as "gzip_bombs_served"; what the client sent as Accept-Encoding (or that it
+                 sent none) is in /__last_request's headers.
   echo           400 {"error": <the refresh token (or `token`) as sent>, "error_description": that
                  token raw, form-encoded, every byte percent-encoded (upper and lower hex),
                  JSON-escaped ("\/" and every character as a \u escape, as text: the decoded
                  description holds the escapes), the client_secret if one was sent (form or Basic),
                  then "\u001b]0;pwned\u0007\u001b[2J session OK"}, with the token also in
-                 WWW-Authenticate (error and error_description) and X-Echo headers.
+                 WWW-Authenticate (error and error_description) and X-Echo headers (there
+                 percent-encoded unless it is printable ASCII).
   echo-200       200 {"access_token": "tok-echo", "token_type": <the token as sent>, "expires_in": 3600}.
 retry_after adds a Retry-After header (seconds) to a status answer.
 

@@ -172,8 +172,21 @@ struct ErrorTextTests {
 
     @Test func aShortSecretIsStillScrubbed() {
         #expect(ErrorText.scrub("pin 42 is wrong", secrets: [Secret("42")]) == "pin <redacted> is wrong")
-        #expect(ErrorText.scrub("a", secrets: [Secret("a")]) == "<redacted>")
+        #expect(ErrorText.scrub("b", secrets: [Secret("b")]) == "<redacted>")
+        // A letter of the marker itself: the marker would spell it, so nothing is shown.
+        #expect(ErrorText.scrub("a", secrets: [Secret("a")]) == "")
         #expect(ErrorText.description("code=x7&y=%78%37", secrets: [Secret("x7")]) == "code=<redacted>&y=<redacted>")
+    }
+
+    @Test func aSecretSpelledByAReplacementIsScrubbedToo() {
+        // "zz" becomes "<redacted>", whose ">" and the "abc" after it spell the other secret.
+        let secrets = [Secret("zz"), Secret(">abc")]
+        let scrubbed = ErrorText.scrub("1 zzabc 2", secrets: secrets)
+        #expect(!ErrorText.containsSecret(scrubbed, secrets: secrets), "\(scrubbed)")
+        #expect(scrubbed == "1 <redacted<redacted> 2")
+        // A secret inside the marker itself: nothing is left to show.
+        #expect(ErrorText.scrub("x", secrets: [Secret("x"), Secret("<")]) == "")
+        #expect(ErrorText.description("x", secrets: [Secret("x"), Secret("d")]) == "")
     }
 
     @Test func aCurlErrorTextIsScrubbedToo() {
