@@ -245,13 +245,15 @@ def settle(refresh_token):
     connection (the holder has not noticed yet: it looks every 10 ms), let the holder roll back
     first: a cancelled request is over for the client, so presenting the token again is no
     reuse, however soon it comes."""
-    for _ in range(3):
+    while True:
         with lock:
             holder = in_flight.get(refresh_token)
             if holder is None or holder.thread == threading.get_ident() or not client_gone(holder.connection):
                 return
             holder.wake.set()
-        holder.done.wait(2)
+        # However long the holder takes to be scheduled (a loaded machine): its client is gone,
+        # so this request is not reuse. A holder ends by its hold's deadline in any case.
+        holder.done.wait(60)
 
 
 def revoke_family_locked(family):

@@ -76,10 +76,11 @@ struct OAuthServerFixtureTests {
             ("grant_type", "refresh_token"), ("refresh_token", refreshToken.reveal()), ("client_id", "sessionflow-public"),
         ])
         await #expect(throws: LoopbackHTTP.Failure.self) {
-            // Gives up (closes the connection) after 300 ms, as a client at its deadline.
+            // Gives up (closes the connection) after 1 s, as a client at its deadline (long
+            // enough for a loaded server to have taken the request in).
             _ = try await LoopbackHTTP.perform(
                 port: server.port, method: "POST", path: "/oauth/token",
-                headers: [("Content-Type", "application/x-www-form-urlencoded")], body: form, timeout: .milliseconds(300))
+                headers: [("Content-Type", "application/x-www-form-urlencoded")], body: form, timeout: .seconds(1))
         }
         #expect(try await server.refreshError(refreshToken) == nil)
         let stats = try await server.stats()

@@ -35,7 +35,7 @@ enum FuzzInput {
     /// Whether `TokenResponse.error(from:)` and `grant(from:)` go through ErrorText (issue 13):
     /// then their errors are held to every secret form ErrorText knows, not only the raw one.
     /// Set it to true in the change that makes them call ErrorText.
-    static let errorsUseErrorText = false
+    static let errorsUseErrorText = true
     static let statuses = [
         200, 200, 200, 200, 201, 204, 301, 400, 400, 401, 403, 404, 408, 429, 500, 502,
         503, 504, 599, 100, 0, 600, 418, 302, 200, 400, 429, 503, -1, 999, 200, 401,
