@@ -119,6 +119,34 @@ struct LoopTransportTests {
         #expect(!completion.isCancellable)
     }
 
+    @Test func anAuthorityLetGoOfEndsItsRequestsAndTheLoopClosesCleanly() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let tokens = try await server.signIn()
+        let host = HostLoop()
+        let loop = host.loop!
+        try await server.fault("hang")
+        let result = LockedBox<Result<TokenGrant, AuthorityError>?>(nil)
+        do {
+            let authority = try OAuthAuthority(server.configuration(), loop: loop)
+            try loop.execute {
+                authority.refresh(
+                    RefreshRequest(refreshToken: tokens.refreshToken!, memberID: nil, reason: .onDemand),
+                    completion: .standalone { answer in result.withLockedValue { $0 = answer } })
+            }
+            #expect(await eventually(timeout: .seconds(5)) { (try? await server.stats()["token_requests"]) ?? 0 >= 2 })
+        }
+        // The authority is gone (only the loop job above held it, and it has run): its client
+        // is closed on the loop and the hanging request ends as cancelled.
+        #expect(await eventually(timeout: .seconds(5)) { result.withLockedValue { $0 } != nil })
+        guard case .failure(let error)? = result.withLockedValue({ $0 }) else {
+            Issue.record("the request did not end as cancelled")
+            return
+        }
+        #expect(error.isCancellation)
+        host.finish()
+        #expect(host.closeResult == 0)
+    }
+
     @Test func anEndpointThatIsNotHttpsOrLoopbackIsRefusedBeforeAnyConnection() throws {
         let loop = try EventLoop(name: "rules")
         defer { _ = try? loop.shutdown() }

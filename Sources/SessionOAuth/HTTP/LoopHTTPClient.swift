@@ -96,8 +96,8 @@ final class HTTPCall: @unchecked Sendable {
 
 /// The HTTP client on an `EventLoop`: libcurl's multi interface driven by the loop
 /// (Sources/CLoopHTTP). Requests start, run and end on the loop thread; `done` runs there.
-/// The client is made on first use and closed when the loop is torn down (every request
-/// still running ends as `.cancelled`).
+/// The client is made on first use and closed when the loop is torn down, or when its
+/// owner lets go of it (every request still running ends as `.cancelled`).
 final class LoopHTTPClient: @unchecked Sendable {
     let loop: EventLoop
     // Loop-confined.
@@ -106,7 +106,22 @@ final class LoopHTTPClient: @unchecked Sendable {
 
     init(loop: EventLoop) {
         self.loop = loop
-        if !loop.addTeardownHook({ [self] in close() }) { closed = true }
+        if !loop.addTeardownHook({ [weak self] in self?.close() }) { closed = true }
+    }
+
+    deinit {
+        // The C client lives on the loop: closed there (its requests end as cancelled).
+        guard let client else { return }
+        let handle = ClientHandle(pointer: client)
+        if loop.inEventLoop {
+            lh_client_close(handle.pointer)
+        } else {
+            try? loop.execute { lh_client_close(handle.pointer) }
+        }
+    }
+
+    private struct ClientHandle: @unchecked Sendable {
+        let pointer: OpaquePointer
     }
 
     /// Starts a POST (any thread; the work happens on the loop). `done` runs exactly once,
