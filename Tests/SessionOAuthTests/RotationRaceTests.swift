@@ -19,6 +19,10 @@ struct RotationRaceTests {
     /// The refresh timeout of these tests, and how long the server holds its answer.
     static let timeout = Duration.seconds(1)
     static let hold = "rotate-late:2.5"
+    /// Rounds per test: a few in the test command; SESSIONFLOW_RACE_ROUNDS=N for a long run.
+    static func rounds(_ quick: Int) -> Int {
+        ProcessInfo.processInfo.environment["SESSIONFLOW_RACE_ROUNDS"].flatMap(Int.init) ?? quick
+    }
 
     /// An authority that hides the OAuth authority's cancellation: the session can only give
     /// up at the timeout (what every release before this one did).
@@ -69,7 +73,7 @@ struct RotationRaceTests {
 
     @Test func inOneProcessNoSessionIsLost() async throws {
         let server = try OAuthServer(expiresIn: 3600)
-        let rounds = 4
+        let rounds = Self.rounds(4)
         let (lost, session) = try await Self.race(rounds: rounds, server: server) { loop in
             var oauth = server.configuration()
             oauth.requestTimeout = .seconds(10)  // the session's timeout, not curl's, ends the request
@@ -103,7 +107,7 @@ struct RotationRaceTests {
 
     @Test func withTwoProcessesOnOneStoreNoSessionIsLost() async throws {
         let server = try OAuthServer(expiresIn: 3600)
-        let rounds = 3
+        let rounds = Self.rounds(3)
         var lost = 0
         for round in 0..<rounds {
             let directory = FileManager.default.temporaryDirectory
