@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <uv.h>
 
 typedef struct lh_socket lh_socket;
@@ -270,6 +271,15 @@ static int curl_socket(CURL *easy, curl_socket_t fd, int what, void *userdata, v
     return 0;
 }
 
+/* CURLOPT_OPENSOCKETFUNCTION: curl's own socket() has no SOCK_CLOEXEC, so a process the
+ * host spawns meanwhile (fork + exec) inherits the connection and keeps it open after curl
+ * closed it: a cancelled request would then look alive to the server. */
+static curl_socket_t open_socket(void *userdata, curlsocktype purpose, struct curl_sockaddr *address) {
+    (void)userdata;
+    (void)purpose;
+    return socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+}
+
 /* ---- Receiving ---------------------------------------------------------------------- */
 
 static size_t on_body(char *data, size_t size, size_t count, void *userdata) {
@@ -418,6 +428,13 @@ int lh_post(lh_client *client, const lh_post_options *options, lh_done_fn done, 
     SET(CURLOPT_HEADERDATA, request);
     SET(CURLOPT_ERRORBUFFER, request->error);
     SET(CURLOPT_PRIVATE, request);
+    /* One connection per request, closed when it ends: an OAuth client's requests are
+     * minutes apart, so keeping connections buys nothing, and "the request has ended" then
+     * always means "its connection is closed" — what a server sees when a refresh is
+     * cancelled (and what lets it tell a retry from a replay). */
+    SET(CURLOPT_FRESH_CONNECT, 1L);
+    SET(CURLOPT_FORBID_REUSE, 1L);
+    SET(CURLOPT_OPENSOCKETFUNCTION, open_socket);
     /* A loopback request never goes through a proxy. */
     if (plain) SET(CURLOPT_NOPROXY, "*");
     if (!ok) goto fail;

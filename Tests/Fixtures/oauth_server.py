@@ -122,6 +122,7 @@ redirect_hits = []  # what the redirect target was sent
 redirect_target = {"port": None}
 # Strict reuse detection (see rotate-late): refresh token -> the Holder (request) holding it.
 in_flight = {}
+reuse_log = []  # why each reuse was detected (GET /__reuse), for a failing test to show
 revoked_families = set()
 strict_reuse = False  # --strict-reuse: every rotated refresh token, not only rotate-late ones
 
@@ -236,6 +237,7 @@ class Holder:
     def __init__(self, connection):
         self.thread = threading.get_ident()
         self.connection = connection
+        self.started = time.monotonic()
         self.wake = threading.Event()  # look at the client's socket now
         self.done = threading.Event()  # committed or rolled back, and out of in_flight
 
@@ -307,9 +309,13 @@ class RefreshGrant(grants.RefreshTokenGrant):
                 return None
             holder = in_flight.get(refresh_token)
             if holder is not None and holder.thread != threading.get_ident():
+                reuse_log.append({"why": "in flight", "holder_age_ms": int((time.monotonic() - holder.started) * 1000),
+                                  "holder_client_gone": client_gone(holder.connection),
+                                  "holder_has_connection": holder.connection is not None})
                 revoke_family_locked(token.family)  # presented while a request with it is in flight
                 return None
             if token.revoked and token.rotated and (token.strict or strict_reuse):
+                reuse_log.append({"why": "after rotation", "strict": token.strict})
                 revoke_family_locked(token.family)  # presented again after its rotation
                 return None
             if token.revoked or token.pending:
@@ -449,6 +455,11 @@ def create_app(expires_in):
     def stats_view():
         with lock:
             return jsonify(stats)
+
+    @app.route("/__reuse")
+    def reuse_view():
+        with lock:
+            return jsonify(reuse_log)
 
     @app.route("/__last_request")
     def last_request():

@@ -24,15 +24,31 @@ struct AsyncAuthorityTests {
 
         func refresh(_ request: RefreshRequest) async throws -> TokenGrant {
             calls.add(1, ordering: .relaxed)
-            try await withTaskCancellationHandler {
-                if honoursCancellation {
+            if honoursCancellation {
+                try await withTaskCancellationHandler {
                     try await Task.sleep(for: delay)
-                } else {
-                    let end = ContinuousClock.now + delay
-                    while ContinuousClock.now < end { try? await Task.sleep(for: .milliseconds(10)) }
+                } onCancel: {
+                    cancellations.add(1, ordering: .relaxed)
                 }
-            } onCancel: {
-                cancellations.add(1, ordering: .relaxed)
+            } else {
+                // Finishes its work when told to stop: waits for the cancellation, then answers.
+                let stop = LockedBox<(cancelled: Bool, waiting: CheckedContinuation<Void, Never>?)>((false, nil))
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { continuation in
+                        let resumeNow = stop.withLockedValue { state -> Bool in
+                            if !state.cancelled { state.waiting = continuation }
+                            return state.cancelled
+                        }
+                        if resumeNow { continuation.resume() }
+                    }
+                } onCancel: {
+                    cancellations.add(1, ordering: .relaxed)
+                    stop.withLockedValue { state -> CheckedContinuation<Void, Never>? in
+                        state.cancelled = true
+                        defer { state.waiting = nil }
+                        return state.waiting
+                    }?.resume()
+                }
             }
             return TokenGrant(accessToken: Secret("ACCESS-\(calls.load(ordering: .relaxed))"), refreshToken: Secret("R2"),
                               expiresIn: .seconds(3600))
@@ -65,10 +81,10 @@ struct AsyncAuthorityTests {
     }
 
     @Test func tokensATaskReturnsAfterItsCancellationAreKeptAndNothingIsSentMeanwhile() async throws {
-        // The task ignores the cancellation and answers at 750 ms: after the 500 ms timeout,
-        // within the grace of one more timeout the session gives a cancelled request to end.
-        let authority = Slow(delay: .milliseconds(750), honoursCancellation: false)
-        let session = try await Self.session(authority, timeout: .milliseconds(500))
+        // The task answers with tokens when it is cancelled (its work was done): within the
+        // grace of one more timeout the session gives a cancelled request to end, they are kept.
+        let authority = Slow(delay: .zero, honoursCancellation: false)
+        let session = try await Self.session(authority, timeout: .seconds(2))
         let token = try await session.manager.refreshNow()
         #expect(token == Secret("ACCESS-1"))
         #expect(authority.cancellations.load(ordering: .relaxed) == 1)

@@ -40,7 +40,9 @@ package enum LoopbackHTTP {
         port: Int, method: String, path: String, headers: [(String, String)] = [], body: [UInt8] = [],
         timeout: Duration = .seconds(30)
     ) throws(Failure) -> Response {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        // SOCK_CLOEXEC: a process another test spawns meanwhile must not inherit the socket
+        // (it would keep the connection open after this client closed it).
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(errnoText())") }
         defer { close(fd) }
         let seconds = timeout.components.seconds

@@ -18,6 +18,18 @@ func runProbe(store: String, server: OAuthServer, refreshTimeout: Duration? = ni
     return process
 }
 
+/// Everything each process printed, once all of them have exited; the blocking reads and
+/// waits run off the cooperative pool.
+func outputs(of processes: [Process]) async -> [String] {
+    struct Processes: @unchecked Sendable { let all: [Process] }
+    let boxed = Processes(all: processes)
+    return await offThePool {
+        let texts = boxed.all.map(output(of:))
+        boxed.all.forEach { $0.waitUntilExit() }
+        return texts
+    }
+}
+
 func output(of process: Process) -> String {
     let data = (process.standardOutput as! Pipe).fileHandleForReading.readDataToEndOfFile()
     let errors = (process.standardError as! Pipe).fileHandleForReading.readDataToEndOfFile()
@@ -39,9 +51,7 @@ struct MultiProcessTests {
 
         let first = try runProbe(store: directory, server: server)
         let second = try runProbe(store: directory, server: server)
-        let outputs = [output(of: first), output(of: second)]
-        first.waitUntilExit()
-        second.waitUntilExit()
+        let outputs = await outputs(of: [first, second])
 
         // Exactly one refresh reached the server...
         #expect(try await server.stats()["refresh_grants"] == 1)
