@@ -84,7 +84,9 @@ struct AsyncAuthorityTests {
         // The task answers with tokens when it is cancelled (its work was done): within the
         // grace of one more timeout the session gives a cancelled request to end, they are kept.
         let authority = Slow(delay: .zero, honoursCancellation: false)
-        let session = try await Self.session(authority, timeout: .seconds(2))
+        // The timeout is long: the task runs on the cooperative pool, which the test run's other
+        // suites can hold for seconds (under ThreadSanitizer 2 s + 2 s was not enough).
+        let session = try await Self.session(authority, timeout: .seconds(10))
         let token = try await session.manager.refreshNow()
         #expect(token == Secret("ACCESS-1"))
         #expect(authority.cancellations.load(ordering: .relaxed) == 1)
