@@ -26,7 +26,8 @@ import Glibc
 ///   (bad magic, failed authentication, unreadable content): a damaged file is moved aside
 ///   as `<name>.damaged-<time>` — never deleted — and reads as absent.
 ///
-/// Calls are serialised by a lock. Across processes: `<store>.wlock` is held around each change
+/// Calls may block (the write lock, fsync): a session makes them on its store worker, never on
+/// its loop thread (`CredentialStore`). Calls are serialised by a lock. Across processes: `<store>.wlock` is held around each change
 /// of the file, and `<store>.lock` holds the refresh lease (`RefreshLease.swift`).
 public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendable {
     /// Where the encryption key comes from.
@@ -107,21 +108,16 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// the first key file) never lose each other's change. Such a section lasts a read, an
     /// encryption and a write; a holder that does not let go within `writeLockPatience` (a
     /// stopped process) makes the change fail as unavailable — the session retries it — rather
-    /// than freeze the caller's loop. Where no lock file can exist the write fails anyway.
+    /// than hold the session's store worker (never its loop: see `CredentialStore`). Where no lock file can exist the write fails anyway.
     private func withWriteLock<T>(_ body: () throws(StoreFailure) -> T) throws(StoreFailure) -> T {
         var fd: Int32 = -1
         switch LockFile.open(writeLockPath, directory: directory) {
         case .open(let opened, _):
             fd = opened
-            var waited = 0
-            while flock(fd, LOCK_EX | LOCK_NB) != 0 {
-                guard errno == EWOULDBLOCK || errno == EINTR, waited < Self.writeLockPatience else {
-                    let reason = errno == EWOULDBLOCK ? "another process holds it" : FileIO.errnoText()
-                    close(fd)
-                    throw .unavailable("cannot lock \(writeLockPath) for a change: \(reason)")
-                }
-                usleep(1000)
-                waited += 1
+            if let failure = WriteLockWait.lockExclusively(fd, patience: Self.writeLockPatience) {
+                let reason = failure == EWOULDBLOCK ? "another process holds it" : String(cString: strerror(failure))
+                close(fd)
+                throw .unavailable("cannot lock \(writeLockPath) for a change: \(reason)")
             }
         case .impossible:
             break
@@ -139,8 +135,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         return try body()
     }
 
-    /// How long a change waits for another process's change, in milliseconds.
-    private static let writeLockPatience = 2000
+    /// How long a change waits for another process's change (`WriteLockWait`: on the store
+    /// worker, never spinning).
+    private static let writeLockPatience = Duration.seconds(2)
 
     public func directoryToWatch() -> String? {
         lock.withLock { (try? FileIO.makeDirectory(directory)) != nil ? directory : nil }

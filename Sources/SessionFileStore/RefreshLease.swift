@@ -279,12 +279,7 @@ enum LeaseFile {
             // Others hold the flock only to read or write a record (microseconds): wait a
             // little, never for ever (one stopped inside that instant). Given up, the record
             // stays until its deadline.
-            var tries = 0
-            while flock(fd, LOCK_EX | LOCK_NB) != 0 {
-                guard errno == EWOULDBLOCK || errno == EINTR, tries < releasePatience else { return }
-                usleep(1000)
-                tries += 1
-            }
+            guard WriteLockWait.lockExclusively(fd, patience: releasePatience) == nil else { return }
             if LeaseRecord.parse(readBounded(fd)) == mine {
                 _ = ftruncate(fd, 0)
             }
@@ -292,8 +287,8 @@ enum LeaseFile {
         }
     }
 
-    /// How many milliseconds a release waits for another process's record section.
-    static let releasePatience = 100
+    /// How long a release waits for another process's record section (on the store worker).
+    static let releasePatience = Duration.milliseconds(100)
 
     /// The file's first `LeaseRecord.maximumSize + 1` bytes at most (one more than a record
     /// may have, so an oversized file is seen as such).
