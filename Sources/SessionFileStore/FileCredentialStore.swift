@@ -1,7 +1,7 @@
-// Over 400 lines (410): the record format (sealed, account-keyed), the atomic replace and the
-// write lock are still one type (the refresh lease is in RefreshLease.swift). The store issue
-// moves its file work to an I/O worker and trusted directory descriptors; it splits along
-// those lines then.
+// Over 400 lines (465): the record format (sealed, account-keyed), the atomic replace and the
+// write lock are still one type (the refresh lease is in RefreshLease.swift, the trusted
+// directory and its file operations in FileIO.swift). The store issue moves its file work to
+// an I/O worker; it splits along those lines then.
 
 import Crypto
 import FoundationEssentials
