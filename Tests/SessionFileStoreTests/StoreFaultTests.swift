@@ -121,6 +121,9 @@ struct StoreFaultTests {
             #expect(lines.contains("READ present alice"), "\(lines)")
             #expect(lines.contains { $0.hasPrefix("EVENT storeError(") && $0.contains("Permission denied") }, "\(lines)")
             #expect(!lines.contains { $0.contains("bob-access") || $0.contains("bob-refresh") })
+            // back to root, who checks it below (a store of someone else's is refused)
+            for path in [directory, store.path, store.keyPath, store.writeLockPath] { chown(path, 0, 0) }
+            chmod(directory, 0o700)
         } else {
             print("read-only: cannot mount a tmpfs (\(reason)); fallback: a 0500 directory")
             chmod(directory, 0o500)
