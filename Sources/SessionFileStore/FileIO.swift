@@ -231,7 +231,11 @@ enum FileIO {
     ) throws(FileCredentialStore.StoreFailure) -> Bool {
         let temporary = temporaryName(name, "new", in: directory)
         try replaceAtomically(temporary, with: bytes, in: directory)
-        // linkat without AT_SYMLINK_FOLLOW: the new name is the temporary file itself.
+        // linkat without AT_SYMLINK_FOLLOW: the new name is the temporary file itself. Until the
+        // temporary name is unlinked the new file has two links and reads refuse it; that
+        // happens only while no store file sealed with it exists (the key is made before the
+        // first write), and a writer killed in between leaves a `.new-<pid>-…` orphan that
+        // the next write removes before it reads the key.
         if linkat(directory.descriptor, temporary, directory.descriptor, name, 0) == 0 {
             unlinkat(directory.descriptor, temporary, 0)  // at once: the new file has one link again
             syncDirectory(directory)
