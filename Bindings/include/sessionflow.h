@@ -194,8 +194,11 @@ typedef struct sf_options {
     const char *scope;                  /* requested on refresh; NULL keeps the grant's */
     const char *revocation_endpoint;    /* RFC 7009, used on logout */
     const char *introspection_endpoint; /* RFC 7662, used by sf_session_resume */
-    /* The encrypted file store (AES-GCM, 0700/0600, key file beside it), shared safely by
-     * several processes; NULL: the session lives in memory only. */
+    /* The encrypted file store (AES-GCM, key file beside it), shared safely by several
+     * processes; NULL: the session lives in memory only. Created 0700 if missing (files
+     * 0600); an existing directory must be the process's own and not writable by group or
+     * others, and is never chmod-ed. Links, foreign or shared files are refused: a store
+     * error (SF_EVENT_STORE_ERROR) naming the path and the reason. */
     const char *store_directory;
     /* Frees `refresh_userdata` (NULL: the host frees it itself, after the runtime is gone).
      * A runtime that was created (SF_OK) calls it exactly once, whether or not `refresh`
