@@ -198,7 +198,9 @@ struct RefreshLeaseTests {
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
         ) { configuration in
-            configuration.policy.timeout = .seconds(1)
+            // Long enough that the restore's attempt is still waiting when the test asks (a
+            // loaded machine can take a second to get there).
+            configuration.policy.timeout = .seconds(3)
         }
         var failure: SessionError?
         do {
@@ -247,7 +249,9 @@ struct RefreshLeaseTests {
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
         ) { configuration in
-            configuration.policy.timeout = .seconds(1)
+            // Long enough that the restore's attempt is still waiting when the test asks (a
+            // loaded machine can take a second to get there).
+            configuration.policy.timeout = .seconds(3)
         }
         try await Task.sleep(for: .milliseconds(300))
         #expect(authority.refreshes == 0)
