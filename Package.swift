@@ -136,7 +136,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SessionFileStoreTests",
-            dependencies: ["SessionFileStore", "SessionCore", "LoopFlow", "SessionFlowTestSupport"]
+            dependencies: ["SessionFileStore", "SessionCore", "LoopFlow", "CLibUV", "SessionFlowTestSupport"]
         ),
         .testTarget(
             name: "SessionCoreTests",

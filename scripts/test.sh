@@ -40,6 +40,8 @@ swift build --build-tests "${strict[@]}"
 swift build --package-path Tools "${strict[@]}"
 export SESSIONFLOW_PROBE="$PWD/Tools/.build/debug/session-probe"
 swift test --skip-build
+# Measurements (loop lateness while the store blocks) run alone, not beside forty suites.
+SESSIONFLOW_MEASURE=1 swift test --skip-build --filter "StoreWorkerTests"
 
 echo "== the library as shipped: installed into a temporary prefix"
 prefix=$(mktemp -d)

@@ -194,8 +194,11 @@ typedef struct sf_options {
     const char *scope;                  /* requested on refresh; NULL keeps the grant's */
     const char *revocation_endpoint;    /* RFC 7009, used on logout */
     const char *introspection_endpoint; /* RFC 7662, used by sf_session_resume */
-    /* The encrypted file store (AES-GCM, 0700/0600, key file beside it), shared safely by
-     * several processes; NULL: the session lives in memory only. */
+    /* The encrypted file store (AES-GCM, key file beside it), shared safely by several
+     * processes; NULL: the session lives in memory only. Created 0700 if missing (files
+     * 0600); an existing directory must be the process's own and not writable by group or
+     * others, and is never chmod-ed. Links, foreign or shared files are refused: a store
+     * error (SF_EVENT_STORE_ERROR) naming the path and the reason. */
     const char *store_directory;
     /* Frees `refresh_userdata` (NULL: the host frees it itself, after the runtime is gone).
      * A runtime that was created (SF_OK) calls it exactly once, whether or not `refresh`
@@ -267,7 +270,8 @@ int sf_runtime_start(sf_runtime *runtime);
  * late succeed/fail changes nothing).
  * Owned: any thread but the loop's (SF_EBUSY there); returns when the teardown is done:
  * every subscription callback, token answer and `refresh_release` has run, and nothing
- * of the host's is called after it returns.
+ * of the host's is called after it returns; the store work the session submitted (its
+ * last write or clear) has landed too.
  * Borrowed: the loop's thread only (SF_ETHREAD). The teardown runs in the host's next
  * loop iteration, never inside this call, on the loop thread, in this order: the work
  * accepted before this call (it may deliver states and events, but never calls
@@ -276,7 +280,10 @@ int sf_runtime_start(sf_runtime *runtime);
  * host's is called again (no timer, no refresher). Keep running the loop until uv_run
  * returns: the runtime keeps it alive until its teardown is done, then uv_run returns
  * once the host's own handles are closed. (An owned runtime's teardown is the same, on
- * its own loop thread, before this call returns.) */
+ * its own loop thread, before this call returns.) The store work the session submitted
+ * (its last write or clear) lands on the session's store worker thread, which a borrowed
+ * loop never waits for: it may still be running when uv_run returns (a process that exits
+ * at once then keeps the store as before that write — atomic replace: never a mix). */
 int sf_runtime_destroy(sf_runtime *runtime);
 
 /* Like sf_runtime_destroy, and stores in *unclosed (may be NULL) how many
@@ -307,12 +314,18 @@ int sf_subscription_close(sf_subscription subscription);
 /* Signs in (LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN). Returns SF_OK, SF_EINVAL (NULL or
  * blank access token), SF_ESTATE (already signed in: log out first), SF_ECLOSED,
  * SF_ESHUTDOWN, SF_ETHREAD (borrowed loop, off its thread). Owned: any thread (waits for
- * the loop unless called on it). */
+ * the loop unless called on it). Returns once signed in in memory; the store's write lands
+ * shortly after, on the session's store worker thread (see sf_session_logout). */
 int sf_session_sign_in(sf_runtime *runtime, const sf_tokens *tokens);
 
-/* Logs out: store cleared first, every timer and retry stopped, a refresh in flight
- * discarded, then the tokens revoked best effort. Returns SF_OK, SF_ESTATE (no one signed
- * in), SF_ECLOSED, SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
+/* Logs out: the store's clear submitted first (before anything the session stores
+ * after it), every timer and retry stopped, a refresh in flight discarded, then the
+ * tokens revoked best effort. Returns once the logout took effect in memory (state,
+ * sf_session_is_logged_in); the clear itself lands shortly after on the session's store
+ * worker thread (store work never runs on the loop thread), and a failure is reported
+ * as SF_EVENT_STORE_ERROR (retried; never undoing the logout). An owned runtime's
+ * sf_runtime_destroy returns only after it has landed. Returns SF_OK, SF_ESTATE (no one
+ * signed in), SF_ECLOSED, SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
 int sf_session_logout(sf_runtime *runtime);
 
 /* SESSION_EXPIRED → LOGGED_OUT, forgetting the member id. Returns as sf_session_logout. */

@@ -1,7 +1,7 @@
-// Over 400 lines (410): the record format (sealed, account-keyed), the atomic replace and the
-// write lock are still one type (the refresh lease is in RefreshLease.swift). The store issue
-// moves its file work to an I/O worker and trusted directory descriptors; it splits along
-// those lines then.
+// Over 400 lines (465): the record format (sealed, account-keyed), the atomic replace and the
+// write lock are still one type (the refresh lease is in RefreshLease.swift, the trusted
+// directory and its file operations in FileIO.swift). The store issue moves its file work to
+// an I/O worker; it splits along those lines then.
 
 import Crypto
 import FoundationEssentials
@@ -14,7 +14,13 @@ import Glibc
 
 /// The session on disk, encrypted and authenticated (AES-GCM), replaced atomically.
 ///
-/// - Directory 0700, files 0600. A write goes to a new temporary file in the same
+/// - Trusted paths (`TrustedDirectory` in FileIO.swift): the directory is opened
+///   `O_DIRECTORY|O_NOFOLLOW` and must be the effective user's and not writable by group or
+///   others; every file is opened relative to it, `O_NOFOLLOW`, and must be a regular file of
+///   that user without group/other permissions and with one link. Anything else is refused
+///   (unavailable, naming the path and why) and nothing is read from or written to it. A
+///   directory the store creates is 0700; an existing one is never `chmod`-ed.
+/// - Files 0600. A write goes to a new temporary file in the same
 ///   directory, is fsync'd, renamed over the old file, and the directory fsync'd: a crash
 ///   at any moment leaves the old session or the new one, never a mix.
 /// - Encrypted with a 256-bit key: the host's, or a key file created (0600) beside the
@@ -26,7 +32,8 @@ import Glibc
 ///   (bad magic, failed authentication, unreadable content): a damaged file is moved aside
 ///   as `<name>.damaged-<time>` — never deleted — and reads as absent.
 ///
-/// Calls are serialised by a lock. Across processes: `<store>.wlock` is held around each change
+/// Calls may block (the write lock, fsync): a session makes them on its store worker, never on
+/// its loop thread (`CredentialStore`). Calls are serialised by a lock. Across processes: `<store>.wlock` is held around each change
 /// of the file, and `<store>.lock` holds the refresh lease (`RefreshLease.swift`).
 public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendable {
     /// Where the encryption key comes from.
@@ -40,6 +47,11 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public let directory: String
     public let path: String
     public let keyPath: String
+    /// The files' names in the directory (every operation is relative to its descriptor).
+    private let name: String
+    private let keyName: String
+    private let lockName: String
+    private let writeLockName: String
     private let keySource: Key
     private let lock = Lock()
     /// The cross-process refresh lease: a record in `<store>.lock` (see `LeaseRecord`).
@@ -55,19 +67,44 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     private static let defaultAccount = "default"
 
     /// - Parameters:
-    ///   - directory: created 0700 if missing.
-    ///   - name: the store file's name in it.
+    ///   - directory: created 0700 if missing (only the last component); an existing one must
+    ///     be the effective user's and not writable by group or others, and is never changed.
+    ///   - name: the store file's name in it (a single path component).
     public init(directory: String, name: String = "session.sfstore", key: Key = .keyFile) {
         self.directory = directory
         self.path = directory + "/" + name
         self.keyPath = directory + "/" + name + ".key"
         self.lockPath = directory + "/" + name + ".lock"
         self.writeLockPath = directory + "/" + name + ".wlock"
+        self.name = name
+        self.keyName = name + ".key"
+        self.lockName = name + ".lock"
+        self.writeLockName = name + ".wlock"
         self.keySource = key
     }
 
     deinit {
-        LeaseFile.release(lease, path: lockPath)
+        LeaseFile.release(lease, name: lockName, directory: directory)
+    }
+
+    /// The store's directory, opened and checked (see `TrustedDirectory`); nil when it does not
+    /// exist and `create` is false.
+    private func openDirectory(create: Bool) throws(StoreFailure) -> TrustedDirectory? {
+        guard !name.isEmpty, name != ".", name != "..", !name.contains("/") else {
+            throw .unavailable("the store name \"\(name)\" is not a single file name")
+        }
+        switch TrustedDirectory.open(directory, create: create) {
+        case .opened(let opened): return opened
+        case .missing: return nil
+        case .unreachable(_, let message), .refused(let message): throw .unavailable(message)
+        }
+    }
+
+    /// Both lock files, checked without opening them (reads open neither; the lease and the
+    /// write lock check what they open): a planted one is reported by every operation.
+    private func checkLockFiles(in directory: TrustedDirectory) throws(StoreFailure) {
+        try directory.check(lockName)
+        try directory.check(writeLockName)
     }
 
     // MARK: SharedCredentialStore
@@ -87,7 +124,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                 return .busy(RefreshLeaseHolder(
                     pid: getpid(), isThisProcess: true, until: .nanoseconds(until), remaining: .nanoseconds(until - now)))
             }
-            let (result, hold) = LeaseFile.acquire(lockPath, directory: directory, for: duration)
+            let (result, hold) = LeaseFile.acquire(lockName, directory: directory, for: duration)
             lease = hold
             return result
         }
@@ -98,7 +135,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         lock.withLock {
             let hold = lease
             lease = .none
-            LeaseFile.release(hold, path: lockPath)
+            LeaseFile.release(hold, name: lockName, directory: directory)
         }
     }
 
@@ -107,26 +144,24 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// the first key file) never lose each other's change. Such a section lasts a read, an
     /// encryption and a write; a holder that does not let go within `writeLockPatience` (a
     /// stopped process) makes the change fail as unavailable — the session retries it — rather
-    /// than freeze the caller's loop. Where no lock file can exist the write fails anyway.
-    private func withWriteLock<T>(_ body: () throws(StoreFailure) -> T) throws(StoreFailure) -> T {
+    /// than hold the session's store worker (never its loop: see `CredentialStore`). Where no
+    /// lock file can exist the write fails anyway.
+    private func withWriteLock<T>(
+        in directory: TrustedDirectory, _ body: () throws(StoreFailure) -> T
+    ) throws(StoreFailure) -> T {
         var fd: Int32 = -1
-        switch LockFile.open(writeLockPath, directory: directory) {
+        switch LockFile.open(writeLockName, in: directory) {
         case .open(let opened, _):
             fd = opened
-            var waited = 0
-            while flock(fd, LOCK_EX | LOCK_NB) != 0 {
-                guard errno == EWOULDBLOCK || errno == EINTR, waited < Self.writeLockPatience else {
-                    let reason = errno == EWOULDBLOCK ? "another process holds it" : FileIO.errnoText()
-                    close(fd)
-                    throw .unavailable("cannot lock \(writeLockPath) for a change: \(reason)")
-                }
-                usleep(1000)
-                waited += 1
+            if let failure = WriteLockWait.lockExclusively(fd, patience: Self.writeLockPatience) {
+                let reason = failure == EWOULDBLOCK ? "another process holds it" : String(cString: strerror(failure))
+                close(fd)
+                throw .unavailable("cannot lock \(writeLockPath) for a change: \(reason)")
             }
         case .impossible:
             break
-        case .failed:
-            throw .unavailable("cannot open \(writeLockPath): \(FileIO.errnoText())")
+        case .failed(let message):
+            throw .unavailable(message)
         }
         holdsWriteLock = true
         defer {
@@ -139,11 +174,14 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         return try body()
     }
 
-    /// How long a change waits for another process's change, in milliseconds.
-    private static let writeLockPatience = 2000
+    /// How long a change waits for another process's change (`WriteLockWait`: on the store
+    /// worker, never spinning).
+    private static let writeLockPatience = Duration.seconds(2)
 
     public func directoryToWatch() -> String? {
-        lock.withLock { (try? FileIO.makeDirectory(directory)) != nil ? directory : nil }
+        // Created (0700) if missing, so that it can be watched; an existing directory that is
+        // refused is not watched (and never changed): reads report why.
+        lock.withLock { ((try? openDirectory(create: true)) ?? nil) != nil ? directory : nil }
     }
 
     // MARK: CredentialStore
@@ -151,7 +189,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public func read() -> StoreRead {
         lock.withLock {
             do throws(StoreFailure) {
-                guard let document = try load() else { return .absent }
+                guard let directory = try openDirectory(create: false) else { return .absent }
+                try checkLockFiles(in: directory)
+                guard let document = try load(in: directory) else { return .absent }
                 guard let active = document.active, let record = document.accounts[active] else { return .absent }
                 return .present(record.session)
             } catch {
@@ -165,13 +205,17 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             do throws(StoreFailure) {
                 // Out of reach → fail (never overwrite other accounts blindly); damaged →
                 // already moved aside, start afresh.
-                try withWriteLock { () throws(StoreFailure) in
-                    FileIO.removeOrphanedTemporaries(of: [path, keyPath], in: directory)
-                    var document = try loadForChange() ?? Document()
+                guard let directory = try openDirectory(create: true) else {
+                    throw .unavailable("cannot create \(self.directory)")
+                }
+                try withWriteLock(in: directory) { () throws(StoreFailure) in
+                    try checkLockFiles(in: directory)
+                    FileIO.removeOrphanedTemporaries(of: [name, keyName], in: directory)
+                    var document = try loadForChange(in: directory) ?? Document()
                     let account = session.memberID ?? Self.defaultAccount
                     document.accounts[account] = Record(session)
                     document.active = account
-                    try save(document)
+                    try save(document, in: directory)
                 }
             } catch {
                 throw error.storeError
@@ -182,13 +226,15 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public func clear() throws(StoreError) {
         try lock.withLock { () throws(StoreError) in
             do throws(StoreFailure) {
-                try withWriteLock { () throws(StoreFailure) in
-                    guard var document = try loadForChange() else { return }
+                guard let directory = try openDirectory(create: false) else { return }
+                try withWriteLock(in: directory) { () throws(StoreFailure) in
+                    try checkLockFiles(in: directory)
+                    guard var document = try loadForChange(in: directory) else { return }
                     if let active = document.active {
                         document.accounts.removeValue(forKey: active)
                     }
                     document.active = nil
-                    try save(document)
+                    try save(document, in: directory)
                 }
             } catch {
                 throw error.storeError
@@ -198,7 +244,12 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     /// The accounts that have an entry (for hosts that switch between accounts).
     public func accounts() -> [String] {
-        lock.withLock { ((try? load())?.accounts.keys).map { Array($0).sorted() } ?? [] }
+        lock.withLock {
+            guard let directory = (try? openDirectory(create: false)) ?? nil,
+                (try? checkLockFiles(in: directory)) != nil
+            else { return [] }
+            return ((try? load(in: directory))?.accounts.keys).map { Array($0).sorted() } ?? []
+        }
     }
 
     /// Makes `account`'s stored session the active one. False if it has no entry.
@@ -206,10 +257,12 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public func activate(account: String) throws(StoreError) -> Bool {
         try lock.withLock { () throws(StoreError) -> Bool in
             do throws(StoreFailure) {
-                return try withWriteLock { () throws(StoreFailure) -> Bool in
-                    guard var document = try load(), document.accounts[account] != nil else { return false }
+                guard let directory = try openDirectory(create: false) else { return false }
+                return try withWriteLock(in: directory) { () throws(StoreFailure) -> Bool in
+                    try checkLockFiles(in: directory)
+                    guard var document = try load(in: directory), document.accounts[account] != nil else { return false }
                     document.active = account
-                    try save(document)
+                    try save(document, in: directory)
                     return true
                 }
             } catch {
@@ -279,18 +332,18 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     // MARK: Load and save (caller holds the lock)
 
     /// The document, nil when there is no file. A damaged file is moved aside first.
-    private func load() throws(StoreFailure) -> Document? {
+    private func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
         let bytes: [UInt8]
-        switch FileIO.readAll(path) {
+        switch FileIO.readAll(name, in: directory) {
         case .missing: return nil
-        case .failed(let reason): throw .unavailable("cannot read \(path): \(reason)")
+        case .failed(let message): throw .unavailable(message)
         case .read(let content): bytes = content
         }
-        let key = try encryptionKey(creating: false)
+        let key = try encryptionKey(creating: false, in: directory)
         do {
             return try Self.decode(bytes, key: key)
         } catch {
-            let aside = moveAside(bytes)
+            let aside = moveAside(bytes, in: directory)
             throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
         }
     }
@@ -322,17 +375,16 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     /// Like `load`, but a damaged file counts as nothing to change.
-    private func loadForChange() throws(StoreFailure) -> Document? {
+    private func loadForChange(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
         do {
-            return try load()
+            return try load(in: directory)
         } catch .damaged {
             return nil
         }
     }
 
-    private func save(_ document: Document) throws(StoreFailure) {
-        try FileIO.makeDirectory(directory)
-        guard let key = try encryptionKey(creating: true) else {
+    private func save(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
+        guard let key = try encryptionKey(creating: true, in: directory) else {
             throw .unavailable("no encryption key")
         }
         let sealed: [UInt8]
@@ -341,50 +393,50 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         } catch {
             throw .unavailable("cannot encode or encrypt the session: \(describe(error))")
         }
-        try FileIO.replaceAtomically(path, with: sealed, directory: directory)
+        try FileIO.replaceAtomically(name, with: sealed, in: directory)
     }
 
-    private func encryptionKey(creating: Bool) throws(StoreFailure) -> SymmetricKey? {
+    /// The key: the host's, or the key file's (read only if it passes the checks: a planted
+    /// key, someone else's or readable by others, is refused rather than used).
+    private func encryptionKey(creating: Bool, in directory: TrustedDirectory) throws(StoreFailure) -> SymmetricKey? {
         if case .provided(let key) = keySource { return key }
-        switch FileIO.readAll(keyPath) {
+        switch FileIO.readAll(keyName, in: directory) {
         case .read(let bytes):
             guard bytes.count == 32 else {
                 throw .unavailable("the key file \(keyPath) is not a 256-bit key")
             }
             return SymmetricKey(data: bytes)
-        case .failed(let reason):
-            throw .unavailable("cannot read the key file \(keyPath): \(reason)")
+        case .failed(let message):
+            throw .unavailable("the key file cannot be used: \(message)")
         case .missing:
             guard creating else { return nil }
-            try FileIO.makeDirectory(directory)
             let key = SymmetricKey(size: .bits256)
             let bytes = key.withUnsafeBytes { Array($0) }
             // Created, never replaced: a key another writer made first wins, and is used.
-            if try FileIO.createExclusively(keyPath, with: bytes, directory: directory) {
+            if try FileIO.createExclusively(keyName, with: bytes, in: directory) {
                 return key
             }
-            return try encryptionKey(creating: false)
+            return try encryptionKey(creating: false, in: directory)
         }
     }
 
-    /// Renames the store file aside; returns the new name.
     /// Renames the damaged store file (whose bytes were `damaged`) aside; returns the new
     /// name, or why it was not moved. Under the write lock, and only if the file still holds
     /// those bytes: another process may have replaced it with a good one meanwhile.
-    private func moveAside(_ damaged: [UInt8]) -> String {
+    private func moveAside(_ damaged: [UInt8], in directory: TrustedDirectory) -> String {
         func renameAside() -> String {
             var now = timespec()
             clock_gettime(CLOCK_REALTIME, &now)
-            let aside = "\(path).damaged-\(now.tv_sec)-\(now.tv_nsec)"
-            if rename(path, aside) != 0 {
+            let aside = "\(name).damaged-\(now.tv_sec)-\(now.tv_nsec)"
+            if !FileIO.rename(name, to: aside, in: directory) {
                 return "(could not move it: \(String(cString: strerror(errno))))"
             }
-            return aside
+            return directory.display(aside)
         }
         if holdsWriteLock { return renameAside() }
         do {
-            return try withWriteLock { () throws(StoreFailure) -> String in
-                guard case .read(let now) = FileIO.readAll(path), now == damaged else {
+            return try withWriteLock(in: directory) { () throws(StoreFailure) -> String in
+                guard case .read(let now) = FileIO.readAll(name, in: directory), now == damaged else {
                     return "(not moved: another process replaced the file meanwhile)"
                 }
                 return renameAside()

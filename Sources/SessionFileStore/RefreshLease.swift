@@ -158,26 +158,43 @@ enum LeaseClock {
 /// The lock files of a store (`<store>.lock`, `<store>.wlock`).
 enum LockFile {
     /// A lock file: read-write (created 0600 if need be), else read-only (flock works on
-    /// either); `impossible` only for the errors that mean no lock file can exist. Never
-    /// follows a symbolic link (ELOOP: failed).
+    /// either); `impossible` only for the errors that mean no lock file can exist. Opened
+    /// relative to the trusted directory, never through a symbolic link, and checked like the
+    /// store's other files (a regular file of ours, no group/other bits, one link).
     enum Opened {
         case open(Int32, writable: Bool)
         /// The store's directory or filesystem cannot hold a lock file at all.
         case impossible
-        /// A passing failure (EMFILE, ENFILE, ENOMEM, EINTR...) or a file that must not be used.
-        case failed
+        /// A passing failure (EMFILE, ENFILE, ENOMEM, EINTR...) or a file or directory that
+        /// must not be used (the message names it and why).
+        case failed(String)
     }
 
-    static func open(_ path: String, directory: String) -> Opened {
-        let cannotExist: Set<Int32> = [EROFS, EACCES, EPERM, ENOENT, ENOTDIR]
-        if (try? FileIO.makeDirectory(directory)) != nil {
-            let fd = Glibc.open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
-            if fd >= 0 { return .open(fd, writable: true) }
-            guard cannotExist.contains(errno) else { return .failed }
+    private static let cannotExist: Set<Int32> = [EROFS, EACCES, EPERM, ENOENT, ENOTDIR]
+
+    static func open(_ name: String, in directory: TrustedDirectory) -> Opened {
+        var opening = directory.openFile(name, O_RDWR | O_CREAT)
+        var writable = true
+        if case .failed(let code, _) = opening, cannotExist.contains(code) {
+            opening = directory.openFile(name, O_RDONLY)
+            writable = false
         }
-        let fd = Glibc.open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
-        if fd >= 0 { return .open(fd, writable: false) }
-        return cannotExist.contains(errno) ? .impossible : .failed
+        switch opening {
+        case .opened(let fd): return .open(fd, writable: writable)
+        case .missing: return .impossible
+        case .failed(let code, let message): return cannotExist.contains(code) ? .impossible : .failed(message)
+        case .refused(let message): return .failed(message)
+        }
+    }
+
+    /// The store's directory (created 0700 if missing), then `name` in it.
+    static func open(_ name: String, directory path: String) -> Opened {
+        switch TrustedDirectory.open(path, create: true) {
+        case .opened(let directory): open(name, in: directory)
+        case .missing: .impossible
+        case .unreachable(let code, let message): cannotExist.contains(code) ? .impossible : .failed(message)
+        case .refused(let message): .failed(message)
+        }
     }
 }
 
@@ -212,10 +229,12 @@ enum LeaseFile {
     }
 
     /// Takes the lease for `duration` unless someone holds it. The caller holds nothing.
-    static func acquire(_ path: String, directory: String, for duration: Duration) -> (RefreshLeaseResult, Hold) {
+    /// A lock file or directory that is refused (a symbolic link, someone else's...) answers
+    /// busy: never refresh unguarded because of a planted file; the store's reads report it.
+    static func acquire(_ name: String, directory: String, for duration: Duration) -> (RefreshLeaseResult, Hold) {
         let fd: Int32
         let writable: Bool
-        switch LockFile.open(path, directory: directory) {
+        switch LockFile.open(name, directory: directory) {
         case .open(let opened, let canWrite):
             fd = opened
             writable = canWrite
@@ -265,7 +284,7 @@ enum LeaseFile {
 
     /// Ends `hold`. A record is cleared only if the file still holds exactly it: a lease whose
     /// deadline passed may have been taken by another process, whose record stays.
-    static func release(_ hold: Hold, path: String) {
+    static func release(_ hold: Hold, name: String, directory path: String) {
         switch hold {
         case .none, .unguarded:
             return
@@ -273,18 +292,14 @@ enum LeaseFile {
             _ = flock(fd, LOCK_UN)
             close(fd)
         case .record(let mine):
-            let fd = Glibc.open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
-            guard fd >= 0 else { return }  // gone: nothing to clear
+            guard case .opened(let directory) = TrustedDirectory.open(path, create: false),
+                case .opened(let fd) = directory.openFile(name, O_RDWR)
+            else { return }  // gone or no longer trusted: nothing to clear
             defer { close(fd) }
             // Others hold the flock only to read or write a record (microseconds): wait a
             // little, never for ever (one stopped inside that instant). Given up, the record
             // stays until its deadline.
-            var tries = 0
-            while flock(fd, LOCK_EX | LOCK_NB) != 0 {
-                guard errno == EWOULDBLOCK || errno == EINTR, tries < releasePatience else { return }
-                usleep(1000)
-                tries += 1
-            }
+            guard WriteLockWait.lockExclusively(fd, patience: releasePatience) == nil else { return }
             if LeaseRecord.parse(readBounded(fd)) == mine {
                 _ = ftruncate(fd, 0)
             }
@@ -292,8 +307,8 @@ enum LeaseFile {
         }
     }
 
-    /// How many milliseconds a release waits for another process's record section.
-    static let releasePatience = 100
+    /// How long a release waits for another process's record section (on the store worker).
+    static let releasePatience = Duration.milliseconds(100)
 
     /// The file's first `LeaseRecord.maximumSize + 1` bytes at most (one more than a record
     /// may have, so an oversized file is seen as such).

@@ -274,6 +274,11 @@ public func sf_runtime_destroy_report(_ pointer: OpaquePointer!, _ unclosed: Uns
             return SF_ESHUTDOWN.code
         }
         unclosed?.pointee = report.unclosedSubscriptions
+        // The store's last writes (a logout's clear, say) run on the session's store worker:
+        // an owned runtime's destroy returns once they have landed, so a host may exit next.
+        // (A borrowed runtime's destroy runs on the host's loop thread, which never waits for
+        // the store: they land on the worker thread shortly after.)
+        if !target.borrowed { target.session.waitForStoreWork() }
         return SF_OK.code
     }
 }

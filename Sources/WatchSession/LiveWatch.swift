@@ -39,12 +39,17 @@ struct LiveWatch {
         let authority: any SessionAuthority = try oauth.map { configuration throws in
             try OAuthAuthority(configuration, loop: loop)
         } ?? WatchOnly()
-        let (manager, subscriptions) = try await loop.submit {
-            let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: settings)
+        // Made here, off the loop thread, the manager waits for the store's read (on its worker):
+        // the first state shown is the stored one. It starts once the presenter listens.
+        var manual = settings
+        manual.startsAutomatically = false
+        let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: manual)
+        let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
             let events = try manager.events.subscribe(onEvent: { presenter.event($0) })
-            return (manager, [states, events])
+            return [states, events]
         }
+        try manager.start()
         let ticker = try loop.scheduleTimer(after: .milliseconds(250), repeating: .milliseconds(250)) {
             let timing = manager.timing
             presenter.status(expiresIn: timing.expiresIn, nextRefreshIn: timing.nextRefreshIn)

@@ -207,8 +207,12 @@ struct Demo {
         let loop = try EventLoop(name: "watch-session")
         let settings = configuration
         let finished = AsyncStream<String>.makeStream()
-        let (manager, subscriptions) = try await loop.submit {
-            let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: settings)
+        // Made here, off the loop thread, the manager waits for the store's read (on its worker):
+        // the first state shown is the stored one. It starts once the presenter listens.
+        var manual = settings
+        manual.startsAutomatically = false
+        let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: manual)
+        let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
             // The expiry event comes after the state change: the story ends on it.
             let events = try manager.events.subscribe(onEvent: { event in
@@ -218,8 +222,9 @@ struct Demo {
                     finished.continuation.yield("demo finished: the session expired")
                 }
             })
-            return (manager, [states, events])
+            return [states, events]
         }
+        try manager.start()
         let ticker = try loop.scheduleTimer(after: .milliseconds(200), repeating: .milliseconds(200)) {
             let timing = manager.timing
             presenter.status(expiresIn: timing.expiresIn, nextRefreshIn: timing.nextRefreshIn)

@@ -2,7 +2,8 @@
 terminal showed. Used to test watch-session's keys.
 
     python3 pty_drive.py WAIT_TEXT KEYS [AFTER_TEXT] -- command args...
-Each key is sent after AFTER_TEXT (if given) appears; exits with the command's status.
+Each key is sent after AFTER_TEXT (if given) appears — several texts joined by "&&" must all
+appear, in any order; exits with the command's status.
 """
 import os
 import pty
@@ -34,7 +35,7 @@ def main():
                 if not chunk:
                     return False
                 seen += chunk
-            if until is not None and until.encode() in seen:
+            if until is not None and all(part.encode() in seen for part in until.split("&&")):
                 return True
         return until is None
 

@@ -449,6 +449,30 @@ struct RefreshStateMachineTests {
         #expect(!s.lockHeld)
     }
 
+    /// The store worker answers a lock look later: an answer for an attempt that ended meanwhile
+    /// never counts for the attempt that waits now; a lease it took is given back.
+    @Test func aLockAnswerForAnAttemptThatEndedNeverCountsForANewerOne() {
+        var s = State.waitingForLock.make()
+        guard let first = s.machine.attemptInFlight else {
+            Issue.record("no attempt waits for the lock")
+            return
+        }
+        // The answer for another attempt id (one that ended): the lease it took is released,
+        // nothing is sent, the waiting attempt still waits.
+        s.lockHeld = true
+        s.run(s.machine.lockAttempted(.acquired, attempt: first.id + 1, now: s.now, unitRandom: 0))
+        #expect(!s.lockHeld)
+        #expect(s.sent.isEmpty)
+        #expect(s.machine.attemptInFlight?.id == first.id)
+        s.run(s.machine.lockAttempted(.newerStored(Self.session(access: Self.a2, refresh: Self.r2), lockHeld: false),
+                                      attempt: first.id + 1, now: s.now, unitRandom: 0))
+        #expect(s.answers.isEmpty && s.sent.isEmpty)
+        // Its own answer counts.
+        s.lockHeld = true
+        s.run(s.machine.lockAttempted(.acquired, attempt: first.id, now: s.now, unitRandom: 0))
+        #expect(s.sent.count == 1)
+    }
+
     @Test func tokensAnotherProcessRefreshedAreAdoptedInsteadOfSendingAStaleRefreshToken() {
         var s = State.waitingForLock.make()
         s.lockHeld = true

@@ -83,7 +83,8 @@ private func lockFileContents(_ store: FileCredentialStore) -> [UInt8] {
 
 private func setLockFileContents(_ store: FileCredentialStore, _ bytes: [UInt8]) {
     try? FileManager.default.createDirectory(atPath: store.directory, withIntermediateDirectories: true)
-    #expect(FileManager.default.createFile(atPath: store.lockPath, contents: Data(bytes)))
+    // 0600, as the store makes it: a lock file open to others is refused (TrustedPathTests).
+    #expect(FileManager.default.createFile(atPath: store.lockPath, contents: Data(bytes), attributes: [.posixPermissions: 0o600]))
 }
 
 @Suite("Refresh lease across processes", .serialized)
@@ -197,7 +198,9 @@ struct RefreshLeaseTests {
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
         ) { configuration in
-            configuration.policy.timeout = .seconds(1)
+            // Long enough that the restore's attempt is still waiting when the test asks (a
+            // loaded machine can take a second to get there).
+            configuration.policy.timeout = .seconds(3)
         }
         var failure: SessionError?
         do {
@@ -209,9 +212,15 @@ struct RefreshLeaseTests {
         let message = failure?.message ?? ""
         #expect(message.contains("another process (pid \(holder.pid)) is refreshing"), "\(message)")
         #expect(!message.contains("did not answer"), "\(message)")
-        let reported = session.recordedEvents.compactMap { event -> String? in
-            if case .refreshFailed(_, _, let error) = event { error.message } else { nil }
+        func refreshFailures() -> [String] {
+            session.recordedEvents.compactMap { event -> String? in
+                if case .refreshFailed(_, _, let error) = event { error.message } else { nil }
+            }
         }
+        // The failed attempt's event is delivered on a later loop turn than the caller's error:
+        // on a loaded machine it can still be on its way when the error arrives here.
+        _ = await eventually(timeout: .seconds(5)) { !refreshFailures().isEmpty }
+        let reported = refreshFailures()
         #expect(!reported.isEmpty && reported.allSatisfy { $0.contains("pid \(holder.pid)") && !$0.contains("did not answer") }, "\(reported)")
         #expect(authority.refreshes == 0)
         // The holder stores what it refreshed and lets go: the waiter takes those tokens.
@@ -224,7 +233,10 @@ struct RefreshLeaseTests {
         }
         #expect(adopted, "the stored tokens were not adopted: \(session.recordedEvents)")
         #expect(authority.refreshes == 0, "the waiter sent the refresh token the holder had rotated")
-        #expect(session.recordedEvents.contains { if case .tokenRefreshed(_, .sharedStore) = $0 { true } else { false } })
+        // (Events arrive on a later loop turn than the token answer.)
+        #expect(await eventually(timeout: .seconds(5)) {
+            session.recordedEvents.contains { if case .tokenRefreshed(_, .sharedStore) = $0 { true } else { false } }
+        }, "\(session.recordedEvents)")
         await session.stop()
     }
 
@@ -240,7 +252,9 @@ struct RefreshLeaseTests {
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
         ) { configuration in
-            configuration.policy.timeout = .seconds(1)
+            // Long enough that the restore's attempt is still waiting when the test asks (a
+            // loaded machine can take a second to get there).
+            configuration.policy.timeout = .seconds(3)
         }
         try await Task.sleep(for: .milliseconds(300))
         #expect(authority.refreshes == 0)

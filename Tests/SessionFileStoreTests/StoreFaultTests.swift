@@ -109,7 +109,8 @@ struct StoreFaultTests {
         if runningAsRoot {
             print("read-only: cannot mount a tmpfs (\(reason)); fallback: a 0500 directory, written by a child as nobody")
             chmod(tmp.path, 0o755)
-            for path in [directory, store.path, store.keyPath] { chown(path, 65534, 65534) }
+            // all of the store's files: someone else's are refused (TrustedPathTests)
+            for path in [directory, store.path, store.keyPath, store.writeLockPath] { chown(path, 65534, 65534) }
             chmod(directory, 0o500)
             let (lines, status) = try runSessionProbe(
                 ["--session", directory, "--as-nobody", "--logout", "--sign-in", "bob", "bob-access", "bob-refresh"])
@@ -120,6 +121,9 @@ struct StoreFaultTests {
             #expect(lines.contains("READ present alice"), "\(lines)")
             #expect(lines.contains { $0.hasPrefix("EVENT storeError(") && $0.contains("Permission denied") }, "\(lines)")
             #expect(!lines.contains { $0.contains("bob-access") || $0.contains("bob-refresh") })
+            // back to root, who checks it below (a store of someone else's is refused)
+            for path in [directory, store.path, store.keyPath, store.writeLockPath] { chown(path, 0, 0) }
+            chmod(directory, 0o700)
         } else {
             print("read-only: cannot mount a tmpfs (\(reason)); fallback: a 0500 directory")
             chmod(directory, 0o500)
@@ -184,7 +188,7 @@ struct StoreFaultTests {
         let writer = FileCredentialStore(directory: directory)
         try writer.write(session("alice"))
         let good = contents(writer.path)
-        _ = FileManager.default.createFile(atPath: writer.path, contents: Data("garbage".utf8))
+        _ = FileManager.default.createFile(atPath: writer.path, contents: Data("garbage".utf8), attributes: [.posixPermissions: 0o600])
         // "Another process" holds the write lock...
         let fd = open(writer.writeLockPath, O_RDWR | O_CLOEXEC)
         #expect(fd >= 0 && flock(fd, LOCK_EX) == 0)
@@ -195,7 +199,7 @@ struct StoreFaultTests {
         usleep(200_000)
         // ...and replaces the damaged file with a good one before letting go.
         let temporary = writer.path + ".other"
-        _ = FileManager.default.createFile(atPath: temporary, contents: Data(good))
+        _ = FileManager.default.createFile(atPath: temporary, contents: Data(good), attributes: [.posixPermissions: 0o600])
         #expect(rename(temporary, writer.path) == 0)
         flock(fd, LOCK_UN)
         close(fd)

@@ -83,6 +83,9 @@ package final class SessionHarness<Authority: SessionAuthority, Store: Credentia
             _ = try? loop.shutdown()
             throw error
         }
+        // Made on its loop thread, the manager reads a blocking store on its worker: wait for
+        // the stored session, as the tests expect to start from it.
+        await manager.storeRead()
     }
 
     deinit {

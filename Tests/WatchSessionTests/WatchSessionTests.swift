@@ -173,8 +173,9 @@ struct WatchSessionLiveTests {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileCredentialStore(directory: directory).write(storedSession())
-        // The event line comes after the state line: wait for it before quitting.
-        let (status, screen) = try onTerminal(keys: "lq", after: "signed out (userRequested)", store: directory)
+        // The state line and the event line come from two flows, in either order: wait for both
+        // before quitting.
+        let (status, screen) = try onTerminal(keys: "lq", after: "signed out (userRequested)&&STATE → loggedOut", store: directory)
         #expect(status == 0, "\(screen)")
         #expect(screen.contains("STATE → loggedIn"))
         #expect(screen.contains("STATE → loggedOut"))

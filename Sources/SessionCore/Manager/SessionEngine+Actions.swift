@@ -22,9 +22,11 @@ extension SessionEngine {
             case .cancel(let timer):
                 cancel(timer)
             case .acquireLock:
-                perform(refresh.lockAttempted(acquireLock(), now: loop.now, unitRandom: configuration.random()))
+                acquireLock()
             case .releaseLock:
-                shared?.releaseRefreshLease()
+                // On the worker, after every save submitted before (the one that stored the
+                // rotated tokens): the next holder must find them.
+                worker.submit({ store in (store as? any SharedCredentialStore)?.releaseRefreshLease() }, done: { _ in })
             case .sendRefresh(let identity):
                 guard let refreshToken = identity.refreshToken else { continue }
                 let answer = attemptCompletion(identity)
@@ -78,12 +80,39 @@ extension SessionEngine {
     /// Before sending a refresh with a shared store: tokens another process already
     /// refreshed are adopted instead; otherwise the cross-process refresh lease is taken if
     /// free, and the store read again under it (the other process may have just finished).
-    func acquireLock() -> Refresh.LockOutcome {
-        guard let shared else { return .acquired }
-        if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: false) }
-        if case .busy(let holder) = shared.tryAcquireRefreshLease(for: refreshLeaseDuration) { return .busy(holder) }
-        if let newer = refreshedElsewhere() { return .newerStored(newer, lockHeld: true) }
-        return .acquired
+    /// The looking is the worker's; its answer enters as `lockAttempted` for this attempt (the
+    /// machine ignores it, giving back a lease it took, if the attempt has ended meanwhile).
+    func acquireLock() {
+        guard let attempt = refresh.attemptInFlight else { return }
+        guard shared != nil else {
+            perform(refresh.lockAttempted(.acquired, attempt: attempt.id, now: loop.now, unitRandom: configuration.random()))
+            return
+        }
+        let look = LockLook.Question(
+            memberID: memberID, refreshTokenInFlight: attempt.refreshToken, leaseDuration: refreshLeaseDuration)
+        worker.submit({ store in LockLook.look(look, in: store) }) { [weak self] answer in
+            guard let self else { return }
+            answerEntry {
+                guard !closed else {
+                    if answer.tookLease { worker.submit({ ($0 as? any SharedCredentialStore)?.releaseRefreshLease() }, done: { _ in }) }
+                    return
+                }
+                perform(refresh.lockAttempted(
+                    outcome(of: answer), attempt: attempt.id, now: loop.now, unitRandom: configuration.random()))
+            }
+        }
+    }
+
+    /// What the worker's look means for the refresh machine (on the loop: the expiry moves to
+    /// the loop clock).
+    private func outcome(of answer: LockLook) -> Refresh.LockOutcome {
+        switch answer {
+        case .acquired: return .acquired
+        case .busy(let holder): return .busy(holder)
+        case .newerStored(let stored, let lockHeld):
+            guard let access = stored.accessToken else { return lockHeld ? .acquired : .busy(nil) }
+            return .newerStored(liveSession(from: stored, access: access, lastRefresh: loop.now), lockHeld: lockHeld)
+        }
     }
 
     /// How long a refresh lease lasts unless released: twice the refresh timeout. The
@@ -96,16 +125,6 @@ extension SessionEngine {
     /// deadline matters only for a holder that cannot release: one stopped or hung; a live
     /// holder releases as soon as its answer is stored, and a dead one frees it at once.
     var refreshLeaseDuration: Duration { policy.timeout * 2 }
-
-    /// The shared store's tokens for this session if they were refreshed with a refresh
-    /// token other than the one the attempt in flight would send.
-    func refreshedElsewhere() -> LiveSession? {
-        guard case .present(let stored) = store.read(), !stored.expired,
-            stored.memberID == memberID, let access = stored.accessToken, !access.isBlank,
-            let rotated = stored.refreshToken, rotated != refresh.attemptInFlight?.refreshToken
-        else { return nil }
-        return liveSession(from: stored, access: access, lastRefresh: loop.now)
-    }
 
     /// Ends the refresh generation and stops its timers; returns the waiters to fail once
     /// the new state is published.
@@ -202,11 +221,15 @@ extension SessionEngine {
         }
     }
 
-    /// Writes the current session (or clears, when there is none); a failure is reported
-    /// and retried, never a logout.
+    /// Writes the current session (or clears, when there is none) on the store's worker; a
+    /// failure is reported when it answers, and retried, never a logout.
     func persist() {
-        if let error = storeSync.save(storedForm()) {
-            emit(.storeError(error))
+        storeSync.save(storedForm()) { [weak self] error in
+            guard let self else { return }
+            answerEntry {
+                storeStatus.value = .unavailable(error)
+                if !closed { emit(.storeError(error)) }
+            }
         }
     }
 

@@ -29,10 +29,12 @@ final class SessionEngine: @unchecked Sendable {
     let configuration: SessionConfiguration
     var policy: RefreshPolicy { configuration.policy }
     var logger: Logger { configuration.logger }
-    var store: any CredentialStore { storeSync.store }
+    /// The only way to the store: its worker (never a store call on the loop thread).
+    var worker: StoreWorker { storeSync.worker }
 
     let state: MutableStateFlow<SessionState>
     let events: MutableSharedFlow<SessionEvent>
+    let storeStatus: MutableStateFlow<StoreStatus>
     let snapshot = LockedBox(Snapshot())
 
     // Loop-confined (after init). Not `private` only because the engine's actions live in
@@ -48,6 +50,10 @@ final class SessionEngine: @unchecked Sendable {
     let shared: (any SharedCredentialStore)?
     var storeWatch: DirectoryWatch?
     private var initialRead: StoreRead?
+    /// A read for a change of the shared store is on the worker / another change came
+    /// meanwhile (read again when it answers).
+    private var changeReadInFlight = false
+    private var changeReadAgain = false
     private var started = false
     var closed = false
 
@@ -63,23 +69,43 @@ final class SessionEngine: @unchecked Sendable {
         self.configuration = configuration
         self.shared = store as? any SharedCredentialStore
         self.storeSync = StoreSync(
-            store: store, loop: loop, retryInterval: configuration.storeRetryInterval, logger: configuration.logger)
+            worker: StoreWorker(store: store, loop: loop), loop: loop,
+            retryInterval: configuration.storeRetryInterval, logger: configuration.logger)
         self.machine = SessionStateMachine()
         self.refresh = Refresh(policy: configuration.policy, usesRefreshLock: shared != nil)
         self.state = MutableStateFlow(.loggedOut, on: loop)
+        self.storeStatus = MutableStateFlow(.reading, on: loop)
         do {
             self.events = try MutableSharedFlow(
                 on: loop, replay: 0, bufferCapacity: max(1, configuration.eventBufferCapacity), overflow: .dropOldest)
         } catch {
             throw SessionError(.invalidArgument, error.message)
         }
-        // Restore before anyone can observe, so the first state seen is the stored one.
-        let read = store.read()
-        initialRead = read
-        if case .unavailable = read {} else { restore(from: read) }
+        storeSync.onRetryDue = { [unowned self] in storeRetryDue() }
+        if storeSync.worker.inline || !loop.inEventLoop {
+            // Restore before anyone can observe, so the first state seen is the stored one:
+            // a store that never blocks is read inline; off the loop thread, this thread
+            // waits for the worker's read (the loop does not).
+            let read = storeSync.worker.readAndWait()
+            initialRead = read
+            if case .unavailable(let error) = read {
+                storeStatus.value = .unavailable(error)
+            } else {
+                restore(from: read)
+                storeStatus.value = .available
+            }
+        } else {
+            // On the loop thread, which never waits for the store: start `loggedOut` with
+            // the store `reading`; the stored session is restored when the read answers.
+            storeSync.awaitInitialReadAnswer()
+            let loopRef = loop
+            storeSync.worker.read { [weak self] read in
+                loopRef.assertInEventLoop()
+                self?.initialReadArrived(read)
+            }
+        }
         state.value = machine.state
         publishSnapshot()
-        storeSync.onRetryDue = { [unowned self] in storeRetryDue() }
         if configuration.startsAutomatically {
             do {
                 try loop.execute { [self] in start() }
@@ -107,6 +133,13 @@ final class SessionEngine: @unchecked Sendable {
     private func entry<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
         loop.assertInEventLoop()
         start()
+        return try answerEntry(body)
+    }
+
+    /// The entry of an answer (the store worker's): like `entry`, but an answer never starts
+    /// the session (the request it answers did, or it belongs to the creation).
+    func answerEntry<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
+        loop.assertInEventLoop()
         defer {
             publishSnapshot()
             assert(refresh.checkInvariants() == nil, "refresh state machine: \(refresh.checkInvariants() ?? "")")
@@ -120,37 +153,65 @@ final class SessionEngine: @unchecked Sendable {
     /// so that it can subscribe first and miss nothing.
     func start() {
         loop.assertInEventLoop()
-        guard !started, !closed, var read = initialRead else { return }
+        guard !started, !closed else { return }
+        if initialRead == nil && !storeSync.awaitingInitialRead { return }
         started = true
+        watchSharedStore()
+        guard let read = initialRead else {
+            // The initial read is still on the worker: the start-up events come with its
+            // answer (`initialReadArrived`).
+            return
+        }
         initialRead = nil
         if !configuration.startsAutomatically {
             // The host chose when to start: the store may have changed since it was read
-            // at creation (another process logged out or refreshed). Nothing has happened
-            // to this session yet (any request starts it first), so start from what the
-            // store holds now.
-            let now = store.read()
-            if now != read {
-                machine = SessionStateMachine()
-                memberID = nil
-                refresh = Refresh(policy: configuration.policy, usesRefreshLock: shared != nil)
-                if case .unavailable = now {} else { restore(from: now) }
-                publish(machine.state)
-                read = now
+            // at creation (another process logged out or refreshed).
+            if worker.inline {
+                // Nothing has happened to this session yet (any request starts it first),
+                // so start from what the store holds now.
+                let now = worker.readAndWait()
+                if now != read {
+                    machine = SessionStateMachine()
+                    memberID = nil
+                    refresh = Refresh(policy: configuration.policy, usesRefreshLock: shared != nil)
+                    if case .unavailable = now {} else { restore(from: now) }
+                    publish(machine.state)
+                    startUp(with: now)
+                    return
+                }
+            } else {
+                // The loop does not wait for the store: start from what was read at creation,
+                // then read again and follow what changed since, as another process's change.
+                startUp(with: read)
+                readAndFollowStore()
+                return
             }
         }
-        if let directory = shared?.directoryToWatch() {
-            do {
+        startUp(with: read)
+    }
+
+    /// Watches the shared store's directory (found on the worker: it may have to be made).
+    private func watchSharedStore() {
+        guard shared != nil else { return }
+        worker.submit({ store -> String? in (store as? any SharedCredentialStore)?.directoryToWatch() }) { [weak self] found in
+            guard let self, let directory = found, !closed, storeWatch == nil else { return }
+            do throws(LoopFlowError) {
                 storeWatch = try loop.watchDirectoryNow(directory) { [weak self] in self?.storeChanged() }
             } catch {
                 logger.warning("cannot watch the shared store; other processes' changes will be seen at the next refresh",
                     metadata: ["error": "\(error.message)"])
             }
         }
+    }
+
+    /// The start-up events for what the store answered, and the restored session resumed.
+    private func startUp(with read: StoreRead) {
         defer { publishSnapshot() }
         switch read {
         case .unavailable(let error):
             logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
             emit(.storeError(error))
+            storeStatus.value = .unavailable(error)
             storeSync.awaitInitialRead()
             return
         case .damaged(let error):
@@ -159,8 +220,40 @@ final class SessionEngine: @unchecked Sendable {
         case .present, .absent:
             break
         }
+        storeStatus.value = .available
         emit(.initialSession(machine.state))
         perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
+    }
+
+    /// The initial read of a session made on its loop thread answered.
+    private func initialReadArrived(_ read: StoreRead) {
+        guard !closed else { return }
+        if !started {
+            // As if read at creation: nothing has happened to the session yet (any request
+            // starts it first). `start()` emits the start-up events.
+            storeSync.initialReadAnswered()
+            initialRead = read
+            if case .unavailable(let error) = read {
+                storeStatus.value = .unavailable(error)
+            } else {
+                restore(from: read)
+                publish(machine.state)
+                storeStatus.value = .available
+            }
+            publishSnapshot()
+            return
+        }
+        answerEntry {
+            if case .unavailable(let error) = read {
+                // As at start with an unavailable store: reported, and read again later.
+                logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
+                emit(.storeError(error))
+                storeStatus.value = .unavailable(error)
+                storeSync.awaitInitialRead()
+                return
+            }
+            initialReadAnswered(read)
+        }
     }
 
     func signIn(_ tokens: SessionTokens) throws(SessionError) {
@@ -276,6 +369,7 @@ final class SessionEngine: @unchecked Sendable {
         fail(abandoned, SessionError(.shutDown, "the session manager was closed"))
         state.finish()
         events.finish()
+        storeStatus.finish()
     }
 
     // MARK: - Entry points for answers, timers and the store
@@ -305,11 +399,39 @@ final class SessionEngine: @unchecked Sendable {
 
     /// Another process changed the shared store: follow it.
     func storeChanged() {
-        entry {
+        entry { readAndFollowStore() }
+    }
+
+    /// Reads the store on the worker and follows what it holds (another process's change).
+    /// One such read at a time; a change seen meanwhile reads again after it.
+    func readAndFollowStore() {
+        guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
+        if changeReadInFlight {
+            changeReadAgain = true
+            return
+        }
+        changeReadInFlight = true
+        let savesBefore = storeSync.savesSubmitted
+        worker.read { [weak self] read in
+            guard let self else { return }
+            answerEntry {
+                changeReadInFlight = false
+                // A save submitted after this read makes it stale (the worker runs it after the
+                // read; its own directory event reads again).
+                if storeSync.savesSubmitted == savesBefore { follow(read) }
+                if changeReadAgain {
+                    changeReadAgain = false
+                    readAndFollowStore()
+                }
+            }
+        }
+    }
+
+    private func follow(_ read: StoreRead) {
             // While the store misses one of our writes (or our logout's clear), it is behind
             // us: what it says is older than what we know, and following it would undo ours.
             guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
-            switch StoreChange.decide(store.read(), state: machine.state, memberID: memberID) {
+            switch StoreChange.decide(read, state: machine.state, memberID: memberID) {
             case .ignore:
                 return
             case .damaged(let error):
@@ -330,7 +452,6 @@ final class SessionEngine: @unchecked Sendable {
             case .signIn(let stored, let access):
                 followSignIn(stored, access: access)
             }
-        }
     }
 
     /// The store retry timer: the initial read of a store that was unavailable at start,
@@ -338,30 +459,47 @@ final class SessionEngine: @unchecked Sendable {
     func storeRetryDue() {
         entry {
             if storeSync.awaitingInitialRead {
-                let read = store.read()
-                if case .unavailable = read {
-                    storeSync.scheduleRetry()
-                    return
+                worker.read { [weak self] read in
+                    guard let self else { return }
+                    answerEntry {
+                        guard !closed, storeSync.awaitingInitialRead else { return }
+                        if case .unavailable(let error) = read {
+                            storeStatus.value = .unavailable(error)
+                            storeSync.scheduleRetry()
+                            return
+                        }
+                        initialReadAnswered(read)
+                    }
                 }
-                storeSync.initialReadAnswered()
-                if case .damaged(let error) = read {
-                    emit(.storeError(error))
-                }
-                if machine.state == .loggedOut, refresh.generation == 0 {
-                    // Nothing happened meanwhile: the stored session is the starting point.
-                    restore(from: read)
-                    publish(machine.state)
-                    emit(.initialSession(machine.state))
-                    perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
-                } else {
-                    // The user acted meanwhile: what they did wins over what was stored.
-                    emit(.initialSession(machine.state))
-                    storeSync.markBehind()
-                }
+                return
             }
             if storeSync.isBehind {
                 persist()
             }
+        }
+    }
+
+    /// The store answered the initial read at last (it was unavailable at start, or the read
+    /// was on the worker when the session started).
+    private func initialReadAnswered(_ read: StoreRead) {
+        storeSync.initialReadAnswered()
+        storeStatus.value = .available
+        if case .damaged(let error) = read {
+            emit(.storeError(error))
+        }
+        if machine.state == .loggedOut, refresh.generation == 0 {
+            // Nothing happened meanwhile: the stored session is the starting point.
+            restore(from: read)
+            publish(machine.state)
+            emit(.initialSession(machine.state))
+            perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
+        } else {
+            // The user acted meanwhile: what they did wins over what was stored.
+            emit(.initialSession(machine.state))
+            storeSync.markBehind()
+        }
+        if storeSync.isBehind {
+            persist()
         }
     }
 }

@@ -8,6 +8,12 @@ import LoopFlow
 ///   at a time however many callers want a token, with backoff on transient failures.
 ///   Only the authority's terminal answer ends the session (SESSION_EXPIRED).
 /// - At creation the stored session is restored (LOGGED_IN, refreshed if it expired).
+/// - The store is never called on the loop thread: its work runs on the session's store
+///   worker, one thread, in order (`CredentialStore`); `storeStatus` says whether the store
+///   has answered. Made on a thread other than the loop's, the manager waits for the stored
+///   session; made on the loop thread (a borrowed loop's host, a loop job), it starts
+///   `loggedOut` with `storeStatus` `.reading` and restores the stored session when the read
+///   answers (with the `initialSession` event).
 ///
 /// Threading: every method is safe from any thread. The session's own work happens on
 /// the loop thread; the `async` methods return once it is done, and the completion forms
@@ -45,6 +51,39 @@ public final class SessionManager: Sendable {
     /// The session state, observable.
     public var state: StateFlow<SessionState> { engine.state }
 
+    /// Whether the store has answered: `.reading` until the stored session is read (a manager
+    /// made on its loop thread), `.unavailable` while it cannot be read or missed a write,
+    /// `.available` otherwise. With `state`, it tells "no session" from "cannot read the
+    /// session yet".
+    public var storeStatus: StateFlow<StoreStatus> { engine.storeStatus }
+
+    /// Returns once the stored session has been read (`storeStatus` is no longer `.reading`):
+    /// at once for a manager made off its loop thread. A host that acts on what the store
+    /// held (a logout key, a sign-in screen) waits for it first.
+    public func storeRead() async {
+        for await status in storeStatus.values where status != .reading { return }
+    }
+
+    /// Returns once the store work the session submitted so far has landed and its answers
+    /// (a `storeError`, say) were handled on the loop.
+    public func storeWorkDone() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            do {
+                try loop.execute { [engine] in
+                    engine.worker.afterPendingWork { continuation.resume() }
+                }
+            } catch {
+                continuation.resume()
+            }
+        }
+    }
+
+    /// Blocks until the store work the session submitted so far has run. Never on the loop
+    /// thread. For hosts that let go of the session and may exit next (the C API's destroy).
+    package func waitForStoreWork() {
+        engine.worker.waitUntilIdle()
+    }
+
     /// What happens to the session, observable.
     public var events: SharedFlow<SessionEvent> { engine.events }
 
@@ -75,21 +114,24 @@ public final class SessionManager: Sendable {
         engine.snapshot.withLockedValue { $0.memberID }
     }
 
-    /// LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN with `tokens`, stored.
+    /// LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN with `tokens`, stored. Returns once the
+    /// store has answered the write (a failure is a `storeError` event, never an error here:
+    /// the session goes on in memory).
     /// - Throws: `illegalTransition` when already signed in (log out first).
     public func signIn(_ tokens: SessionTokens) async throws(SessionError) {
-        try await onLoop { engine throws(SessionError) in try engine.signIn(tokens) }
+        try await onLoop(thenStore: true) { engine throws(SessionError) in try engine.signIn(tokens) }
     }
 
-    /// → LOGGED_OUT: the store is cleared first, every timer and retry stops, a refresh in
-    /// flight is discarded, then the tokens are revoked best effort (offline is fine).
+    /// → LOGGED_OUT: the store's clear is submitted first (before anything stored after it),
+    /// every timer and retry stops, a refresh in flight is discarded, then the tokens are
+    /// revoked best effort (offline is fine). Returns once the store has answered the clear.
     public func logout() async throws(SessionError) {
-        try await onLoop { engine throws(SessionError) in try engine.logout() }
+        try await onLoop(thenStore: true) { engine throws(SessionError) in try engine.logout() }
     }
 
-    /// SESSION_EXPIRED → LOGGED_OUT, forgetting the member id too.
+    /// SESSION_EXPIRED → LOGGED_OUT, forgetting the member id too (returns as `logout`).
     public func reconfigure() async throws(SessionError) {
-        try await onLoop { engine throws(SessionError) in try engine.reconfigure() }
+        try await onLoop(thenStore: true) { engine throws(SessionError) in try engine.reconfigure() }
     }
 
     /// The current access token, refreshed first if it is within the margin of expiry.
@@ -128,15 +170,17 @@ public final class SessionManager: Sendable {
     }
 
     /// Stops the session: waiters fail with `shutDown`, timers stop, the flows complete.
-    /// The store keeps the session for the next start.
+    /// The store keeps the session for the next start. Returns once the store work submitted
+    /// before has landed.
     public func close() async {
-        try? await onLoop { engine throws(SessionError) in engine.close() }
+        try? await onLoop(thenStore: true) { engine throws(SessionError) in engine.close() }
     }
 
     // MARK: - Synchronous forms (for the C API)
 
     /// `signIn`, answered before returning: inline on the loop thread, otherwise posted and
-    /// waited for. Do not call from a thread the loop thread is waiting on.
+    /// waited for. Do not call from a thread the loop thread is waiting on. Returns once the
+    /// session changed in memory; the store's write lands later, on the store's worker.
     package func signInAndWait(_ tokens: SessionTokens) throws(SessionError) {
         try performAndWait { engine throws(SessionError) in try engine.signIn(tokens) }
     }
@@ -182,13 +226,20 @@ public final class SessionManager: Sendable {
         }
     }
 
+    /// Runs `body` on the loop; with `thenStore`, resumes only once the store work submitted
+    /// until then has landed (see `StoreWorker.afterPendingWork`).
     private func onLoop(
-        _ body: @escaping @Sendable (SessionEngine) throws(SessionError) -> Void
+        thenStore: Bool = false, _ body: @escaping @Sendable (SessionEngine) throws(SessionError) -> Void
     ) async throws(SessionError) {
         let result: Result<Void, SessionError> = await withCheckedContinuation { continuation in
             do {
                 try loop.execute { [engine] in
-                    continuation.resume(returning: Result { () throws(SessionError) in try body(engine) })
+                    let result = Result { () throws(SessionError) in try body(engine) }
+                    if thenStore {
+                        engine.worker.afterPendingWork { continuation.resume(returning: result) }
+                    } else {
+                        continuation.resume(returning: result)
+                    }
                 }
             } catch {
                 continuation.resume(returning: .failure(SessionError(.shutDown, "the event loop is shut down")))

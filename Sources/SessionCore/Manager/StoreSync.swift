@@ -8,31 +8,45 @@ import Logging
 ///   answers again.
 /// - The initial read: a store that was unavailable at start is read again on the same
 ///   timer until it answers (`awaitingInitialRead`).
+/// - Every write goes through the store's worker (`StoreWorker`): `save` returns at once and
+///   the outcome arrives later, on the loop, in the order of the saves.
 ///
 /// The session decides *what* to store (`SessionEngine.storedForm`); this type only knows
 /// whether the store has it.
-/// Loop-confined (`@unchecked Sendable` only so its timer can call back): every method
-/// runs on the loop thread and checks so in debug builds.
+/// Loop-confined (`@unchecked Sendable` only so its timer and the worker's answers can call
+/// back): every method runs on the loop thread and checks so in debug builds.
 final class StoreSync: @unchecked Sendable {
-    let store: any CredentialStore
+    let worker: StoreWorker
     private let loop: EventLoop
     private let retryInterval: Duration
     private let logger: Logger
     /// Called on the loop thread when the retry timer fires (the engine's entry point).
     var onRetryDue: () -> Void = {}
 
-    /// The store has not answered a read yet (it was unavailable at start).
+    /// The store has not answered a read yet (it was unavailable at start, or the read is
+    /// still on the worker).
     private(set) var awaitingInitialRead = false
     /// The store missed a write or a clear: what it holds is older than the session.
     private(set) var isBehind = false
+    /// Saves handed to the worker (merged ones not counted) and saves answered.
+    private(set) var savesSubmitted: UInt64 = 0
+    private(set) var savesAnswered: UInt64 = 0
     private var retryTimer: LoopTimer?
     private var closed = false
 
-    init(store: any CredentialStore, loop: EventLoop, retryInterval: Duration, logger: Logger) {
-        self.store = store
+    init(worker: StoreWorker, loop: EventLoop, retryInterval: Duration, logger: Logger) {
+        self.worker = worker
         self.loop = loop
         self.retryInterval = retryInterval
         self.logger = logger
+    }
+
+    /// Saves are on the worker that have not answered yet.
+    var hasSavesInFlight: Bool { savesAnswered != savesSubmitted }
+
+    /// The initial read is on the worker (the session was made on its loop thread).
+    func awaitInitialReadAnswer() {
+        awaitingInitialRead = true
     }
 
     /// The store was unavailable at start: keep reading it on the retry timer.
@@ -52,24 +66,25 @@ final class StoreSync: @unchecked Sendable {
         isBehind = true
     }
 
-    /// Writes `session`, or clears the store when it is nil. Returns the failure to report
-    /// (the store is then behind and a retry is scheduled).
-    func save(_ session: StoredSession?) -> StoreError? {
+    /// Writes `session`, or clears the store when it is nil, on the worker. `failed` runs on
+    /// the loop thread with the failure to report, if the store fails it (the store is then
+    /// behind and a retry is scheduled). A store that never blocks answers inline.
+    func save(_ session: StoredSession?, failed: @escaping @Sendable (StoreError) -> Void) {
         loop.assertInEventLoop()
-        do {
-            if let session {
-                try store.write(session)
+        let counted = worker.save(session) { [self] failure in
+            loop.assertInEventLoop()
+            savesAnswered += 1
+            if let failure {
+                isBehind = true
+                logger.warning("credential store write failed", metadata: ["error": "\(failure.message)"])
+                scheduleRetry()
+                failed(failure)
             } else {
-                try store.clear()
+                isBehind = false
             }
-            isBehind = false
-            return nil
-        } catch {
-            isBehind = true
-            logger.warning("credential store write failed", metadata: ["error": "\(error.message)"])
-            scheduleRetry()
-            return error
         }
+        // Counted after the call: an inline store has answered (and counted) already.
+        if counted { savesSubmitted += 1 }
     }
 
     /// Arms the retry timer (once; never after `close()`).

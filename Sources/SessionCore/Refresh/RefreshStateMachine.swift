@@ -363,10 +363,17 @@ struct RefreshStateMachine<Waiter> {
         }
     }
 
-    /// What `acquireLock` found.
-    mutating func lockAttempted(_ outcome: LockOutcome, now: Duration, unitRandom: Double) -> [Action] {
-        guard case .refreshing(var attempt) = phase, attempt.lock == .waiting else {
-            // No attempt waits for the lock (it ended while the storage looked): give back
+    /// What `acquireLock` found. The storage looks off the loop and answers later: `attempt`
+    /// names the attempt that asked (nil: whichever waits), so an answer that arrives after
+    /// that attempt ended — even while a newer attempt waits for the lock — never counts for
+    /// another attempt.
+    mutating func lockAttempted(
+        _ outcome: LockOutcome, attempt attemptID: UInt64? = nil, now: Duration, unitRandom: Double
+    ) -> [Action] {
+        guard case .refreshing(var attempt) = phase, attempt.lock == .waiting,
+            attemptID.map({ $0 == attempt.identity.id }) ?? true
+        else {
+            // No attempt waits for this answer (it ended while the storage looked): give back
             // a lock it took — unless the attempt in flight holds it (the same lock).
             if case .refreshing(let current) = phase, current.lock == .held { return [] }
             if case .newerStored(_, lockHeld: true) = outcome { return [.releaseLock] }

@@ -47,12 +47,29 @@ public enum StoreRead: Sendable, Equatable {
     case damaged(StoreError)
 }
 
-/// Where the session is kept. Called on the session's loop thread; keep each call short
-/// (the file store's atomic write is a few milliseconds of fsync, a few times an hour).
+/// Where the session is kept: a simple, synchronous contract for implementers.
+///
+/// A session never calls its store on its loop thread. Every call runs on the session's store
+/// worker (`StoreWorker`): one thread of its own per session, started when there is store work
+/// and gone when there is none, that runs the calls one at a time in the order the session
+/// made them; the answers come back to the session as events on its loop. So a call **may
+/// block** — wait for another process's write lock, fsync, rename — without holding up the
+/// loop; only the session's later store work waits behind it.
+///
+/// The one exception is a store that says `callsMayBlock == false` (`MemoryCredentialStore`):
+/// its calls run inline on the loop thread, in the same order, and their answers arrive
+/// inline. Such a store must never wait for anything but a short lock of its own.
 public protocol CredentialStore: AnyObject, Sendable {
     func read() -> StoreRead
     func write(_ session: StoredSession) throws(StoreError)
     func clear() throws(StoreError)
+    /// Whether a call can wait for I/O or another process (true unless the store says
+    /// otherwise). A store answering false is called inline on the loop thread.
+    var callsMayBlock: Bool { get }
+}
+
+extension CredentialStore {
+    public var callsMayBlock: Bool { true }
 }
 
 /// A store that several processes share: they refresh one at a time (a cross-process
@@ -67,6 +84,7 @@ public protocol CredentialStore: AnyObject, Sendable {
 /// - `releaseRefreshLease` ends only the caller's own lease: one whose deadline passed and
 ///   that another caller has taken meanwhile stays the new holder's.
 /// - Neither call waits for another process's refresh; each is a short critical section.
+///   Like every store call they run on the session's store worker, never on its loop.
 ///
 /// A caller holds the lease only while it refreshes, and reads the store again after taking
 /// it (the previous holder may have stored tokens rotated meanwhile).

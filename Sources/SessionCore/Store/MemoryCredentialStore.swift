@@ -3,6 +3,10 @@ import LoopFlow
 /// A store in memory: for tests and for sessions that must not outlive the process.
 /// `failure` makes every call fail (reads answer `unavailable`), to play a store that is
 /// out of reach.
+///
+/// Its calls never wait (a lock held for a dictionary's worth of work), so a session calls
+/// them inline on its loop thread (`callsMayBlock` is false): tests on virtual time see every
+/// store effect at once, in order, as before store work moved to a worker.
 public final class MemoryCredentialStore: CredentialStore, @unchecked Sendable {
     private let lock = Lock()
     private var stored: StoredSession?
@@ -12,6 +16,8 @@ public final class MemoryCredentialStore: CredentialStore, @unchecked Sendable {
     public init(_ session: StoredSession? = nil) {
         stored = session
     }
+
+    public var callsMayBlock: Bool { false }
 
     /// When set, reads answer `unavailable` and writes throw.
     public var failure: StoreError? {
