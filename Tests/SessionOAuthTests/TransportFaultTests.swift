@@ -44,18 +44,11 @@ struct TransportFaultTests {
         await session.stop()
     }
 
-    /// Peak resident memory of this process since the last reset (VmHWM), in bytes.
-    static func peakRSS() -> Int {
+    /// A memory figure of this process from /proc/self/status (`VmHWM`: the peak resident size
+    /// since the last reset; `VmRSS`: now), in bytes.
+    static func memory(_ field: String) -> Int {
         guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
-            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
-            let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true)[1])
-        else { return -1 }
-        return kilobytes * 1024
-    }
-
-    static func residentNow() -> Int {
-        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
-            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let line = status.split(separator: "\n").first(where: { $0.hasPrefix(field + ":") }),
             let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true)[1])
         else { return -1 }
         return kilobytes * 1024
@@ -78,9 +71,9 @@ struct TransportFaultTests {
         try await server.fault(mode, count: 1)
 
         #expect(Self.resetPeakRSS(), "cannot reset the peak RSS")
-        let before = Self.residentNow()
+        let before = Self.memory("VmRSS")
         let error = await #expect(throws: SessionError.self) { try await session.manager.refreshNow() }
-        let growth = Self.peakRSS() - before
+        let growth = Self.memory("VmHWM") - before
         print("\(mode): peak RSS growth during the refresh \(growth / 1024) KiB")
         #expect(growth < 16 << 20, "peak RSS grew by \(growth) bytes")
         #expect(error?.code == .transient)
