@@ -319,7 +319,8 @@ int sf_subscription_close(sf_subscription subscription);
 int sf_session_sign_in(sf_runtime *runtime, const sf_tokens *tokens);
 
 /* Logs out: the store's clear submitted first (before anything the session stores
- * after it), every timer and retry stopped, a refresh in flight discarded, then the
+ * after it), every timer and retry stopped, a refresh in flight cancelled (its answer
+ * discarded), then the
  * tokens revoked best effort. Returns once the logout took effect in memory (state,
  * sf_session_is_logged_in); the clear itself lands shortly after on the session's store
  * worker thread (store work never runs on the loop thread), and a failure is reported

@@ -374,6 +374,9 @@ struct StoreWorkerTests {
         // The restored session was due: it refreshed at start, under the lease.
         #expect(await eventually(timeout: .seconds(5)) { authority.refreshes >= 1 })
         _ = try await session.manager.refreshNow()
+        // The refresh's own write lands first (it is queued on the worker: written after the
+        // change below, it would simply be the newer one and overwrite it).
+        await session.manager.storeWorkDone()
         // Another process's change, seen through the directory watch.
         try FileCredentialStore(directory: tmp.store).write(StoredSession(
             accessToken: Secret("elsewhere"), refreshToken: Secret("refresh-elsewhere"),
