@@ -185,7 +185,7 @@ struct StoreWorkerTests {
         let manager = try await loop.submit {
             try SessionManager(loop: loop, authority: authority, store: store, configuration: made)
         }
-        #expect(await eventually(timeout: .seconds(5)) { manager.storeStatus.value == .available })
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { manager.storeStatus.value == .available })
         #expect(manager.state.value == .loggedIn)
         await manager.storeWorkDone()
         host.measuring.withLockedValue { $0 = true }
@@ -197,51 +197,65 @@ struct StoreWorkerTests {
             let noise = reference.figures().max
             return noise <= 5 ? 5 : noise + 5
         }
-        host.reset()
-        reference.reset()
+        // Each window is measured up to three times, and one must be within the bound: a loop
+        // the store blocks is late in every window (by 300 ms to 2 s), while the scheduler of a
+        // 2-core machine running this test, its lock holder and the store worker at once can
+        // make one tick of ~300 a few ms late now and then (seen once in CI: 6.6 ms, p99 0.5).
 
         // 1. Another process holds <store>.wlock for 3 s.
-        let holder = try ChildProcess("/usr/bin/flock", ["-x", file.writeLockPath, "sh", "-c", "echo held; sleep 3"])
-        #expect(holder.waitForLine { $0 == "held" } != nil, "\(holder.lines)")
-        let lockStart = ContinuousClock.now
-        _ = try await manager.refreshNow()  // its write waits for the lock (2 s), fails, is retried
-        try await manager.logout()  // returns once the store answered (busy: a storeError)
-        try await manager.signIn(tokens("bob", "bob-1"))
-        _ = try await manager.refreshNow()
-        // Until the holder is gone and the store has caught up.
-        #expect(await eventually(timeout: .seconds(15)) {
-            if case .present(let stored) = file.read() { return stored.memberID == "bob" && stored.accessToken != Secret("bob-1") }
-            return false
-        })
-        let lockWindow = ContinuousClock.now - lockStart
-        let locked = host.figures()
-        let lockedNoise = reference.figures()
-        let lockedAllowed = allowed()
-        print("store-async: write lock held 3 s by another process: \(locked.ticks) ticks of 10 ms over \(lockWindow), "
-            + "max lateness \(locked.max) ms, p99 \(locked.p99) ms (a loop without a session meanwhile: max \(lockedNoise.max) ms, "
-            + "p99 \(lockedNoise.p99) ms)")
-        #expect(lockWindow >= .seconds(2), "the store did not wait for the other process's lock")
-        #expect(locked.ticks >= 100)
-        #expect(locked.max <= lockedAllowed, "the loop was held up \(locked.max) ms while another process held the write lock")
+        for attempt in 1...3 {
+            host.reset()
+            reference.reset()
+            let holder = try ChildProcess("/usr/bin/flock", ["-x", file.writeLockPath, "sh", "-c", "echo held; sleep 3"])
+            #expect(holder.waitForLine { $0 == "held" } != nil, "\(holder.lines)")
+            let lockStart = ContinuousClock.now
+            _ = try await manager.refreshNow()  // its write waits for the lock (2 s), fails, is retried
+            try await manager.logout()  // returns once the store answered (busy: a storeError)
+            try await manager.signIn(tokens("bob", "bob-1"))
+            _ = try await manager.refreshNow()
+            // Until the holder is gone and the store has caught up. Polled every 50 ms: reading
+            // (and decrypting) the store every millisecond would itself be the noise measured
+            // on two cores.
+            #expect(await eventually(timeout: .seconds(15), every: .milliseconds(50)) {
+                if case .present(let stored) = file.read() { return stored.memberID == "bob" && stored.accessToken != Secret("bob-1") }
+                return false
+            })
+            let lockWindow = ContinuousClock.now - lockStart
+            let locked = host.figures()
+            let lockedNoise = reference.figures()
+            let lockedAllowed = allowed()
+            print("store-async: write lock held 3 s by another process (window \(attempt)): \(locked.ticks) ticks of 10 ms "
+                + "over \(lockWindow), max lateness \(locked.max) ms, p99 \(locked.p99) ms (a loop without a session "
+                + "meanwhile: max \(lockedNoise.max) ms, p99 \(lockedNoise.p99) ms)")
+            #expect(lockWindow >= .seconds(2), "the store did not wait for the other process's lock")
+            #expect(locked.ticks >= 100)
+            if locked.max <= lockedAllowed { break }
+            if attempt == 3 {
+                Issue.record("the loop was held up \(locked.max) ms while another process held the write lock")
+            }
+        }
 
         // 2. Every write takes 300 ms (a slow filesystem).
-        host.reset()
-        reference.reset()
         store.delay.withLockedValue { $0 = .milliseconds(300) }
-        let slowStart = ContinuousClock.now
-        for _ in 0..<3 { _ = try await manager.refreshNow() }
-        try await manager.logout()
-        try await manager.signIn(tokens("carol", "carol-1"))
-        await manager.storeWorkDone()
-        let slowWindow = ContinuousClock.now - slowStart
-        let slow = host.figures()
-        let slowNoise = reference.figures()
-        let slowAllowed = allowed()
-        print("store-async: writes taking 300 ms: \(slow.ticks) ticks of 10 ms over \(slowWindow), "
-            + "max lateness \(slow.max) ms, p99 \(slow.p99) ms (a loop without a session meanwhile: max \(slowNoise.max) ms, "
-            + "p99 \(slowNoise.p99) ms)")
-        #expect(slowWindow >= .milliseconds(600), "the slow writes did not happen")
-        #expect(slow.max <= slowAllowed, "the loop was held up \(slow.max) ms by slow writes")
+        for attempt in 1...3 {
+            host.reset()
+            reference.reset()
+            let slowStart = ContinuousClock.now
+            for _ in 0..<3 { _ = try await manager.refreshNow() }
+            try await manager.logout()
+            try await manager.signIn(tokens("carol", "carol-1"))
+            await manager.storeWorkDone()
+            let slowWindow = ContinuousClock.now - slowStart
+            let slow = host.figures()
+            let slowNoise = reference.figures()
+            let slowAllowed = allowed()
+            print("store-async: writes taking 300 ms (window \(attempt)): \(slow.ticks) ticks of 10 ms over \(slowWindow), "
+                + "max lateness \(slow.max) ms, p99 \(slow.p99) ms (a loop without a session meanwhile: max "
+                + "\(slowNoise.max) ms, p99 \(slowNoise.p99) ms)")
+            #expect(slowWindow >= .milliseconds(600), "the slow writes did not happen")
+            if slow.max <= slowAllowed { break }
+            if attempt == 3 { Issue.record("the loop was held up \(slow.max) ms by slow writes") }
+        }
         #expect(store.callsOnLoop.withLockedValue { $0 }.isEmpty, "store calls on the loop thread: \(store.callsOnLoop.withLockedValue { $0 })")
         guard case .present(let final) = file.read() else {
             Issue.record("the last sign-in was not stored")
