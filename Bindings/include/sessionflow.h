@@ -129,7 +129,8 @@ typedef enum sf_event_kind {
     SF_EVENT_REFRESH_FAILED = 5,  /* attempt, retry_in_ms (-1: none scheduled), code, reason */
     SF_EVENT_SESSION_EXPIRED = 6, /* reason */
     SF_EVENT_VALIDATED = 7,
-    SF_EVENT_STORE_ERROR = 8      /* reason */
+    SF_EVENT_STORE_ERROR = 8,     /* reason */
+    SF_EVENT_ACCOUNT_SWITCHED = 9 /* member_id: the account key now active (sf_session_switch_account) */
 } sf_event_kind;
 
 /* A session event. Strings are borrowed for the duration of the callback. */

@@ -48,12 +48,12 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public let path: String
     public let keyPath: String
     /// The files' names in the directory (every operation is relative to its descriptor).
-    private let name: String
+    let name: String
     private let keyName: String
     private let lockName: String
     private let writeLockName: String
     private let keySource: Key
-    private let lock = Lock()
+    let lock = Lock()
     /// The cross-process refresh lease: a record in `<store>.lock` (see `LeaseRecord`).
     public let lockPath: String
     /// The cross-process write lock: `flock` on `<store>.wlock` around each change.
@@ -89,7 +89,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     /// The store's directory, opened and checked (see `TrustedDirectory`); nil when it does not
     /// exist and `create` is false.
-    private func openDirectory(create: Bool) throws(StoreFailure) -> TrustedDirectory? {
+    func openDirectory(create: Bool) throws(StoreFailure) -> TrustedDirectory? {
         guard !name.isEmpty, name != ".", name != "..", !name.contains("/") else {
             throw .unavailable("the store name \"\(name)\" is not a single file name")
         }
@@ -102,7 +102,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     /// Both lock files, checked without opening them (reads open neither; the lease and the
     /// write lock check what they open): a planted one is reported by every operation.
-    private func checkLockFiles(in directory: TrustedDirectory) throws(StoreFailure) {
+    func checkLockFiles(in directory: TrustedDirectory) throws(StoreFailure) {
         try directory.check(lockName)
         try directory.check(writeLockName)
     }
@@ -146,7 +146,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// stopped process) makes the change fail as unavailable — the session retries it — rather
     /// than hold the session's store worker (never its loop: see `CredentialStore`). Where no
     /// lock file can exist the write fails anyway.
-    private func withWriteLock<T>(
+    func withWriteLock<T>(
         in directory: TrustedDirectory, _ body: () throws(StoreFailure) -> T
     ) throws(StoreFailure) -> T {
         var fd: Int32 = -1
@@ -193,7 +193,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                 try checkLockFiles(in: directory)
                 guard let document = try load(in: directory) else { return .absent }
                 guard let active = document.active, let record = document.accounts[active] else { return .absent }
-                return .present(record.session)
+                var session = record.session
+                session.account = active
+                return .present(session)
             } catch {
                 return error.read
             }
@@ -332,7 +334,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     // MARK: Load and save (caller holds the lock)
 
     /// The document, nil when there is no file. A damaged file is moved aside first.
-    private func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
+    func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
         let bytes: [UInt8]
         switch FileIO.readAll(name, in: directory) {
         case .missing: return nil
@@ -375,7 +377,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     /// Like `load`, but a damaged file counts as nothing to change.
-    private func loadForChange(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
+    func loadForChange(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
         do {
             return try load(in: directory)
         } catch .damaged {
@@ -383,7 +385,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         }
     }
 
-    private func save(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
+    func save(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
         guard let key = try encryptionKey(creating: true, in: directory) else {
             throw .unavailable("no encryption key")
         }

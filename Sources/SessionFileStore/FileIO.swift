@@ -334,6 +334,32 @@ enum FileIO {
         }
     }
 
+    /// Removes the copies of a damaged store file moved aside as `<name>.damaged-<time>`
+    /// (only those entries: `unlinkat` of the name, never following it). Returns how many.
+    @discardableResult
+    static func removeDamagedCopies(of name: String, in directory: TrustedDirectory) -> Int {
+        let copy = fcntl(directory.descriptor, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { return 0 }
+        guard let handle = fdopendir(copy) else {
+            close(copy)
+            return 0
+        }
+        defer { closedir(handle) }
+        var names: [String] = []
+        while let entry = readdir(handle) {
+            let entryName = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if entryName.hasPrefix(name + ".damaged-") { names.append(entryName) }
+        }
+        var removed = 0
+        for entryName in names where unlinkat(directory.descriptor, entryName, 0) == 0 {
+            removed += 1
+        }
+        if removed > 0 { syncDirectory(directory) }
+        return removed
+    }
+
     /// fsync of the directory, so a rename or link in it survives a crash.
     static func syncDirectory(_ directory: TrustedDirectory) {
         fsync(directory.descriptor)

@@ -177,6 +177,9 @@ func withCEvent(_ event: SessionEvent, _ body: (UnsafePointer<sf_event>) -> Void
         c.kind = SF_EVENT_STORE_ERROR
         c.code = SF_ESTORE.code
         reason = error.message
+    case .accountSwitched(let account):
+        c.kind = SF_EVENT_ACCOUNT_SWITCHED
+        memberID = account
     }
     withOptionalCString(memberID) { memberPointer in
         withOptionalCString(reason) { reasonPointer in

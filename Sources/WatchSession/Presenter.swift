@@ -115,6 +115,7 @@ final class Presenter: @unchecked Sendable {
         case .sessionExpired: "sessionExpired"
         case .validated: "validated"
         case .storeError: "storeError"
+        case .accountSwitched: "accountSwitched"
         }
     }
 
@@ -131,6 +132,7 @@ final class Presenter: @unchecked Sendable {
         case .sessionExpired(let reason): "session expired (\(reason))"
         case .validated: "session validated"
         case .storeError(let error): "store problem: \(error.message)"
+        case .accountSwitched(let account): "switched to the account \(account)"
         }
     }
 }

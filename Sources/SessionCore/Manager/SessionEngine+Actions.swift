@@ -162,6 +162,7 @@ extension SessionEngine {
     func followLogout() {
         guard (try? machine.apply(.logout)) != nil else { return }
         memberID = nil
+        bind(nil)
         let abandoned = endSession()
         publish(.loggedOut)
         emit(.signedOut(reason: .otherProcess))
@@ -172,6 +173,7 @@ extension SessionEngine {
         guard (try? machine.apply(.signIn)) != nil else { return }
         let abandoned = endSession()
         memberID = stored.memberID
+        takeRecord(of: stored)
         refresh.sessionBegan(liveSession(from: stored, access: access))
         publish(.loggedIn)
         emit(.signedIn(memberID: memberID))
@@ -187,9 +189,11 @@ extension SessionEngine {
         if stored.expired {
             machine = SessionStateMachine(state: .sessionExpired)
             memberID = stored.memberID
+            takeRecord(of: stored)
         } else if let access = stored.accessToken, !access.isBlank {
             machine = SessionStateMachine(state: .loggedIn)
             memberID = stored.memberID
+            takeRecord(of: stored)
             refresh.sessionBegan(liveSession(from: stored, access: access))
         }
     }
@@ -271,12 +275,14 @@ extension SessionEngine {
     func publish(_ newState: SessionState) {
         publishSnapshot()
         state.value = newState
+        onStateChange?()
     }
 
     func publishSnapshot() {
         let live = refresh.live
         let current = Snapshot(
             hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
+            state: machine.state, account: accountKey,
             expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt)
         snapshot.withLockedValue { $0 = current }
     }

@@ -17,6 +17,9 @@ final class SessionEngine: @unchecked Sendable {
     struct Snapshot: Sendable {
         var hasAccessToken = false
         var memberID: String?
+        var state = SessionState.loggedOut
+        /// The account key of its record, in a store of several accounts.
+        var account: String?
         /// Loop-clock instants, for status displays.
         var expiresAt: Duration?
         var nextRefreshAt: Duration?
@@ -32,10 +35,23 @@ final class SessionEngine: @unchecked Sendable {
     /// The only way to the store: its worker (never a store call on the loop thread).
     var worker: StoreWorker { storeSync.worker }
 
-    let state: MutableStateFlow<SessionState>
-    let events: MutableSharedFlow<SessionEvent>
-    let storeStatus: MutableStateFlow<StoreStatus>
+    /// Where the session publishes: its own flows, or — the active account of a manager with
+    /// several (`attach`) — the manager's. Loop-confined after init.
+    var output: SessionOutput
+    var state: MutableStateFlow<SessionState> { output.state }
+    var events: MutableSharedFlow<SessionEvent> { output.events }
+    var storeStatus: MutableStateFlow<StoreStatus> { output.storeStatus }
     let snapshot = LockedBox(Snapshot())
+    /// The store of several accounts this session keeps one record of (nil: a store with one
+    /// session). Its record is `accountKey`'s (nil: none yet — the session follows the
+    /// store's active account until it signs in).
+    let accountStore: (any AccountCredentialStore)?
+    var accountKey: String?
+    /// Whether this session drives its manager's flows (its writes make its account the
+    /// store's active one). Loop-confined; set by the manager.
+    var isActive = true
+    /// Called on the loop thread after each state change (the manager's account list).
+    var onStateChange: (() -> Void)?
 
     // Loop-confined (after init). Not `private` only because the engine's actions live in
     // SessionEngine+Actions.swift; nothing outside those two files touches them.
@@ -46,8 +62,8 @@ final class SessionEngine: @unchecked Sendable {
     /// The request of the attempt in flight, until it answers (so it can be cancelled).
     var requestInFlight: RequestInFlight?
     let storeSync: StoreSync
-    /// The store other processes share, if it is one.
-    let shared: (any SharedCredentialStore)?
+    /// The store other processes share, if it is one (this session's record of it).
+    var shared: (any SharedCredentialStore)? { worker.store as? any SharedCredentialStore }
     var storeWatch: DirectoryWatch?
     private var initialRead: StoreRead?
     /// A read for a change of the shared store is on the worker / another change came
@@ -57,9 +73,14 @@ final class SessionEngine: @unchecked Sendable {
     private var started = false
     var closed = false
 
+    /// - Parameters:
+    ///   - store: the session's store. In a store of several accounts, the session keeps the
+    ///     record of `account` (nil: the active account's, whichever it is — and none once it
+    ///     signs out until it signs in again).
+    ///   - active: whether it starts as its manager's active account.
     init(
         loop: EventLoop, authority: any SessionAuthority, store: any CredentialStore,
-        configuration: SessionConfiguration
+        configuration: SessionConfiguration, account: String? = nil, active: Bool = true
     ) throws(SessionError) {
         if let problem = configuration.policy.problem {
             throw SessionError(.invalidArgument, "unusable refresh policy: \(problem)")
@@ -67,20 +88,22 @@ final class SessionEngine: @unchecked Sendable {
         self.loop = loop
         self.authority = authority
         self.configuration = configuration
-        self.shared = store as? any SharedCredentialStore
+        let accounts = store as? any AccountCredentialStore
+        self.accountStore = accounts
+        self.accountKey = account
+        self.isActive = active
+        let target: any CredentialStore =
+            if let accounts {
+                account.map { accounts.account($0, makesActive: active) } ?? ActiveAccountRecord(accounts)
+            } else {
+                store
+            }
         self.storeSync = StoreSync(
-            worker: StoreWorker(store: store, loop: loop), loop: loop,
+            worker: StoreWorker(store: target, loop: loop), loop: loop,
             retryInterval: configuration.storeRetryInterval, logger: configuration.logger)
         self.machine = SessionStateMachine()
-        self.refresh = Refresh(policy: configuration.policy, usesRefreshLock: shared != nil)
-        self.state = MutableStateFlow(.loggedOut, on: loop)
-        self.storeStatus = MutableStateFlow(.reading, on: loop)
-        do {
-            self.events = try MutableSharedFlow(
-                on: loop, replay: 0, bufferCapacity: max(1, configuration.eventBufferCapacity), overflow: .dropOldest)
-        } catch {
-            throw SessionError(.invalidArgument, error.message)
-        }
+        self.refresh = Refresh(policy: configuration.policy, usesRefreshLock: store is any SharedCredentialStore)
+        self.output = try SessionOutput(loop: loop, configuration: configuration, state: .loggedOut, storeStatus: .reading)
         storeSync.onRetryDue = { [unowned self] in storeRetryDue() }
         if storeSync.worker.inline || !loop.inEventLoop {
             // Restore before anyone can observe, so the first state seen is the stored one:
@@ -264,6 +287,7 @@ final class SessionEngine: @unchecked Sendable {
             try checkOpen()
             try machine.apply(.signIn)
             let abandoned = endSession()
+            takeRecord(for: tokens)
             let lifetime = policy.clampedLifetime(tokens.expiresIn)
             refresh.sessionBegan(LiveSession(
                 accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,
@@ -285,6 +309,7 @@ final class SessionEngine: @unchecked Sendable {
             let ended = refresh.live
             memberID = nil
             persist()
+            bind(nil)
             let abandoned = endSession()
             publish(.loggedOut)
             emit(.signedOut(reason: .userRequested))
@@ -307,6 +332,7 @@ final class SessionEngine: @unchecked Sendable {
             try machine.apply(.reconfigure)
             memberID = nil
             persist()
+            bind(nil)
             let abandoned = endSession()
             publish(.loggedOut)
             emit(.signedOut(reason: .reconfigured))
@@ -367,9 +393,7 @@ final class SessionEngine: @unchecked Sendable {
         storeSync.close()
         closed = true
         fail(abandoned, SessionError(.shutDown, "the session manager was closed"))
-        state.finish()
-        events.finish()
-        storeStatus.finish()
+        output.finish()
     }
 
     // MARK: - Entry points for answers, timers and the store
@@ -431,7 +455,7 @@ final class SessionEngine: @unchecked Sendable {
             // While the store misses one of our writes (or our logout's clear), it is behind
             // us: what it says is older than what we know, and following it would undo ours.
             guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
-            switch StoreChange.decide(read, state: machine.state, memberID: memberID) {
+            switch StoreChange.decide(read, state: machine.state, memberID: memberID, account: accountKey) {
             case .ignore:
                 return
             case .damaged(let error):
@@ -501,6 +525,7 @@ final class SessionEngine: @unchecked Sendable {
         if storeSync.isBehind {
             persist()
         }
+        onStateChange?()
     }
 }
 

@@ -30,6 +30,9 @@ public enum SessionEvent: Sendable, Hashable, CustomStringConvertible {
     case validated
     /// The store failed; nothing was logged out because of it.
     case storeError(StoreError)
+    /// The manager's active account changed (`SessionManager.switchAccount(to:)`): `state`
+    /// is that account's from now on.
+    case accountSwitched(account: String)
 
     public var description: String {
         switch self {
@@ -42,6 +45,7 @@ public enum SessionEvent: Sendable, Hashable, CustomStringConvertible {
         case .sessionExpired(let reason): "sessionExpired(\(reason))"
         case .validated: "validated"
         case .storeError(let error): "storeError(\(error.message))"
+        case .accountSwitched(let account): "accountSwitched(\(account))"
         }
     }
 }

@@ -20,8 +20,34 @@ import LoopFlow
 /// call back on the loop thread, never inside the call.
 public final class SessionManager: Sendable {
     public let loop: EventLoop
-    let engine: SessionEngine
+    let authority: any SessionAuthority
+    let configuration: SessionConfiguration
+    /// The flows the active account's session publishes into (`state`, `events`,
+    /// `storeStatus`): the first session's own, kept for the manager's whole life.
+    let surface: SessionOutput
+    /// A store of several accounts: one session per account (nil: one session).
+    let accountStore: (any AccountCredentialStore)?
+    /// The sessions: changed on the loop thread only; read (under the lock) from any thread.
+    let sessions: LockedBox<Sessions>
 
+    struct Sessions {
+        /// The active account's session (or a signed-out one, with no account).
+        var active: SessionEngine
+        /// The other accounts' sessions, by account key: each refreshes on its own.
+        var background: [String: SessionEngine] = [:]
+        /// The store's account list has been read (and a session made for each account).
+        var listed = false
+
+        var all: [SessionEngine] { Array(background.values) + [active] }
+    }
+
+    /// The active account's session.
+    var engine: SessionEngine { sessions.withLockedValue { $0.active } }
+
+    /// - Parameters:
+    ///   - store: where the session is kept. A store of several accounts
+    ///     (`AccountCredentialStore`, like the file store) gets a session per stored
+    ///     account; the store's active account drives `state`.
     /// - Throws: `shutDown` if the loop is shut down; `invalidArgument` for an unusable
     ///   configuration.
     public init(
@@ -31,8 +57,23 @@ public final class SessionManager: Sendable {
         configuration: SessionConfiguration = SessionConfiguration()
     ) throws(SessionError) {
         self.loop = loop
-        self.engine = try SessionEngine(
+        self.authority = authority
+        self.configuration = configuration
+        let first = try SessionEngine(
             loop: loop, authority: authority, store: store, configuration: configuration)
+        self.surface = first.output
+        self.accountStore = store as? any AccountCredentialStore
+        self.sessions = LockedBox(Sessions(active: first))
+        guard let accountStore else { return }
+        first.onStateChange = { [weak self] in self?.accountsChanged() }
+        if loop.inEventLoop {
+            // Never waits for the store: the list arrives on the loop, after the active
+            // account's read (the same worker, in order).
+            listAccountsLater()
+        } else {
+            let answer = first.worker.performAndWait { _ in accountStore.readAccounts() }
+            try addBackgroundSessions(answer)
+        }
     }
 
     /// Starts the session: reads the store again (it was read when the manager was made,
@@ -45,17 +86,23 @@ public final class SessionManager: Sendable {
     /// loop thread, never inside this call.
     /// - Throws: `shutDown` if the loop is shut down.
     public func start() throws(SessionError) {
-        try post { engine in engine.start() }
+        do {
+            try loop.execute { [self] in
+                for engine in sessions.withLockedValue({ $0.all }) { engine.start() }
+            }
+        } catch {
+            throw SessionError(.shutDown, "the event loop is shut down")
+        }
     }
 
-    /// The session state, observable.
-    public var state: StateFlow<SessionState> { engine.state }
+    /// The session state (the active account's), observable.
+    public var state: StateFlow<SessionState> { surface.state }
 
     /// Whether the store has answered: `.reading` until the stored session is read (a manager
     /// made on its loop thread), `.unavailable` while it cannot be read or missed a write,
     /// `.available` otherwise. With `state`, it tells "no session" from "cannot read the
     /// session yet".
-    public var storeStatus: StateFlow<StoreStatus> { engine.storeStatus }
+    public var storeStatus: StateFlow<StoreStatus> { surface.storeStatus }
 
     /// Returns once the stored session has been read (`storeStatus` is no longer `.reading`):
     /// at once for a manager made off its loop thread. A host that acts on what the store
@@ -69,8 +116,8 @@ public final class SessionManager: Sendable {
     public func storeWorkDone() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             do {
-                try loop.execute { [engine] in
-                    engine.worker.afterPendingWork { continuation.resume() }
+                try loop.execute { [self] in
+                    afterStoreWork(of: sessions.withLockedValue { $0.all }) { continuation.resume() }
                 }
             } catch {
                 continuation.resume()
@@ -78,14 +125,24 @@ public final class SessionManager: Sendable {
         }
     }
 
+    /// Calls `body` once the store work every one of `engines` submitted so far has landed.
+    private func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
+        guard let first = engines.first else {
+            body()
+            return
+        }
+        let rest = Array(engines.dropFirst())
+        first.worker.afterPendingWork { [self] in afterStoreWork(of: rest, body) }
+    }
+
     /// Blocks until the store work the session submitted so far has run. Never on the loop
     /// thread. For hosts that let go of the session and may exit next (the C API's destroy).
     package func waitForStoreWork() {
-        engine.worker.waitUntilIdle()
+        for engine in sessions.withLockedValue({ $0.all }) { engine.worker.waitUntilIdle() }
     }
 
-    /// What happens to the session, observable.
-    public var events: SharedFlow<SessionEvent> { engine.events }
+    /// What happens to the session (the active account's), observable.
+    public var events: SharedFlow<SessionEvent> { surface.events }
 
     /// The mobile SDKs' shape: the current state first, then each change, on the loop thread.
     public func subscribeToSessionState(
@@ -93,7 +150,7 @@ public final class SessionManager: Sendable {
         onError: (@Sendable (any Error) -> Void)? = nil,
         onComplete: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        try engine.state.subscribe(onState: onState, onError: onError, onComplete: onComplete)
+        try surface.state.subscribe(onState: onState, onError: onError, onComplete: onComplete)
     }
 
     /// Whether a non-blank access token is held. A local check: no network, any thread.
@@ -118,20 +175,28 @@ public final class SessionManager: Sendable {
     /// store has answered the write (a failure is a `storeError` event, never an error here:
     /// the session goes on in memory).
     /// - Throws: `illegalTransition` when already signed in (log out first).
+    ///
+    /// With a store of several accounts: the session of `tokens`' account (its member id)
+    /// becomes the active one; an account signed in already in the background is not signed
+    /// in twice (`illegalTransition`: switch to it). A session of another account that expired
+    /// here gives its place (and its record) to the new one; to keep a signed-in account,
+    /// use `addAccount`.
     public func signIn(_ tokens: SessionTokens) async throws(SessionError) {
-        try await onLoop(thenStore: true) { engine throws(SessionError) in try engine.signIn(tokens) }
+        try await onLoop(thenStore: true) { manager throws(SessionError) in try manager.signInOnLoop(tokens) }
     }
 
     /// → LOGGED_OUT: the store's clear is submitted first (before anything stored after it),
     /// every timer and retry stops, a refresh in flight is discarded, then the tokens are
     /// revoked best effort (offline is fine). Returns once the store has answered the clear.
+    /// With several accounts: the active one is logged out (its record removed); the others
+    /// stay signed in, in the background (`switchAccount(to:)`).
     public func logout() async throws(SessionError) {
-        try await onLoop(thenStore: true) { engine throws(SessionError) in try engine.logout() }
+        try await onLoop(thenStore: true) { manager throws(SessionError) in try manager.engine.logout() }
     }
 
     /// SESSION_EXPIRED → LOGGED_OUT, forgetting the member id too (returns as `logout`).
     public func reconfigure() async throws(SessionError) {
-        try await onLoop(thenStore: true) { engine throws(SessionError) in try engine.reconfigure() }
+        try await onLoop(thenStore: true) { manager throws(SessionError) in try manager.engine.reconfigure() }
     }
 
     /// The current access token, refreshed first if it is within the margin of expiry.
@@ -173,7 +238,7 @@ public final class SessionManager: Sendable {
     /// The store keeps the session for the next start. Returns once the store work submitted
     /// before has landed.
     public func close() async {
-        try? await onLoop(thenStore: true) { engine throws(SessionError) in engine.close() }
+        try? await onLoop(thenStore: true) { manager throws(SessionError) in manager.closeOnLoop() }
     }
 
     // MARK: - Synchronous forms (for the C API)
@@ -182,31 +247,51 @@ public final class SessionManager: Sendable {
     /// waited for. Do not call from a thread the loop thread is waiting on. Returns once the
     /// session changed in memory; the store's write lands later, on the store's worker.
     package func signInAndWait(_ tokens: SessionTokens) throws(SessionError) {
-        try performAndWait { engine throws(SessionError) in try engine.signIn(tokens) }
+        try performAndWait { manager throws(SessionError) in try manager.signInOnLoop(tokens) }
     }
 
     /// `logout`, answered before returning (see `signInAndWait`).
     package func logoutAndWait() throws(SessionError) {
-        try performAndWait { engine throws(SessionError) in try engine.logout() }
+        try performAndWait { manager throws(SessionError) in try manager.engine.logout() }
     }
 
     /// `reconfigure`, answered before returning (see `signInAndWait`).
     package func reconfigureAndWait() throws(SessionError) {
-        try performAndWait { engine throws(SessionError) in try engine.reconfigure() }
+        try performAndWait { manager throws(SessionError) in try manager.engine.reconfigure() }
+    }
+
+    /// `addAccount`, answered before returning (see `signInAndWait`).
+    package func addAccountAndWait(_ tokens: SessionTokens) throws(SessionError) {
+        try performAndWait { manager throws(SessionError) in try manager.addAccountOnLoop(tokens) }
+    }
+
+    /// `switchAccount(to:)`, answered before returning (see `signInAndWait`).
+    package func switchAccountAndWait(to key: String) throws(SessionError) {
+        try performAndWait { manager throws(SessionError) in try manager.switchAccountOnLoop(to: key) }
+    }
+
+    /// `logout(account:)`, answered before returning (see `signInAndWait`).
+    package func logoutAndWait(account key: String) throws(SessionError) {
+        try performAndWait { manager throws(SessionError) in try manager.logoutOnLoop(account: key) }
+    }
+
+    /// `logoutAll`, answered before returning (see `signInAndWait`).
+    package func logoutAllAndWait() throws(SessionError) {
+        try performAndWait { manager throws(SessionError) in try manager.logoutAllOnLoop() }
     }
 
     private func performAndWait(
-        _ body: @escaping @Sendable (SessionEngine) throws(SessionError) -> Void
+        _ body: @escaping @Sendable (SessionManager) throws(SessionError) -> Void
     ) throws(SessionError) {
         if loop.inEventLoop {
-            try body(engine)
+            try body(self)
             return
         }
         let done = Latch()
         let outcome = LockedBox<Result<Void, SessionError>>(.success(()))
         do {
-            try loop.execute { [engine] in
-                outcome.withLockedValue { $0 = Result { () throws(SessionError) in try body(engine) } }
+            try loop.execute { [self] in
+                outcome.withLockedValue { $0 = Result { () throws(SessionError) in try body(self) } }
                 done.signal()
             }
         } catch {
@@ -220,7 +305,7 @@ public final class SessionManager: Sendable {
 
     private func post(_ body: @escaping @Sendable (SessionEngine) -> Void) throws(SessionError) {
         do {
-            try loop.execute { [engine] in body(engine) }
+            try loop.execute { [self] in body(engine) }
         } catch {
             throw SessionError(.shutDown, "the event loop is shut down")
         }
@@ -229,14 +314,21 @@ public final class SessionManager: Sendable {
     /// Runs `body` on the loop; with `thenStore`, resumes only once the store work submitted
     /// until then has landed (see `StoreWorker.afterPendingWork`).
     private func onLoop(
-        thenStore: Bool = false, _ body: @escaping @Sendable (SessionEngine) throws(SessionError) -> Void
+        thenStore: Bool = false, _ body: @escaping @Sendable (SessionManager) throws(SessionError) -> Void
     ) async throws(SessionError) {
         let result: Result<Void, SessionError> = await withCheckedContinuation { continuation in
             do {
-                try loop.execute { [engine] in
-                    let result = Result { () throws(SessionError) in try body(engine) }
+                try loop.execute { [self] in
+                    // Every session's store work: a switch or a sign-out may involve several
+                    // (those there before, and those made by the call).
+                    let before = sessions.withLockedValue { $0.all }
+                    let result = Result { () throws(SessionError) in try body(self) }
                     if thenStore {
-                        engine.worker.afterPendingWork { continuation.resume(returning: result) }
+                        var engines = before
+                        for engine in sessions.withLockedValue({ $0.all }) where !engines.contains(where: { $0 === engine }) {
+                            engines.append(engine)
+                        }
+                        afterStoreWork(of: engines) { continuation.resume(returning: result) }
                     } else {
                         continuation.resume(returning: result)
                     }
@@ -248,12 +340,19 @@ public final class SessionManager: Sendable {
         try result.get()
     }
 
+    /// `onLoop(thenStore: true)`, for the account calls.
+    func runOnLoopThenStore(
+        _ body: @escaping @Sendable (SessionManager) throws(SessionError) -> Void
+    ) async throws(SessionError) {
+        try await onLoop(thenStore: true, body)
+    }
+
     private func awaitToken(
         _ body: @escaping @Sendable (SessionEngine, @escaping TokenCompletion) -> Void
     ) async throws(SessionError) -> Secret {
         let result: Result<Secret, SessionError> = await withCheckedContinuation { continuation in
             do {
-                try loop.execute { [engine] in
+                try loop.execute { [self] in
                     body(engine) { continuation.resume(returning: $0) }
                 }
             } catch {

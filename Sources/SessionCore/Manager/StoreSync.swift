@@ -129,7 +129,10 @@ enum StoreChange: Equatable {
     /// Signed in elsewhere while this process had no session.
     case signIn(StoredSession, access: Secret)
 
-    static func decide(_ read: StoreRead, state: SessionState, memberID: String?) -> StoreChange {
+    /// - Parameter account: the record the session keeps in a store of several accounts (nil:
+    ///   none, or a store of one session). What that record holds is this session's, whatever
+    ///   member id a refresh reported.
+    static func decide(_ read: StoreRead, state: SessionState, memberID: String?, account: String? = nil) -> StoreChange {
         switch read {
         case .unavailable:
             return .ignore
@@ -138,12 +141,13 @@ enum StoreChange: Equatable {
         case .absent:
             return state == .loggedOut ? .ignore : .logout
         case .present(let stored):
+            let same = stored.memberID == memberID || (account != nil && stored.account == account)
             if stored.expired {
-                return state == .loggedIn && stored.memberID == memberID ? .expire : .ignore
+                return state == .loggedIn && same ? .expire : .ignore
             }
             guard let access = stored.accessToken, !access.isBlank else { return .ignore }
             switch state {
-            case .loggedIn where stored.memberID == memberID:
+            case .loggedIn where same:
                 return .adoptTokens(stored, access: access)
             case .loggedIn:
                 return .switchSession(stored, access: access)

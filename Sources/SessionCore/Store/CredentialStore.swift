@@ -9,10 +9,13 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
     public var externalUserID: String?
     /// The session expired: tokens are gone, the member id is kept.
     public var expired: Bool
+    /// The key of the record it was read from, in a store of several accounts
+    /// (`AccountCredentialStore`); nil otherwise. Writes ignore it.
+    public var account: String?
 
     public init(
         accessToken: Secret? = nil, refreshToken: Secret? = nil, accessTokenExpiresAt: Duration? = nil,
-        memberID: String? = nil, externalUserID: String? = nil, expired: Bool = false
+        memberID: String? = nil, externalUserID: String? = nil, expired: Bool = false, account: String? = nil
     ) {
         self.accessToken = accessToken
         self.refreshToken = refreshToken
@@ -20,6 +23,15 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
         self.memberID = memberID
         self.externalUserID = externalUserID
         self.expired = expired
+        self.account = account
+    }
+
+    /// Equal sessions hold the same tokens, expiry, member and expiry flag, wherever they were
+    /// read from (`account` is not compared).
+    public static func == (lhs: StoredSession, rhs: StoredSession) -> Bool {
+        lhs.accessToken == rhs.accessToken && lhs.refreshToken == rhs.refreshToken
+            && lhs.accessTokenExpiresAt == rhs.accessTokenExpiresAt && lhs.memberID == rhs.memberID
+            && lhs.externalUserID == rhs.externalUserID && lhs.expired == rhs.expired
     }
 
     public var description: String {

@@ -28,29 +28,39 @@ import Glibc
 /// In debug builds every call of a blocking store checks that it is not on the loop thread.
 /// Submitting is loop-confined except `readAndWait` (off the loop).
 final class StoreWorker: @unchecked Sendable {
-    let store: any CredentialStore
-    let shared: (any SharedCredentialStore)?
     let loop: EventLoop
     /// The store is called inline (it never blocks).
     let inline: Bool
 
     private enum Job {
-        /// Write (or clear, when nil) for `account`.
-        case save(StoredSession?, done: @Sendable (StoreError?) -> Void)
+        /// Write (or clear, when nil) to the store that was the target when it was submitted.
+        case save(StoredSession?, any CredentialStore, done: @Sendable (StoreError?) -> Void)
         case other(@Sendable () -> Void)
     }
 
     private let lock = Lock()
+    /// Where jobs go: the session's store, or — in a store of several accounts — the record of
+    /// the account the session is signed in to (`retarget`). Each job keeps the target it was
+    /// submitted with: a clear submitted before a retarget clears the old account's record.
+    private var target: any CredentialStore
     private var queue: [Job] = []
     private var running = false
     /// For tests: how many saves were merged into one still waiting.
     private var coalescedSaves = 0
 
     init(store: any CredentialStore, loop: EventLoop) {
-        self.store = store
-        self.shared = store as? any SharedCredentialStore
+        self.target = store
         self.loop = loop
         self.inline = !store.callsMayBlock
+    }
+
+    /// The store jobs submitted from now on go to.
+    var store: any CredentialStore { lock.withLock { target } }
+
+    /// Sends the jobs submitted from now on to `store` (jobs already waiting keep theirs).
+    /// Loop thread.
+    func retarget(_ store: any CredentialStore) {
+        lock.withLock { target = store }
     }
 
     /// For tests: how many saves were merged into a save still waiting.
@@ -68,13 +78,15 @@ final class StoreWorker: @unchecked Sendable {
             return true
         }
         let merged = lock.withLock { () -> Bool in
-            guard case .save(let waiting, _) = queue.last, Self.supersedes(session, waiting) else { return false }
-            queue[queue.count - 1] = .save(session, done: done)
+            guard case .save(let waiting, let waitingTarget, _) = queue.last, waitingTarget === target,
+                Self.supersedes(session, waiting)
+            else { return false }
+            queue[queue.count - 1] = .save(session, target, done: done)
             coalescedSaves += 1
             return true
         }
         if merged { return false }
-        enqueue(.save(session, done: done))
+        enqueue { .save(session, $0, done: done) }
         return true
     }
 
@@ -86,11 +98,13 @@ final class StoreWorker: @unchecked Sendable {
             done(work(store))
             return
         }
-        enqueue(.other { [self] in
-            checkOffLoop()
-            let result = work(store)
-            deliver { done(result) }
-        })
+        enqueue { store in
+            .other { [self] in
+                checkOffLoop()
+                let result = work(store)
+                deliver { done(result) }
+            }
+        }
     }
 
     /// Reads the store on the worker, then `done` on the loop.
@@ -106,13 +120,15 @@ final class StoreWorker: @unchecked Sendable {
             body()
             return
         }
-        enqueue(.other { [self] in
-            do {
-                try loop.execute(body)
-            } catch {
-                body()
+        enqueue { _ in
+            .other { [self] in
+                do {
+                    try loop.execute(body)
+                } catch {
+                    body()
+                }
             }
-        })
+        }
     }
 
     /// Waits until every job submitted before has run (its answer may still be on its way to
@@ -122,32 +138,41 @@ final class StoreWorker: @unchecked Sendable {
         if inline { return }
         precondition(!loop.inEventLoop, "waitUntilIdle on the loop thread")
         let done = Latch()
-        enqueue(.other { done.signal() })
+        enqueue { _ in .other { done.signal() } }
         done.wait()
     }
 
     /// Reads the store on the worker and waits for the answer. Off the loop thread only (the
     /// session's creation on a thread other than the loop's).
     func readAndWait() -> StoreRead {
-        if inline { return store.read() }
-        precondition(!loop.inEventLoop, "readAndWait on the loop thread")
+        performAndWait { $0.read() }
+    }
+
+    /// Runs `work` with the store on the worker and waits for its result. Off the loop thread
+    /// only (a session made on a thread other than the loop's).
+    func performAndWait<T: Sendable>(_ work: @escaping @Sendable (any CredentialStore) -> T) -> T {
+        if inline { return work(store) }
+        precondition(!loop.inEventLoop, "a store call waited for on the loop thread")
         let done = Latch()
-        let answer = LockedBox<StoreRead?>(nil)
-        enqueue(.other { [self] in
-            checkOffLoop()
-            let read = store.read()
-            answer.withLockedValue { $0 = read }
-            done.signal()
-        })
+        let answer = LockedBox<T?>(nil)
+        enqueue { store in
+            .other { [self] in
+                checkOffLoop()
+                let result = work(store)
+                answer.withLockedValue { $0 = result }
+                done.signal()
+            }
+        }
         done.wait()
         return answer.withLockedValue { $0 }!
     }
 
     // MARK: - The thread
 
-    private func enqueue(_ job: Job) {
+    /// Queues the job made for the current target.
+    private func enqueue(_ job: (any CredentialStore) -> Job) {
         let start = lock.withLock { () -> Bool in
-            queue.append(job)
+            queue.append(job(target))
             if running { return false }
             running = true
             return true
@@ -175,7 +200,7 @@ final class StoreWorker: @unchecked Sendable {
             switch job {
             case nil:
                 return
-            case .save(let session, let done):
+            case .save(let session, let store, let done):
                 checkOffLoop()
                 let failure = Self.save(session, to: store)
                 deliver { done(failure) }

@@ -1,0 +1,130 @@
+import LoopFlow
+
+/// The flows a session publishes to: its own, or — for the active account of a manager with
+/// several accounts — the manager's (`SessionEngine.attach`).
+final class SessionOutput: Sendable {
+    let state: MutableStateFlow<SessionState>
+    let events: MutableSharedFlow<SessionEvent>
+    let storeStatus: MutableStateFlow<StoreStatus>
+
+    init(
+        loop: EventLoop, configuration: SessionConfiguration, state: SessionState, storeStatus: StoreStatus
+    ) throws(SessionError) {
+        self.state = MutableStateFlow(state, on: loop)
+        self.storeStatus = MutableStateFlow(storeStatus, on: loop)
+        do {
+            self.events = try MutableSharedFlow(
+                on: loop, replay: 0, bufferCapacity: max(1, configuration.eventBufferCapacity), overflow: .dropOldest)
+        } catch {
+            throw SessionError(.invalidArgument, error.message)
+        }
+    }
+
+    /// Completes every flow (the session is closed).
+    func finish() {
+        state.finish()
+        events.finish()
+        storeStatus.finish()
+    }
+}
+
+/// The store's active account, whichever it is, for a session that has no record of its own
+/// yet (signed out): it reads the active account's record (a session another process signed
+/// in is followed; `StoredSession.account` says whose it is), clears nothing and writes
+/// nothing — the session takes a record of its own (`SessionEngine.bind`) before it stores.
+final class ActiveAccountRecord: SharedCredentialStore, Sendable {
+    let accounts: any AccountCredentialStore
+
+    init(_ accounts: any AccountCredentialStore) {
+        self.accounts = accounts
+    }
+
+    var callsMayBlock: Bool { accounts.callsMayBlock }
+
+    func read() -> StoreRead {
+        accounts.read()
+    }
+
+    func write(_ session: StoredSession) throws(StoreError) {
+        throw StoreError("a session without an account of the store cannot be written")
+    }
+
+    func clear() throws(StoreError) {}
+
+    func tryAcquireRefreshLease(for duration: Duration) -> RefreshLeaseResult {
+        .acquired
+    }
+
+    func releaseRefreshLease() {}
+
+    func directoryToWatch() -> String? {
+        (accounts as? any SharedCredentialStore)?.directoryToWatch()
+    }
+}
+
+extension SessionEngine {
+    /// The account key a session signed in with `memberID` keeps its record under.
+    static func accountKey(for memberID: String?) -> String {
+        guard let memberID, !memberID.isEmpty else { return defaultAccount }
+        return memberID
+    }
+
+    /// Gives the session the record of `key` (nil: none — it follows the store's active
+    /// account): store work submitted from now on goes there; work already submitted keeps
+    /// the record it was submitted for. Nothing to do for a store of one session.
+    func bind(_ key: String?) {
+        guard let accountStore, key != accountKey else { return }
+        accountKey = key
+        worker.retarget(key.map { accountStore.account($0, makesActive: isActive) } ?? ActiveAccountRecord(accountStore))
+    }
+
+    /// Makes this session its manager's active one: it publishes into `surface` (which takes
+    /// its state and store status now), and the store records its account as the active one.
+    func attach(_ surface: SessionOutput) {
+        loop.assertInEventLoop()
+        isActive = true
+        if let accountStore, let key = accountKey {
+            worker.retarget(accountStore.account(key, makesActive: true))
+            worker.submit({ _ in try? accountStore.setActiveAccount(key) }, done: { _ in })
+        }
+        surface.storeStatus.value = output.storeStatus.value
+        surface.state.value = machine.state
+        output = surface
+    }
+
+    /// The session goes to the background: it publishes into flows of its own from now on
+    /// (nobody else's state follows it).
+    func detach() throws(SessionError) {
+        loop.assertInEventLoop()
+        isActive = false
+        output = try SessionOutput(
+            loop: loop, configuration: configuration, state: machine.state, storeStatus: output.storeStatus.value)
+        if let accountStore, let key = accountKey {
+            worker.retarget(accountStore.account(key, makesActive: false))
+        }
+    }
+
+    /// Before signing in with `tokens`: the record the new session is kept in. A session of
+    /// another account that ended here (expired: only its member id was stored) gives its
+    /// record up: it is cleared first.
+    func takeRecord(for tokens: SessionTokens) {
+        guard accountStore != nil else { return }
+        let key = Self.accountKey(for: tokens.memberID)
+        if let old = accountKey, old != key {
+            storeSync.save(nil) { [weak self] error in
+                guard let self else { return }
+                answerEntry {
+                    storeStatus.value = .unavailable(error)
+                    if !closed { emit(.storeError(error)) }
+                }
+            }
+        }
+        bind(key)
+    }
+
+    /// After following another process's sign-in, or restoring: the record it came from.
+    func takeRecord(of stored: StoredSession) {
+        guard accountStore != nil, accountKey == nil else { return }
+        bind(stored.account ?? Self.accountKey(for: stored.memberID))
+    }
+}

@@ -1,0 +1,69 @@
+/// A store that keeps several accounts' sessions, one record each, and remembers which
+/// account is active (the one a session restores at its next start).
+///
+/// A `SessionManager` given such a store keeps a session per stored account: each refreshes
+/// on its own, and only the active one drives `state`, `events` and `storeStatus`
+/// (`SessionManager.accounts`, `switchAccount(to:)`, `addAccount(_:)`, `logout(account:)`).
+///
+/// Every record is keyed by its **account key**: the member id the session signed in with
+/// (or `defaultAccount` without one). The key never changes while the session lives — a
+/// refresh that reports another member id updates the same record — so a logout removes
+/// every byte the session stored.
+///
+/// Like every store call, these run on a session's store worker, never on its loop thread.
+public protocol AccountCredentialStore: CredentialStore {
+    /// The accounts that have a record, and the active one.
+    func readAccounts() -> AccountsRead
+    /// The store of one account's record: its `read`, `write` and `clear` touch that record
+    /// only (a shared store's view is shared too: its refresh lease is that account's).
+    /// - Parameter makesActive: its writes also make the account the active one.
+    func account(_ key: String, makesActive: Bool) -> any CredentialStore
+    /// Makes `key` the active account (nil: none). A key without a record reads as absent.
+    func setActiveAccount(_ key: String?) throws(StoreError)
+}
+
+/// The key of the record of a session signed in without a member id.
+public let defaultAccount = "default"
+
+/// The accounts a store holds.
+public struct StoredAccounts: Sendable, Equatable {
+    /// The account keys with a record, sorted.
+    public var keys: [String]
+    /// The active account's key, if any (it may have no record).
+    public var active: String?
+
+    public init(keys: [String], active: String?) {
+        self.keys = keys
+        self.active = active
+    }
+}
+
+/// The answers to `readAccounts`.
+public enum AccountsRead: Sendable, Equatable {
+    case present(StoredAccounts)
+    /// Out of reach for now (or damaged: moved aside, and then reads as no accounts).
+    case unavailable(StoreError)
+}
+
+/// One account of a `SessionManager` (`SessionManager.accounts`).
+public struct SessionAccount: Sendable, Equatable, CustomStringConvertible {
+    /// The account key (the member id it signed in with, or `defaultAccount`).
+    public var key: String
+    /// Who is signed in now (a refresh may have reported another member id).
+    public var memberID: String?
+    /// `loggedIn` or `sessionExpired` (a signed-out account is no longer listed).
+    public var state: SessionState
+    /// Whether it drives the manager's `state`.
+    public var isActive: Bool
+
+    public init(key: String, memberID: String?, state: SessionState, isActive: Bool) {
+        self.key = key
+        self.memberID = memberID
+        self.state = state
+        self.isActive = isActive
+    }
+
+    public var description: String {
+        "\(key)\(isActive ? " (active)" : ""): \(state)"
+    }
+}

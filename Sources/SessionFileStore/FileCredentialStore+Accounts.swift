@@ -1,0 +1,147 @@
+import LoopFlow
+import SessionCore
+
+/// Several accounts in one store file: a record per account key, and the active one.
+///
+/// `account(_:makesActive:)` is the store a session keeps its record in: its reads, writes
+/// and clears touch that record only, under the cross-process write lock, so accounts never
+/// overwrite each other — in one process or several. Refreshes of every account of a store
+/// take the same refresh lease (`<store>.lock`): they run one at a time across processes,
+/// which costs an account a wait of one refresh at most.
+///
+/// A record's clear (a logout) removes the record, and the active pointer if it named that
+/// account; once no account is left, the copies of damaged store files (`*.damaged-*`) and
+/// orphaned temporary files go too. Nothing of a session stays in the store file after its
+/// logout: the file is rewritten without it (atomic replace).
+extension FileCredentialStore: AccountCredentialStore {
+    public func readAccounts() -> AccountsRead {
+        lock.withLock {
+            do throws(StoreFailure) {
+                guard let directory = try openDirectory(create: false) else {
+                    return .present(StoredAccounts(keys: [], active: nil))
+                }
+                try checkLockFiles(in: directory)
+                let document = try load(in: directory) ?? Document()
+                return .present(StoredAccounts(keys: document.accounts.keys.sorted(), active: document.active))
+            } catch {
+                switch error {
+                case .unavailable(let message), .damaged(let message): return .unavailable(StoreError(message))
+                }
+            }
+        }
+    }
+
+    public func account(_ key: String, makesActive: Bool) -> any CredentialStore {
+        AccountRecord(store: self, key: key, makesActive: makesActive)
+    }
+
+    public func setActiveAccount(_ key: String?) throws(StoreError) {
+        try change { document in
+            guard document.active != key else { return false }
+            document.active = key
+            return true
+        }
+    }
+
+    // MARK: - One record
+
+    /// Reads the record of `key` (absent if it has none).
+    func read(account key: String) -> StoreRead {
+        lock.withLock {
+            do throws(StoreFailure) {
+                guard let directory = try openDirectory(create: false) else { return .absent }
+                try checkLockFiles(in: directory)
+                guard let record = try load(in: directory)?.accounts[key] else { return .absent }
+                var session = record.session
+                session.account = key
+                return .present(session)
+            } catch {
+                return error.read
+            }
+        }
+    }
+
+    /// Writes the record of `key` (and makes it active, with `makesActive`).
+    func write(_ session: StoredSession, account key: String, makesActive: Bool) throws(StoreError) {
+        try change(creating: true) { document in
+            document.accounts[key] = Record(session)
+            if makesActive { document.active = key }
+            return true
+        }
+    }
+
+    /// Removes the record of `key`, and the active pointer if it named it.
+    func clear(account key: String) throws(StoreError) {
+        try change { document in
+            let removed = document.accounts.removeValue(forKey: key) != nil
+            let wasActive = document.active == key
+            if wasActive { document.active = nil }
+            return removed || wasActive
+        }
+    }
+
+    /// A read-modify-write of the document under the write lock; `body` says whether it
+    /// changed anything (nothing is written otherwise). A store that does not exist yet is
+    /// created only with `creating`.
+    private func change(creating: Bool = false, _ body: (inout Document) -> Bool) throws(StoreError) {
+        try lock.withLock { () throws(StoreError) in
+            do throws(StoreFailure) {
+                guard let directory = try openDirectory(create: creating) else {
+                    if creating { throw .unavailable("cannot create \(self.directory)") }
+                    return
+                }
+                try withWriteLock(in: directory) { () throws(StoreFailure) in
+                    try checkLockFiles(in: directory)
+                    var document = try loadForChange(in: directory) ?? Document()
+                    guard body(&document) else { return }
+                    try save(document, in: directory)
+                    if document.accounts.isEmpty {
+                        // Nothing of any session is left: neither are copies of its files.
+                        FileIO.removeDamagedCopies(of: name, in: directory)
+                        FileIO.removeOrphanedTemporaries(of: [name], in: directory)
+                    }
+                }
+            } catch {
+                throw error.storeError
+            }
+        }
+    }
+}
+
+/// The store of one account's record in a `FileCredentialStore` (see its accounts).
+public final class AccountRecord: SharedCredentialStore, Sendable {
+    public let store: FileCredentialStore
+    public let key: String
+    /// Writes also make the account the store's active one.
+    public let makesActive: Bool
+
+    init(store: FileCredentialStore, key: String, makesActive: Bool) {
+        self.store = store
+        self.key = key
+        self.makesActive = makesActive
+    }
+
+    public func read() -> StoreRead {
+        store.read(account: key)
+    }
+
+    public func write(_ session: StoredSession) throws(StoreError) {
+        try store.write(session, account: key, makesActive: makesActive)
+    }
+
+    public func clear() throws(StoreError) {
+        try store.clear(account: key)
+    }
+
+    public func tryAcquireRefreshLease(for duration: Duration) -> RefreshLeaseResult {
+        store.tryAcquireRefreshLease(for: duration)
+    }
+
+    public func releaseRefreshLease() {
+        store.releaseRefreshLease()
+    }
+
+    public func directoryToWatch() -> String? {
+        store.directoryToWatch()
+    }
+}
