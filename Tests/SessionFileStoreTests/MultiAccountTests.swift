@@ -1,0 +1,216 @@
+import Crypto
+import Foundation
+import LoopFlow
+import SessionCore
+import SessionFlowTestSupport
+import Testing
+
+@_spi(Fuzzing) @testable import SessionFileStore
+
+/// Answers each refresh with tokens derived from the refresh token it was sent
+/// ("alice-r" → access "alice-r.a", refresh "alice-r+"), from another thread, a little later;
+/// `renames` makes a refresh report another member id (a server that changed the user's id).
+final class PerAccountAuthority: SessionAuthority, @unchecked Sendable {
+    private let lock = NSLock()
+    private var _sent: [String] = []
+    var renames: [String: String] = [:]
+
+    var sent: [String] { lock.withLock { _sent } }
+
+    func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+        let token = request.refreshToken.reveal()
+        let member = lock.withLock { () -> String? in
+            _sent.append(token)
+            return request.memberID.flatMap { renames[$0] } ?? request.memberID
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.05) {
+            completion.succeed(TokenGrant(
+                accessToken: Secret(token + ".a"), refreshToken: Secret(token + "+"), expiresIn: .seconds(3600),
+                memberID: member))
+        }
+    }
+}
+
+private func account(_ member: String, lifetime: Duration = .seconds(3600)) -> SessionTokens {
+    SessionTokens(
+        accessToken: Secret("\(member)-a"), refreshToken: Secret("\(member)-r"), expiresIn: lifetime, memberID: member)
+}
+
+/// What the store file holds, decrypted with its key file.
+private func storedDocument(_ directory: String) throws -> FileCredentialStore.Document {
+    let key = SymmetricKeyBytes(contents(directory + "/session.sfstore.key"))
+    return try FileCredentialStore.decode(contents(directory + "/session.sfstore"), key: key.key)
+}
+
+private func record(_ store: FileCredentialStore, _ key: String) -> StoredSession? {
+    guard case .present(let stored) = store.account(key, makesActive: false).read() else { return nil }
+    return stored
+}
+
+@Suite("Several accounts", .serialized)
+struct MultiAccountTests {
+    typealias Session = SessionHarness<PerAccountAuthority, FileCredentialStore>
+
+    private func session(_ tmp: TemporaryDirectory, _ authority: PerAccountAuthority = PerAccountAuthority()) async throws -> Session {
+        try await SessionHarness(loopName: "accounts", authority: authority, store: FileCredentialStore(directory: tmp.store, key: .keyFile))
+    }
+
+    @Test func twoAccountsAreListedSwitchedAndEachKeepsItsOwnTokens() async throws {
+        let tmp = TemporaryDirectory()
+        let s = try await session(tmp)
+        try await s.manager.signIn(account("alice"))
+        try await s.manager.addAccount(account("bob"))
+        #expect(s.manager.accounts == [
+            SessionAccount(key: "alice", memberID: "alice", state: .loggedIn, isActive: false),
+            SessionAccount(key: "bob", memberID: "bob", state: .loggedIn, isActive: true),
+        ])
+        #expect(s.manager.memberID == "bob")
+        #expect(try await s.manager.freshAccessToken().reveal() == "bob-a")
+        #expect(s.store.readAccounts() == .present(StoredAccounts(keys: ["alice", "bob"], active: "bob")))
+
+        try await s.manager.switchAccount(to: "alice")
+        #expect(s.manager.state.value == .loggedIn)
+        #expect(s.manager.memberID == "alice")
+        #expect(try await s.manager.freshAccessToken().reveal() == "alice-a")
+        #expect(s.manager.accounts.map(\.isActive) == [true, false])
+        #expect(s.events.withLockedValue { $0 }.contains(.accountSwitched(account: "alice")))
+        #expect(s.store.readAccounts() == .present(StoredAccounts(keys: ["alice", "bob"], active: "alice")))
+        // The active account is what the plain read (and the next start) finds.
+        #expect(s.store.read().memberID == "alice")
+
+        // Errors are clear and change nothing.
+        await #expect(throws: SessionError.self) { try await s.manager.switchAccount(to: "carol") }
+        await #expect(throws: SessionError.self) { try await s.manager.signIn(account("bob")) }
+        #expect(s.manager.memberID == "alice")
+        #expect(s.manager.accounts.count == 2)
+        await s.stop()
+    }
+
+    @Test func eachAccountRefreshesOnItsOwnAndOnlyTheActiveOneDrivesTheState() async throws {
+        let tmp = TemporaryDirectory()
+        let authority = PerAccountAuthority()
+        let s = try await session(tmp, authority)
+        // Alice's token is short-lived: her session refreshes it in the background.
+        try await s.manager.signIn(account("alice", lifetime: .seconds(3)))
+        try await s.manager.addAccount(account("bob"))
+        let eventsBefore = s.events.withLockedValue { $0.count }
+        #expect(await eventually(timeout: .seconds(15)) { authority.sent.contains("alice-r") })
+        #expect(await eventually(timeout: .seconds(5)) { record(s.store, "alice")?.refreshToken?.reveal() == "alice-r+" })
+        // Bob (active) saw nothing of it: no refresh of his, no event, same token.
+        #expect(!authority.sent.contains("bob-r"))
+        #expect(!s.events.withLockedValue { $0.dropFirst(eventsBefore) }.contains { if case .tokenRefreshed = $0 { true } else { false } })
+        #expect(try await s.manager.freshAccessToken().reveal() == "bob-a")
+        #expect(record(s.store, "bob")?.refreshToken?.reveal() == "bob-r")
+
+        // Bob's refresh sends his refresh token and touches only his record.
+        #expect(try await s.manager.refreshNow().reveal() == "bob-r.a")
+        #expect(authority.sent.filter { $0.hasPrefix("bob") } == ["bob-r"])
+        await s.manager.storeWorkDone()
+        #expect(record(s.store, "bob")?.refreshToken?.reveal() == "bob-r+")
+        #expect(record(s.store, "alice")?.refreshToken?.reveal() == "alice-r+")
+
+        // Switched to, Alice has her refreshed token.
+        try await s.manager.switchAccount(to: "alice")
+        #expect(try await s.manager.freshAccessToken().reveal() == "alice-r.a")
+        await s.stop()
+    }
+
+    @Test func signingOutOneAccountLeavesTheOtherIntactAndTheLastLeavesNothing() async throws {
+        let tmp = TemporaryDirectory()
+        let s = try await session(tmp)
+        try await s.manager.signIn(account("alice"))
+        try await s.manager.addAccount(account("bob"))
+        let bobBefore = record(s.store, "bob")
+
+        try await s.manager.logout(account: "alice")  // in the background
+        #expect(s.manager.accounts.map(\.key) == ["bob"])
+        #expect(s.manager.state.value == .loggedIn)
+        #expect(s.manager.memberID == "bob")
+        #expect(record(s.store, "alice") == nil)
+        #expect(record(s.store, "bob") == bobBefore)
+        #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["bob"])
+
+        // A damaged copy from earlier holds what the file held then.
+        let damaged = tmp.store + "/session.sfstore.damaged-1-1"
+        _ = FileManager.default.createFile(atPath: damaged, contents: Data(contents(tmp.store + "/session.sfstore")), attributes: [.posixPermissions: 0o600])
+
+        try await s.manager.logout()
+        #expect(s.manager.state.value == .loggedOut)
+        #expect(s.manager.accounts.isEmpty)
+        let document = try storedDocument(tmp.store)
+        #expect(document.accounts.isEmpty)
+        #expect(document.active == nil)
+        #expect(!tmp.files().contains { $0.contains(".damaged-") }, "\(tmp.files())")
+        await s.stop()
+    }
+
+    @Test func logoutWipesTheRecordWhateverMemberIDsTheSessionPassedThrough() async throws {
+        let tmp = TemporaryDirectory()
+        let authority = PerAccountAuthority()
+        authority.renames = ["alice": "alice-2"]
+        let s = try await session(tmp, authority)
+        try await s.manager.signIn(account("alice"))
+        _ = try await s.manager.refreshNow()
+        #expect(s.manager.memberID == "alice-2")
+        await s.manager.storeWorkDone()
+        // One record, under the key the session signed in with, holding the new member id.
+        let during = try storedDocument(tmp.store)
+        #expect(during.accounts.keys.sorted() == ["alice"])
+        #expect(record(s.store, "alice")?.memberID == "alice-2")
+
+        try await s.manager.logout()
+        let after = try storedDocument(tmp.store)
+        #expect(after.accounts.isEmpty, "records left: \(after.accounts.keys.sorted())")
+        #expect(s.store.read() == .absent)
+        await s.stop()
+    }
+
+    @Test func aRestartRestoresTheActiveAccountAndStartsTheOthersInTheBackground() async throws {
+        let tmp = TemporaryDirectory()
+        let authority = PerAccountAuthority()
+        let first = try await session(tmp, authority)
+        try await first.manager.signIn(account("alice"))
+        try await first.manager.addAccount(account("bob"))
+        try await first.manager.switchAccount(to: "alice")
+        await first.stop()
+
+        let again = try await session(tmp, authority)
+        #expect(await eventually(timeout: .seconds(5)) { again.manager.accounts.count == 2 })
+        #expect(again.manager.state.value == .loggedIn)
+        #expect(again.manager.memberID == "alice")
+        #expect(again.manager.accounts == [
+            SessionAccount(key: "alice", memberID: "alice", state: .loggedIn, isActive: true),
+            SessionAccount(key: "bob", memberID: "bob", state: .loggedIn, isActive: false),
+        ])
+        try await again.manager.switchAccount(to: "bob")
+        #expect(try await again.manager.freshAccessToken().reveal() == "bob-a")
+        await again.stop()
+    }
+
+    @Test func anAccountSignedOutInAnotherProcessLeavesTheList() async throws {
+        let tmp = TemporaryDirectory()
+        let authority = PerAccountAuthority()
+        let a = try await session(tmp, authority)
+        try await a.manager.signIn(account("alice"))
+        try await a.manager.addAccount(account("bob"))
+        let b = try await session(tmp, authority)  // restores bob (active), alice in the background
+        #expect(await eventually(timeout: .seconds(5)) { b.manager.accounts.count == 2 })
+        try await b.manager.logout(account: "alice")
+        #expect(await eventually(timeout: .seconds(5)) { a.manager.accounts.map(\.key) == ["bob"] })
+        #expect(a.manager.memberID == "bob")
+        #expect(a.manager.state.value == .loggedIn)
+        await a.stop()
+        await b.stop()
+    }
+}
+
+private struct SymmetricKeyBytes {
+    let key: SymmetricKey?
+    init(_ bytes: [UInt8]) { key = bytes.count == 32 ? SymmetricKey(data: bytes) : nil }
+}
+
+extension StoreRead {
+    fileprivate var memberID: String? {
+        if case .present(let stored) = self { stored.memberID } else { nil }
+    }
+}
