@@ -342,6 +342,50 @@ int sf_session_is_logged_in(sf_runtime *runtime);
  * written), SF_ECLOSED. Any thread. */
 int sf_session_member_id(sf_runtime *runtime, char *buffer, size_t length);
 
+/* ---- Several accounts ----------------------------------------------------------- */
+/* A session on a store_directory keeps one record per account (the member id it signed in
+ * with; "default" without one) and one session per account: each refreshes on its own, and
+ * the active one drives the state, the events and sf_session_* calls. A switch emits
+ * SF_EVENT_ACCOUNT_SWITCHED; it refreshes, cancels and signs out nothing. An account signed
+ * out — here or by another process sharing the store — leaves the list. Without a
+ * store_directory there is one account at most. sf_session_sign_in signs in the active
+ * account (SF_ESTATE if that account is signed in already, here or in the background:
+ * switch to it); sf_session_logout signs out the active one only. */
+
+/* Copies the account keys, sorted, each NUL-terminated, then one more NUL (an empty key
+ * ends the list: "alice\0bob\0\0"; no account: "\0") into `buffer`, and stores in
+ * *needed (may be NULL) the bytes the list takes, whether it fits or not — pass a NULL
+ * buffer with length 0 to ask. Returns SF_OK, SF_ERANGE (`length` too small: nothing
+ * written), SF_EINVAL (NULL buffer with a length), SF_ECLOSED. Any thread: a snapshot. */
+int sf_session_accounts(sf_runtime *runtime, char *buffer, size_t length, size_t *needed);
+
+/* Copies the active account's key (NUL-terminated; "" when none is signed in) into
+ * `buffer`. Returns as sf_session_member_id. Any thread. */
+int sf_session_active_account(sf_runtime *runtime, char *buffer, size_t length);
+
+/* Stores in *out the state of `account`'s session (SF_LOGGED_IN or SF_SESSION_EXPIRED).
+ * Returns SF_OK, SF_EINVAL (NULL argument, or no such account), SF_ECLOSED. Any thread. */
+int sf_session_account_state(sf_runtime *runtime, const char *account, sf_session_state *out);
+
+/* Makes `account` the active one (the store remembers it for the next start). Returns
+ * SF_OK (also when it is active already), SF_EINVAL (NULL, or no such account), SF_ECLOSED,
+ * SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
+int sf_session_switch_account(sf_runtime *runtime, const char *account);
+
+/* Signs in another account, keeping the active one signed in, in the background; the new
+ * one becomes active (as sf_session_sign_in when no account is signed in). Returns as
+ * sf_session_sign_in (SF_ESTATE: that account is signed in already). */
+int sf_session_add_account(sf_runtime *runtime, const sf_tokens *tokens);
+
+/* Logs `account` out (its record removed, its tokens revoked best effort); the others stay.
+ * The active account: as sf_session_logout. Returns SF_OK, SF_EINVAL (NULL, or no such
+ * account), SF_ECLOSED, SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
+int sf_session_logout_account(sf_runtime *runtime, const char *account);
+
+/* Logs every account out. Returns SF_OK (also when none was signed in), SF_ECLOSED,
+ * SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
+int sf_session_logout_all(sf_runtime *runtime);
+
 /* Asks for a usable access token: the current one, or a refreshed one when within the
  * margin of expiry (one refresh shared by every caller). `callback` runs once on the
  * loop thread with the token or the reason there is none (SF_ENOTLOGGEDIN,

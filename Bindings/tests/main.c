@@ -44,7 +44,10 @@
     XX(refresh_release_failed_create_takes_no_ownership)             \
     XX(refresh_release_runs_without_a_refresher_and_honours_size)    \
     XX(threads_close_subscriptions_while_the_loop_delivers)          \
-    XX(secrets_never_reach_a_host_or_the_logs)
+    XX(secrets_never_reach_a_host_or_the_logs)                       \
+    XX(accounts_listed_switched_and_signed_out_one_by_one)          \
+    XX(accounts_restart_restores_the_active_one_and_lists_the_others) \
+    XX(accounts_bad_input_is_einval_and_changes_nothing)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

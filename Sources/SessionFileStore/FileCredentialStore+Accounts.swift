@@ -3,7 +3,7 @@ import SessionCore
 
 /// Several accounts in one store file: a record per account key, and the active one.
 ///
-/// `account(_:makesActive:)` is the store a session keeps its record in: its reads, writes
+/// `account(_:isActive:)` is the store a session keeps its record in: its reads, writes
 /// and clears touch that record only, under the cross-process write lock, so accounts never
 /// overwrite each other — in one process or several. Refreshes of every account of a store
 /// take the same refresh lease (`<store>.lock`): they run one at a time across processes,
@@ -31,12 +31,12 @@ extension FileCredentialStore: AccountCredentialStore {
         }
     }
 
-    public func account(_ key: String, makesActive: Bool) -> any CredentialStore {
-        AccountRecord(store: self, key: key, makesActive: makesActive)
+    public func account(_ key: String, isActive: Bool) -> any CredentialStore {
+        AccountRecord(store: self, key: key, isActive: isActive)
     }
 
     public func setActiveAccount(_ key: String?) throws(StoreError) {
-        try change { document in
+        try change(creating: key != nil) { document in
             guard document.active != key else { return false }
             document.active = key
             return true
@@ -61,18 +61,19 @@ extension FileCredentialStore: AccountCredentialStore {
         }
     }
 
-    /// Writes the record of `key` (and makes it active, with `makesActive`).
-    func write(_ session: StoredSession, account key: String, makesActive: Bool) throws(StoreError) {
+    /// Writes the record of `key`; with `claimingActive`, it becomes the active one if the
+    /// store has none (otherwise the active pointer is left as it is).
+    func write(_ session: StoredSession, account key: String, claimingActive: Bool) throws(StoreError) {
         try change(creating: true) { document in
             document.accounts[key] = Record(session)
-            if makesActive { document.active = key }
+            if claimingActive && document.active == nil { document.active = key }
             return true
         }
     }
 
     /// Removes the record of `key`, and the active pointer if it named it.
     func clear(account key: String) throws(StoreError) {
-        try change { document in
+        try change(removingCopiesWhenEmpty: true) { document in
             let removed = document.accounts.removeValue(forKey: key) != nil
             let wasActive = document.active == key
             if wasActive { document.active = nil }
@@ -82,8 +83,11 @@ extension FileCredentialStore: AccountCredentialStore {
 
     /// A read-modify-write of the document under the write lock; `body` says whether it
     /// changed anything (nothing is written otherwise). A store that does not exist yet is
-    /// created only with `creating`.
-    private func change(creating: Bool = false, _ body: (inout Document) -> Bool) throws(StoreError) {
+    /// created only with `creating`. With `removingCopiesWhenEmpty` (a record's clear), a
+    /// store left without accounts loses its damaged copies and orphaned temporaries too.
+    private func change(
+        creating: Bool = false, removingCopiesWhenEmpty: Bool = false, _ body: (inout Document) -> Bool
+    ) throws(StoreError) {
         try lock.withLock { () throws(StoreError) in
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: creating) else {
@@ -95,7 +99,7 @@ extension FileCredentialStore: AccountCredentialStore {
                     var document = try loadForChange(in: directory) ?? Document()
                     guard body(&document) else { return }
                     try save(document, in: directory)
-                    if document.accounts.isEmpty {
+                    if removingCopiesWhenEmpty && document.accounts.isEmpty {
                         // Nothing of any session is left: neither are copies of its files.
                         FileIO.removeDamagedCopies(of: name, in: directory)
                         FileIO.removeOrphanedTemporaries(of: [name], in: directory)
@@ -112,13 +116,13 @@ extension FileCredentialStore: AccountCredentialStore {
 public final class AccountRecord: SharedCredentialStore, Sendable {
     public let store: FileCredentialStore
     public let key: String
-    /// Writes also make the account the store's active one.
-    public let makesActive: Bool
+    /// Its writes make it the active account when the store has none.
+    public let isActive: Bool
 
-    init(store: FileCredentialStore, key: String, makesActive: Bool) {
+    init(store: FileCredentialStore, key: String, isActive: Bool) {
         self.store = store
         self.key = key
-        self.makesActive = makesActive
+        self.isActive = isActive
     }
 
     public func read() -> StoreRead {
@@ -126,7 +130,7 @@ public final class AccountRecord: SharedCredentialStore, Sendable {
     }
 
     public func write(_ session: StoredSession) throws(StoreError) {
-        try store.write(session, account: key, makesActive: makesActive)
+        try store.write(session, account: key, claimingActive: isActive)
     }
 
     public func clear() throws(StoreError) {

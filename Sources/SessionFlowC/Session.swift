@@ -18,7 +18,7 @@ struct TokenCallback: @unchecked Sendable {
 }
 
 /// A call that waits for the loop's answer: on a borrowed loop, only from its thread.
-private func synchronous(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
+func synchronousCall(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
     withRuntime(pointer) { runtime throws(SessionError) in
         guard runtime.synchronousCallsAllowed else { return SF_ETHREAD.code }
         try body(runtime)
@@ -42,19 +42,19 @@ public func sf_session_sign_in(_ pointer: OpaquePointer!, _ tokens: UnsafePointe
         refreshToken: string(tokens.refresh_token).map(Secret.init),
         expiresIn: .seconds(tokens.expires_in),
         memberID: string(tokens.member_id))
-    return synchronous(pointer) { runtime throws(SessionError) in
+    return synchronousCall(pointer) { runtime throws(SessionError) in
         try runtime.session.signInAndWait(sessionTokens)
     }
 }
 
 @c @implementation
 public func sf_session_logout(_ pointer: OpaquePointer!) -> Int32 {
-    synchronous(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait() }
+    synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait() }
 }
 
 @c @implementation
 public func sf_session_reconfigure(_ pointer: OpaquePointer!) -> Int32 {
-    synchronous(pointer) { runtime throws(SessionError) in try runtime.session.reconfigureAndWait() }
+    synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.reconfigureAndWait() }
 }
 
 @c @implementation

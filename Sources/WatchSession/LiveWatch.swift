@@ -8,6 +8,8 @@ import SessionOAuth
 /// server. Runs until `q`, Ctrl-C (exit 130) or SIGTERM.
 struct LiveWatch {
     let storeDirectory: String?
+    /// The account to follow (nil: the store's active one).
+    let account: String?
     let oauth: OAuthConfiguration?
     let refreshToken: Secret?
     let presenter: Presenter
@@ -50,9 +52,32 @@ struct LiveWatch {
             return [states, events]
         }
         try manager.start()
+        if let account {
+            do {
+                try await manager.switchAccount(to: account)
+            } catch {
+                let known = manager.accounts.map { Presenter.printable($0.key) }
+                await manager.close()
+                try loop.shutdown()
+                return .failed("no account \"\(Presenter.printable(account))\" in the store ("
+                    + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")")
+            }
+        }
+        // The accounts, shown at start and whenever the list changes.
+        let shownAccounts = LockedBox<[SessionAccount]?>(nil)
+        let showAccounts: @Sendable () -> Void = {
+            let now = manager.accounts
+            let changed = shownAccounts.withLockedValue { shown -> Bool in
+                defer { shown = now }
+                return shown != now
+            }
+            if changed { presenter.accounts(now) }
+        }
+        showAccounts()
         let ticker = try loop.scheduleTimer(after: .milliseconds(250), repeating: .milliseconds(250)) {
             let timing = manager.timing
             presenter.status(expiresIn: timing.expiresIn, nextRefreshIn: timing.nextRefreshIn)
+            showAccounts()
         }
 
         // A refresh token given on the side: exchange it for a session.
@@ -76,6 +101,15 @@ struct LiveWatch {
                 Task { do { try await manager.logout() } catch { presenter.note("logout: \(error)") } }
             case "r":
                 Task { do { _ = try await manager.refreshNow() } catch { presenter.note("refresh: \(error)") } }
+            case "a":
+                // The next account, in the list's order.
+                let all = manager.accounts
+                guard all.count > 1, let current = all.firstIndex(where: \.isActive) else {
+                    presenter.note("no other account to switch to")
+                    break
+                }
+                let next = all[(current + 1) % all.count].key
+                Task { do { try await manager.switchAccount(to: next) } catch { presenter.note("switch: \(error)") } }
             case "u":
                 Task {
                     do {
@@ -88,7 +122,7 @@ struct LiveWatch {
             default: break
             }
         } : nil
-        if keys { presenter.note("keys: l logout · r refresh now · u simulate a 401 · q quit") }
+        if keys { presenter.note("keys: l logout · r refresh now · u simulate a 401 · a next account · q quit") }
 
         var result = Ending.quit
         for await reason in ending.stream {

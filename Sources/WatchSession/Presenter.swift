@@ -79,6 +79,29 @@ final class Presenter: @unchecked Sendable {
         write("\(Self.clock.string(from: Date()))  \(Self.describe(event))")
     }
 
+    /// The accounts of the store (several accounts): keys, states, the active one.
+    func accounts(_ accounts: [SessionAccount]) {
+        if json {
+            emitJSON(["kind": "accounts", "accounts": accounts.map { account -> [String: Any] in
+                ["key": account.key, "state": account.state.rawValue, "active": account.isActive]
+            }])
+            return
+        }
+        let list = accounts.isEmpty
+            ? "none"
+            : accounts.map { "\(Self.printable($0.key)) (\($0.isActive ? "active, " : "")\($0.state.rawValue))" }
+                .joined(separator: " · ")
+        write("\(Self.clock.string(from: Date()))  \(paint("ACCOUNTS \(list)", "1;36"))")
+    }
+
+    /// `text` with every control character (escape sequences included) shown as `?`: names from
+    /// a store or a server never drive the terminal.
+    static func printable(_ text: String) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.map { scalar in
+            scalar.properties.generalCategory == .control || scalar.properties.generalCategory == .format ? "?" : scalar
+        }))
+    }
+
     func note(_ text: String) {
         if json {
             emitJSON(["kind": "note", "text": text])

@@ -22,11 +22,14 @@ struct WatchSession: AsyncParsableCommand {
               watch-session --scenario offline-start
               watch-session --store ~/.config/app/session
                                                follow the session other processes keep there
+              watch-session --store DIR --account bob
+                                               follow the account bob of several (the list is shown)
               watch-session --store DIR --token-endpoint https://auth.example.com/oauth/token \\
                             --client-id my-app --refresh-token-file token.txt
                                                drive a real OAuth 2.0 server (token from a file or '-' for stdin)
 
-            Keys on a terminal: l logout, r refresh now, u simulate a 401, q quit. Ctrl-C exits (130).
+            Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit. \
+            Ctrl-C exits (130).
             """)
 
     @Option(help: "Compress time by this factor (the demo's clock runs N times faster).")
@@ -40,6 +43,9 @@ struct WatchSession: AsyncParsableCommand {
 
     @Option(help: "Watch the encrypted file store in this directory (other processes' changes appear live).")
     var store: String?
+
+    @Option(help: "With --store: the account to follow (its key: the member id it signed in with). The store's active one otherwise.")
+    var account: String?
 
     @Option(help: "OAuth 2.0 token endpoint to refresh with (https; plain http only to a loopback host).")
     var tokenEndpoint: String?
@@ -63,6 +69,12 @@ struct WatchSession: AsyncParsableCommand {
                 throw ValidationError("--token-endpoint: \(error)")
             }
         }
+        if account != nil && store == nil {
+            throw ValidationError("--account needs --store")
+        }
+        if account?.isEmpty == true {
+            throw ValidationError("--account is empty")
+        }
         if refreshTokenFile != nil && tokenEndpoint == nil {
             throw ValidationError("--refresh-token-file needs --token-endpoint")
         }
@@ -85,7 +97,8 @@ struct WatchSession: AsyncParsableCommand {
         let refreshToken = try refreshTokenFile.map(readRefreshToken)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         let ending = try await LiveWatch(
-            storeDirectory: store, oauth: oauth, refreshToken: refreshToken, presenter: presenter, keys: keys
+            storeDirectory: store, account: account, oauth: oauth, refreshToken: refreshToken, presenter: presenter,
+            keys: keys
         ).run()
         switch ending {
         case .quit:

@@ -43,7 +43,7 @@ private func storedDocument(_ directory: String) throws -> FileCredentialStore.D
 }
 
 private func record(_ store: FileCredentialStore, _ key: String) -> StoredSession? {
-    guard case .present(let stored) = store.account(key, makesActive: false).read() else { return nil }
+    guard case .present(let stored) = store.account(key, isActive: false).read() else { return nil }
     return stored
 }
 
@@ -162,6 +162,25 @@ struct MultiAccountTests {
         let after = try storedDocument(tmp.store)
         #expect(after.accounts.isEmpty, "records left: \(after.accounts.keys.sorted())")
         #expect(s.store.read() == .absent)
+        await s.stop()
+    }
+
+    @Test func aLogoutTheStoreMissedIsClearedWhenItAnswersAgain() async throws {
+        let tmp = TemporaryDirectory()
+        let s = try await SessionHarness(
+            loopName: "accounts", authority: PerAccountAuthority(), store: FileCredentialStore(directory: tmp.store, key: .keyFile)
+        ) { $0.storeRetryInterval = .milliseconds(100) }
+        try await s.manager.signIn(account("alice"))
+        // The disk fails every write for a while: the logout's clear and the next sign-in's write.
+        FileIO.injectedWriteErrors.withLockedValue { $0[tmp.store] = EIO }
+        try await s.manager.logout()
+        try await s.manager.signIn(account("bob"))
+        #expect(await s.storeError(containing: "Input/output error") != nil)
+        #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice"])  // nothing landed
+        _ = FileIO.injectedWriteErrors.withLockedValue { $0.removeValue(forKey: tmp.store) }
+        // The owed clear lands with the session's own write: alice's tokens are gone.
+        #expect(await eventually(timeout: .seconds(5)) { (try? storedDocument(tmp.store).accounts.keys.sorted()) == ["bob"] })
+        #expect(try storedDocument(tmp.store).active == "bob")
         await s.stop()
     }
 

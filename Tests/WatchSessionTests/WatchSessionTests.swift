@@ -169,6 +169,46 @@ struct WatchSessionLiveTests {
         #expect(!collected.text.contains(storedAccess) && !collected.text.contains(storedRefresh))
     }
 
+    @Test func severalAccountsAreListedAndAccountPicksTheOneFollowed() async throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = FileCredentialStore(directory: directory)
+        try store.account("alice", isActive: false).write(storedSession(member: "alice"))
+        try store.account("bob", isActive: false).write(storedSession(member: "bob"))
+        try store.setActiveAccount("alice")
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary("watch-session"))
+        process.arguments = ["--store", directory, "--account", "bob", "--json"]
+        let out = Pipe()
+        process.standardOutput = out
+        let collected = LockedText()
+        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
+        try process.run()
+        let bobActive = #"{"active":true,"key":"bob","state":"loggedIn"}"#
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains(bobActive) })
+        #expect(collected.text.contains(#"{"active":false,"key":"alice","state":"loggedIn"}"#), "\(collected.text)")
+        #expect(collected.text.contains("accountSwitched"))
+        // Another process signs alice out: the list follows.
+        try store.account("alice", isActive: false).clear()
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) {
+            collected.text.contains(#""accounts":[\#(bobActive)]"#)
+        })
+        kill(process.processIdentifier, SIGINT)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 130)
+        #expect(!collected.text.contains(storedAccess) && !collected.text.contains(storedRefresh))
+
+        // An account the store does not hold: one clear line, exit 1, nothing changed.
+        let unknown = try watchSession(["--store", directory, "--account", "carol\u{1B}]0;owned\u{07}"])
+        #expect(unknown.status == 1)
+        #expect(unknown.stderr.contains("no account \"carol?]0;owned?\" in the store (accounts: bob)"), "\(unknown.stderr)")
+        #expect(!unknown.stderr.contains("\u{1B}"))
+        #expect(store.readAccounts() == .present(StoredAccounts(keys: ["bob"], active: "bob")))
+        let orphan = try watchSession(["--account", "bob"])
+        #expect(orphan.status != 0 && orphan.stderr.contains("--account needs --store"))
+    }
+
     @Test func keysOnATerminalLogOutAndQuit() throws {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -75,17 +75,16 @@ extension SessionEngine {
     func bind(_ key: String?) {
         guard let accountStore, key != accountKey else { return }
         accountKey = key
-        worker.retarget(key.map { accountStore.account($0, makesActive: isActive) } ?? ActiveAccountRecord(accountStore))
+        worker.retarget(key.map { accountStore.account($0, isActive: isActive) } ?? ActiveAccountRecord(accountStore))
     }
 
     /// Makes this session its manager's active one: it publishes into `surface` (which takes
-    /// its state and store status now), and the store records its account as the active one.
+    /// its state and store status now). (The manager records the store's active account.)
     func attach(_ surface: SessionOutput) {
         loop.assertInEventLoop()
         isActive = true
         if let accountStore, let key = accountKey {
-            worker.retarget(accountStore.account(key, makesActive: true))
-            worker.submit({ _ in try? accountStore.setActiveAccount(key) }, done: { _ in })
+            worker.retarget(accountStore.account(key, isActive: true))
         }
         surface.storeStatus.value = output.storeStatus.value
         surface.state.value = machine.state
@@ -100,7 +99,7 @@ extension SessionEngine {
         output = try SessionOutput(
             loop: loop, configuration: configuration, state: machine.state, storeStatus: output.storeStatus.value)
         if let accountStore, let key = accountKey {
-            worker.retarget(accountStore.account(key, makesActive: false))
+            worker.retarget(accountStore.account(key, isActive: false))
         }
     }
 
@@ -111,15 +110,51 @@ extension SessionEngine {
         guard accountStore != nil else { return }
         let key = Self.accountKey(for: tokens.memberID)
         if let old = accountKey, old != key {
-            storeSync.save(nil) { [weak self] error in
-                guard let self else { return }
-                answerEntry {
-                    storeStatus.value = .unavailable(error)
-                    if !closed { emit(.storeError(error)) }
-                }
+            clearRecord(old)
+        }
+        recordsToClear.remove(key)  // written anew: a clear still owed must not wipe it
+        bind(key)
+    }
+
+    /// Removes the record of `key` (a logout, or a record given up) on the worker. One that
+    /// fails is owed: cleared again with the store's retries until it lands (unless the
+    /// account signs in here again first) — a logout never leaves its tokens on disk because
+    /// the disk was full or gone for a while.
+    func clearRecord(_ key: String) {
+        guard let accountStore else { return }
+        recordsToClear.insert(key)
+        storeSync.save(nil, to: accountStore.account(key, isActive: false)) { [weak self] error in
+            guard let self else { return }
+            answerEntry {
+                storeStatus.value = .unavailable(error)
+                if !closed { emit(.storeError(error)) }
             }
         }
-        bind(key)
+        worker.afterPendingWork { [weak self] in
+            // The clear's answer came first (the same worker, in order).
+            self?.recordClearAnswered(key)
+        }
+    }
+
+    private func recordClearAnswered(_ key: String) {
+        loop.assertInEventLoop()
+        if !storeSync.isBehind { recordsToClear.remove(key) }
+    }
+
+    /// The session ended here (logout, reconfigure): its record goes — or, with a store of one
+    /// session, the store is cleared — and it follows the store's active account from now on.
+    func forgetRecord() {
+        if let key = accountKey {
+            clearRecord(key)
+            bind(nil)
+        } else {
+            persist()
+        }
+    }
+
+    /// The store's retry: every clear still owed, before the session's own write.
+    func retryOwedClears() {
+        for key in recordsToClear.sorted() { clearRecord(key) }
     }
 
     /// After following another process's sign-in, or restoring: the record it came from.

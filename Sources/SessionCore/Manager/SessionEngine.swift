@@ -47,11 +47,12 @@ final class SessionEngine: @unchecked Sendable {
     /// store's active account until it signs in).
     let accountStore: (any AccountCredentialStore)?
     var accountKey: String?
-    /// Whether this session drives its manager's flows (its writes make its account the
-    /// store's active one). Loop-confined; set by the manager.
+    /// Whether this session drives its manager's flows. Loop-confined; set by the manager.
     var isActive = true
     /// Called on the loop thread after each state change (the manager's account list).
     var onStateChange: (() -> Void)?
+    /// Records whose clear failed, cleared again with the store's retries (`clearRecord`).
+    var recordsToClear: Set<String> = []
 
     // Loop-confined (after init). Not `private` only because the engine's actions live in
     // SessionEngine+Actions.swift; nothing outside those two files touches them.
@@ -94,7 +95,7 @@ final class SessionEngine: @unchecked Sendable {
         self.isActive = active
         let target: any CredentialStore =
             if let accounts {
-                account.map { accounts.account($0, makesActive: active) } ?? ActiveAccountRecord(accounts)
+                account.map { accounts.account($0, isActive: active) } ?? ActiveAccountRecord(accounts)
             } else {
                 store
             }
@@ -308,8 +309,7 @@ final class SessionEngine: @unchecked Sendable {
             try machine.apply(.logout)
             let ended = refresh.live
             memberID = nil
-            persist()
-            bind(nil)
+            forgetRecord()
             let abandoned = endSession()
             publish(.loggedOut)
             emit(.signedOut(reason: .userRequested))
@@ -331,8 +331,7 @@ final class SessionEngine: @unchecked Sendable {
             try checkOpen()
             try machine.apply(.reconfigure)
             memberID = nil
-            persist()
-            bind(nil)
+            forgetRecord()
             let abandoned = endSession()
             publish(.loggedOut)
             emit(.signedOut(reason: .reconfigured))
@@ -388,6 +387,7 @@ final class SessionEngine: @unchecked Sendable {
         // One last try to bring a store that missed a write up to date (a logout the
         // store missed must not come back at the next start).
         if storeSync.isBehind, !storeSync.awaitingInitialRead {
+            retryOwedClears()
             persist()
         }
         storeSync.close()
@@ -498,6 +498,7 @@ final class SessionEngine: @unchecked Sendable {
                 return
             }
             if storeSync.isBehind {
+                retryOwedClears()
                 persist()
             }
         }

@@ -75,6 +75,7 @@ extension SessionManager {
             try switchAccountOnLoop(to: key)
         }
         try engine.signIn(tokens)
+        recordActive(engine.accountKey)
     }
 
     func addAccountOnLoop(_ tokens: SessionTokens) throws(SessionError) {
@@ -100,6 +101,7 @@ extension SessionManager {
         added.onStateChange = { [weak self] in self?.accountsChanged() }
         try makeActive(added)
         try added.signIn(tokens)
+        recordActive(key)
     }
 
     func switchAccountOnLoop(to key: String) throws(SessionError) {
@@ -110,7 +112,27 @@ extension SessionManager {
             throw SessionError(.invalidArgument, "no account \"\(key)\" is signed in here")
         }
         try makeActive(target)
+        recordActive(key)
         target.emit(.accountSwitched(account: key))
+    }
+
+    /// The store remembers `key` as the active account (for the next start), on the pointer's
+    /// worker: changes of the pointer land in the order they were made.
+    private func recordActive(_ key: String?) {
+        guard let accountStore, let pointerWorker, let key else { return }
+        pointerWorker.submit({ _ -> StoreError? in
+            do throws(StoreError) {
+                try accountStore.setActiveAccount(key)
+                return nil
+            } catch {
+                return error
+            }
+        }) { [logger = configuration.logger] failure in
+            if let failure {
+                logger.warning("the store did not record the active account (the next start may restore another one)",
+                    metadata: ["error": "\(failure.message)"])
+            }
+        }
     }
 
     func logoutOnLoop(account key: String) throws(SessionError) {

@@ -27,6 +27,8 @@ public final class SessionManager: Sendable {
     let surface: SessionOutput
     /// A store of several accounts: one session per account (nil: one session).
     let accountStore: (any AccountCredentialStore)?
+    /// Records the store's active account, one change after the other (nil: one session).
+    let pointerWorker: StoreWorker?
     /// The sessions: changed on the loop thread only; read (under the lock) from any thread.
     let sessions: LockedBox<Sessions>
 
@@ -63,6 +65,7 @@ public final class SessionManager: Sendable {
             loop: loop, authority: authority, store: store, configuration: configuration)
         self.surface = first.output
         self.accountStore = store as? any AccountCredentialStore
+        self.pointerWorker = accountStore.map { StoreWorker(store: $0, loop: loop) }
         self.sessions = LockedBox(Sessions(active: first))
         guard let accountStore else { return }
         first.onStateChange = { [weak self] in self?.accountsChanged() }
@@ -125,20 +128,26 @@ public final class SessionManager: Sendable {
         }
     }
 
-    /// Calls `body` once the store work every one of `engines` submitted so far has landed.
+    /// Calls `body` once the store work every one of `engines` (and the active-account
+    /// pointer's worker) submitted so far has landed.
     private func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
-        guard let first = engines.first else {
+        afterWork(of: engines.map(\.worker) + [pointerWorker].compactMap { $0 }, body)
+    }
+
+    private func afterWork(of workers: [StoreWorker], _ body: @escaping @Sendable () -> Void) {
+        guard let first = workers.first else {
             body()
             return
         }
-        let rest = Array(engines.dropFirst())
-        first.worker.afterPendingWork { [self] in afterStoreWork(of: rest, body) }
+        let rest = Array(workers.dropFirst())
+        first.afterPendingWork { [self] in afterWork(of: rest, body) }
     }
 
     /// Blocks until the store work the session submitted so far has run. Never on the loop
     /// thread. For hosts that let go of the session and may exit next (the C API's destroy).
     package func waitForStoreWork() {
         for engine in sessions.withLockedValue({ $0.all }) { engine.worker.waitUntilIdle() }
+        pointerWorker?.waitUntilIdle()
     }
 
     /// What happens to the session (the active account's), observable.

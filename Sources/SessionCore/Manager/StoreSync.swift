@@ -69,9 +69,12 @@ final class StoreSync: @unchecked Sendable {
     /// Writes `session`, or clears the store when it is nil, on the worker. `failed` runs on
     /// the loop thread with the failure to report, if the store fails it (the store is then
     /// behind and a retry is scheduled). A store that never blocks answers inline.
-    func save(_ session: StoredSession?, failed: @escaping @Sendable (StoreError) -> Void) {
+    func save(
+        _ session: StoredSession?, to target: (any CredentialStore)? = nil,
+        failed: @escaping @Sendable (StoreError) -> Void
+    ) {
         loop.assertInEventLoop()
-        let counted = worker.save(session) { [self] failure in
+        let counted = worker.save(session, to: target) { [self] failure in
             loop.assertInEventLoop()
             savesAnswered += 1
             if let failure {

@@ -15,10 +15,14 @@ public protocol AccountCredentialStore: CredentialStore {
     /// The accounts that have a record, and the active one.
     func readAccounts() -> AccountsRead
     /// The store of one account's record: its `read`, `write` and `clear` touch that record
-    /// only (a shared store's view is shared too: its refresh lease is that account's).
-    /// - Parameter makesActive: its writes also make the account the active one.
-    func account(_ key: String, makesActive: Bool) -> any CredentialStore
+    /// only (a shared store's is shared too). The active pointer is `setActiveAccount`'s,
+    /// except that a clear of the active account's record clears the pointer with it, and —
+    /// with `isActive` (the manager's active session) — a write makes the account active when
+    /// the store has no active account (a store rebuilt after damage, or after a write that
+    /// failed: the pointer comes back with the record).
+    func account(_ key: String, isActive: Bool) -> any CredentialStore
     /// Makes `key` the active account (nil: none). A key without a record reads as absent.
+    /// (A manager makes these calls on one worker of their own, in order.)
     func setActiveAccount(_ key: String?) throws(StoreError)
 }
 

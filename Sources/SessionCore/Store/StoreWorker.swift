@@ -71,13 +71,19 @@ final class StoreWorker: @unchecked Sendable {
     /// Writes `session` (or clears the store, for nil); `done` gets the failure, if any.
     /// Returns false when the save was merged into one still waiting (whose `done` it takes
     /// over: the merged save's own `done` is never called).
+    /// - Parameter explicitTarget: the store to save to instead of the current target (a
+    ///   record the session no longer keeps, cleared again after a failed clear).
     @discardableResult
-    func save(_ session: StoredSession?, done: @escaping @Sendable (StoreError?) -> Void) -> Bool {
+    func save(
+        _ session: StoredSession?, to explicitTarget: (any CredentialStore)? = nil,
+        done: @escaping @Sendable (StoreError?) -> Void
+    ) -> Bool {
         if inline {
-            done(Self.save(session, to: store))
+            done(Self.save(session, to: explicitTarget ?? store))
             return true
         }
         let merged = lock.withLock { () -> Bool in
+            let target = explicitTarget ?? target
             guard case .save(let waiting, let waitingTarget, _) = queue.last, waitingTarget === target,
                 Self.supersedes(session, waiting)
             else { return false }
@@ -86,7 +92,7 @@ final class StoreWorker: @unchecked Sendable {
             return true
         }
         if merged { return false }
-        enqueue { .save(session, $0, done: done) }
+        enqueue { .save(session, explicitTarget ?? $0, done: done) }
         return true
     }
 
