@@ -137,7 +137,8 @@ extension SessionEngine {
     }
 
     private func recordClearAnswered(_ key: String) {
-        loop.assertInEventLoop()
+        // Off the loop thread when the loop is gone (`afterPendingWork`): nothing to track then.
+        guard loop.inEventLoop, !closed else { return }
         if !storeSync.isBehind { recordsToClear.remove(key) }
     }
 
