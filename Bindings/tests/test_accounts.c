@@ -4,16 +4,22 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static sf_runtime *accounts_runtime(char *directory) {
-    strcpy(directory, "/tmp/sf-accounts-XXXXXX");
-    CHECK(mkdtemp(directory) != NULL);
-    strcat(directory, "/store");
+/* A runtime on the store in `directory`. */
+static sf_runtime *open_runtime(const char *directory) {
     sf_options options;
     sf_options_init(&options);
     options.store_directory = directory;
     sf_runtime *runtime = NULL;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
     return runtime;
+}
+
+/* A runtime on a new store (its directory written into `directory`). */
+static sf_runtime *accounts_runtime(char *directory) {
+    strcpy(directory, "/tmp/sf-accounts-XXXXXX");
+    CHECK(mkdtemp(directory) != NULL);
+    strcat(directory, "/store");
+    return open_runtime(directory);
 }
 
 static void remove_directory(char *directory) {
@@ -70,10 +76,7 @@ void test_accounts_listed_switched_and_signed_out_one_by_one(void) {
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 
     /* a new runtime on the same store finds what the last one left: nothing */
-    sf_options options;
-    sf_options_init(&options);
-    options.store_directory = directory;
-    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    runtime = open_runtime(directory);
     CHECK_EQ_INT(sf_session_is_logged_in(runtime), 0);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
     remove_directory(directory);
@@ -89,10 +92,7 @@ void test_accounts_restart_restores_the_active_one_and_lists_the_others(void) {
     CHECK_CODE(sf_session_switch_account(runtime, "alice"), SF_OK);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK); /* waits for the store's last write */
 
-    sf_options options;
-    sf_options_init(&options);
-    options.store_directory = directory;
-    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    runtime = open_runtime(directory);
     char active[16];
     CHECK_CODE(sf_session_active_account(runtime, active, sizeof active), SF_OK);
     CHECK(strcmp(active, "alice") == 0);

@@ -2,7 +2,7 @@ import CSessionFlow
 import SessionCore
 
 /// Copies `bytes` and a NUL into `buffer`, or answers SF_ERANGE (nothing written).
-private func copy(_ bytes: [UInt8], to buffer: UnsafeMutablePointer<CChar>, length: Int) -> Int32 {
+func copy(_ bytes: [UInt8], to buffer: UnsafeMutablePointer<CChar>, length: Int) -> Int32 {
     guard length > bytes.count else { return SF_ERANGE.code }
     for (index, byte) in bytes.enumerated() {
         buffer[index] = CChar(bitPattern: byte)

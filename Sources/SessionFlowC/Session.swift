@@ -66,13 +66,7 @@ public func sf_session_is_logged_in(_ pointer: OpaquePointer!) -> Int32 {
 public func sf_session_member_id(_ pointer: OpaquePointer!, _ buffer: UnsafeMutablePointer<CChar>!, _ length: Int) -> Int32 {
     guard let buffer else { return SF_EINVAL.code }
     return withRuntime(pointer) { runtime in
-        let member = Array((runtime.session.memberID ?? "").utf8)
-        guard length > member.count else { return SF_ERANGE.code }
-        for (index, byte) in member.enumerated() {
-            buffer[index] = CChar(bitPattern: byte)
-        }
-        buffer[member.count] = 0
-        return SF_OK.code
+        copy(Array((runtime.session.memberID ?? "").utf8), to: buffer, length: length)
     }
 }
 
