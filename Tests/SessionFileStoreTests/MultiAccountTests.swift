@@ -218,6 +218,12 @@ struct MultiAccountTests {
         #expect(await eventually(timeout: .seconds(5)) { a.manager.accounts.map(\.key) == ["bob"] })
         #expect(a.manager.memberID == "bob")
         #expect(a.manager.state.value == .loggedIn)
+        // An account signed in elsewhere joins the list (in the background: bob stays active).
+        try await b.manager.addAccount(account("carol"))
+        #expect(await eventually(timeout: .seconds(5)) { a.manager.accounts.map(\.key) == ["bob", "carol"] })
+        #expect(a.manager.memberID == "bob")
+        try await a.manager.switchAccount(to: "carol")
+        #expect(try await a.manager.freshAccessToken().reveal() == "carol-a")
         await a.stop()
         await b.stop()
     }

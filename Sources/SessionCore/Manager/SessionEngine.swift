@@ -51,6 +51,9 @@ final class SessionEngine: @unchecked Sendable {
     var isActive = true
     /// Called on the loop thread after each state change (the manager's account list).
     var onStateChange: (() -> Void)?
+    /// Called on the loop thread when another process changed the shared store (the
+    /// manager's account list: accounts signed in elsewhere join it).
+    var onStoreChanged: (() -> Void)?
     /// Records whose clear failed, cleared again with the store's retries (`clearRecord`).
     var recordsToClear: Set<String> = []
 
@@ -424,6 +427,7 @@ final class SessionEngine: @unchecked Sendable {
     /// Another process changed the shared store: follow it.
     func storeChanged() {
         entry { readAndFollowStore() }
+        onStoreChanged?()
     }
 
     /// Reads the store on the worker and follows what it holds (another process's change).

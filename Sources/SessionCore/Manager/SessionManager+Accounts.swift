@@ -168,6 +168,14 @@ extension SessionManager {
         active.close()
     }
 
+    /// Another process changed the store (the active session saw it): accounts it signed in
+    /// join the list, each with a session of its own in the background.
+    func storeChanged() {
+        loop.assertInEventLoop()
+        sessions.withLockedValue { $0.listed = false }
+        listAccountsLater()
+    }
+
     /// `engine` becomes the active session; the one before goes to the background (or, signed
     /// out, away).
     private func makeActive(_ next: SessionEngine) throws(SessionError) {
@@ -177,6 +185,8 @@ extension SessionManager {
         if let key = next.accountKey {
             sessions.withLockedValue { $0.background[key] = nil }
         }
+        previous.onStoreChanged = nil
+        next.onStoreChanged = { [weak self] in self?.storeChanged() }
         next.attach(surface)
         sessions.withLockedValue { sessions in
             sessions.active = next

@@ -69,6 +69,7 @@ public final class SessionManager: Sendable {
         self.sessions = LockedBox(Sessions(active: first))
         guard let accountStore else { return }
         first.onStateChange = { [weak self] in self?.accountsChanged() }
+        first.onStoreChanged = { [weak self] in self?.storeChanged() }
         if loop.inEventLoop {
             // Never waits for the store: the list arrives on the loop, after the active
             // account's read (the same worker, in order).
