@@ -40,6 +40,7 @@ class EventKind(enum.IntEnum):
     SESSION_EXPIRED = 6
     VALIDATED = 7
     STORE_ERROR = 8
+    ACCOUNT_SWITCHED = 9
 
 
 SF_OK = 0
@@ -147,6 +148,15 @@ _logout = _declare("sf_session_logout", ctypes.c_int, ctypes.c_void_p)
 _is_logged_in = _declare("sf_session_is_logged_in", ctypes.c_int, ctypes.c_void_p)
 _member_id = _declare("sf_session_member_id", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
 _fresh_token = _declare("sf_session_fresh_token", ctypes.c_int, ctypes.c_void_p, _TOKEN_FN, ctypes.c_void_p)
+_accounts = _declare(
+    "sf_session_accounts", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t))
+_active_account = _declare("sf_session_active_account", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+_account_state = _declare(
+    "sf_session_account_state", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int))
+_switch_account = _declare("sf_session_switch_account", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+_add_account = _declare("sf_session_add_account", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
+_logout_account = _declare("sf_session_logout_account", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+_logout_all = _declare("sf_session_logout_all", ctypes.c_int, ctypes.c_void_p)
 _succeed = _declare("sf_refresh_request_succeed", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
 _fail = _declare("sf_refresh_request_fail", ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64)
 
@@ -393,6 +403,43 @@ class Runtime:
         buffer = ctypes.create_string_buffer(256)
         _check(_member_id(self._pointer, buffer, len(buffer)), "sf_session_member_id")
         return buffer.value.decode()
+
+    # several accounts (a store_directory keeps one record per account)
+    def accounts(self) -> list[str]:
+        """The account keys with a session, sorted."""
+        needed = ctypes.c_size_t(0)
+        while True:
+            buffer = ctypes.create_string_buffer(max(needed.value, 1))
+            code = _accounts(self._pointer, buffer, len(buffer), ctypes.byref(needed))
+            if code == ERRORS["SF_ERANGE"]:
+                continue  # the list grew meanwhile: `needed` has its new size
+            _check(code, "sf_session_accounts")
+            return [key.decode() for key in buffer.raw[:needed.value - 1].split(b"\0") if key]
+
+    def active_account(self) -> str:
+        """The active account's key ("" when none is signed in)."""
+        buffer = ctypes.create_string_buffer(1024)
+        _check(_active_account(self._pointer, buffer, len(buffer)), "sf_session_active_account")
+        return buffer.value.decode()
+
+    def account_state(self, account: str) -> State:
+        out = ctypes.c_int(0)
+        _check(_account_state(self._pointer, account.encode(), ctypes.byref(out)), "sf_session_account_state")
+        return State(out.value)
+
+    def switch_account(self, account: str) -> None:
+        _check(_switch_account(self._pointer, account.encode()), "sf_session_switch_account")
+
+    def add_account(self, access: str, refresh: Optional[str], expires_in: int, member: Optional[str] = None) -> None:
+        """Signs in another account; the active one goes on in the background."""
+        tokens = _tokens(access, refresh, expires_in, member)
+        _check(_add_account(self._pointer, ctypes.byref(tokens)), "sf_session_add_account")
+
+    def logout_account(self, account: str) -> None:
+        _check(_logout_account(self._pointer, account.encode()), "sf_session_logout_account")
+
+    def logout_all(self) -> None:
+        _check(_logout_all(self._pointer), "sf_session_logout_all")
 
     def fresh_token(self, timeout: float = 10.0) -> str:
         """Waits for a usable access token (refreshed first if due)."""

@@ -248,3 +248,29 @@ def test_unusable_oauth_options_are_einval():
     with pytest.raises(sf.SessionFlowError) as error:
         sf.Runtime(token_endpoint="http://127.0.0.1:9/token")  # no client id
     assert error.value.name == "SF_EINVAL"
+
+
+def test_several_accounts_listed_switched_and_signed_out(tmp_path):
+    store = str(tmp_path / "store")
+    with sf.Runtime(store_directory=store) as runtime:
+        assert runtime.accounts() == []
+        runtime.sign_in("alice-access", "alice-refresh", 3600, "alice")
+        runtime.add_account("bob-access", "bob-refresh", 3600, "bob")
+        assert runtime.accounts() == ["alice", "bob"]
+        assert runtime.active_account() == "bob"
+        assert runtime.fresh_token() == "bob-access"
+        runtime.switch_account("alice")
+        assert runtime.member_id() == "alice"
+        assert runtime.fresh_token() == "alice-access"
+        assert runtime.account_state("bob") == sf.State.LOGGED_IN
+        with pytest.raises(sf.SessionFlowError) as unknown:
+            runtime.switch_account("carol")
+        assert unknown.value.name == "SF_EINVAL"
+        runtime.logout_account("bob")
+        assert runtime.accounts() == ["alice"]
+        assert runtime.is_logged_in()
+    with sf.Runtime(store_directory=store) as again:
+        assert again.accounts() == ["alice"]
+        assert again.active_account() == "alice"
+        again.logout_all()
+        assert again.accounts() == []
