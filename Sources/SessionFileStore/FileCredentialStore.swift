@@ -25,9 +25,10 @@ import Glibc
 ///   at any moment leaves the old session or the new one, never a mix.
 /// - Encrypted with a 256-bit key: the host's, or a key file created (0600) beside the
 ///   store on first use. The file's header is authenticated too.
-/// - Account-keyed: each account (member id) has its own entry; an active-account pointer
-///   says whose session is current. `write` stores under the session's member id and
-///   makes it active; `clear` removes the active entry.
+/// - Account-keyed (`FileCredentialStore+Accounts.swift`): a record per account, an active
+///   pointer. A `SessionManager` keeps each account's session in its record
+///   (`account(_:isActive:)`); the plain calls act on the active record (`read`), store under
+///   the session's member id and make it active (`write`), or remove the active one (`clear`).
 /// - A read answers present, absent, unavailable (permissions, I/O: try later) or damaged
 ///   (bad magic, failed authentication, unreadable content): a damaged file is moved aside
 ///   as `<name>.damaged-<time>` — never deleted — and reads as absent.
