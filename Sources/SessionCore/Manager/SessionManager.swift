@@ -117,9 +117,19 @@ public final class SessionManager: Sendable {
     /// LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN with `tokens`, stored. Returns once the
     /// store has answered the write (a failure is a `storeError` event, never an error here:
     /// the session goes on in memory).
-    /// - Throws: `illegalTransition` when already signed in (log out first).
-    public func signIn(_ tokens: SessionTokens) async throws(SessionError) {
-        try await onLoop(thenStore: true) { engine throws(SessionError) in try engine.signIn(tokens) }
+    ///
+    /// It first waits for the stored session to be read (`storeRead()`). While the store
+    /// cannot be read (`storeStatus` `.unavailable` since the start), the stored session is not
+    /// known and a sign-in would replace it: refused, unless `replacingUnreadableStore` — then
+    /// the session goes on in memory and replaces what the store holds once the store takes
+    /// the write (what it held is not restored when it becomes readable).
+    /// - Throws: `illegalTransition` when already signed in (log out first);
+    ///   `storeUnavailable` while the store cannot be read (and not `replacingUnreadableStore`).
+    public func signIn(_ tokens: SessionTokens, replacingUnreadableStore: Bool = false) async throws(SessionError) {
+        if storeStatus.value == .reading { await storeRead() }
+        try await onLoop(thenStore: true) { engine throws(SessionError) in
+            try engine.signIn(tokens, replacingUnreadableStore: replacingUnreadableStore)
+        }
     }
 
     /// → LOGGED_OUT: the store's clear is submitted first (before anything stored after it),
@@ -181,8 +191,13 @@ public final class SessionManager: Sendable {
     /// `signIn`, answered before returning: inline on the loop thread, otherwise posted and
     /// waited for. Do not call from a thread the loop thread is waiting on. Returns once the
     /// session changed in memory; the store's write lands later, on the store's worker.
-    package func signInAndWait(_ tokens: SessionTokens) throws(SessionError) {
-        try performAndWait { engine throws(SessionError) in try engine.signIn(tokens) }
+    /// Unlike `signIn`, it does not wait for the stored session to be read: while it is
+    /// (`storeStatus` `.reading`, only for a manager made on its loop thread), it is refused
+    /// with `storeUnavailable` like an unreadable store, unless `replacingUnreadableStore`.
+    package func signInAndWait(_ tokens: SessionTokens, replacingUnreadableStore: Bool = false) throws(SessionError) {
+        try performAndWait { engine throws(SessionError) in
+            try engine.signIn(tokens, replacingUnreadableStore: replacingUnreadableStore)
+        }
     }
 
     /// `logout`, answered before returning (see `signInAndWait`).

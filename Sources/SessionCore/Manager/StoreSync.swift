@@ -68,8 +68,12 @@ final class StoreSync: @unchecked Sendable {
 
     /// Writes `session`, or clears the store when it is nil, on the worker. `failed` runs on
     /// the loop thread with the failure to report, if the store fails it (the store is then
-    /// behind and a retry is scheduled). A store that never blocks answers inline.
-    func save(_ session: StoredSession?, failed: @escaping @Sendable (StoreError) -> Void) {
+    /// behind and a retry is scheduled); `succeeded` runs there when it takes the write. A
+    /// store that never blocks answers inline.
+    func save(
+        _ session: StoredSession?, failed: @escaping @Sendable (StoreError) -> Void,
+        succeeded: @escaping @Sendable () -> Void = {}
+    ) {
         loop.assertInEventLoop()
         let counted = worker.save(session) { [self] failure in
             loop.assertInEventLoop()
@@ -81,6 +85,7 @@ final class StoreSync: @unchecked Sendable {
                 failed(failure)
             } else {
                 isBehind = false
+                succeeded()
             }
         }
         // Counted after the call: an inline store has answered (and counted) already.
