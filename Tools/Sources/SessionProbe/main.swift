@@ -131,7 +131,8 @@ func sessionMode(_ options: [String]) async -> Int32 {
                 try await manager.signIn(SessionTokens(
                     accessToken: Secret(signIn.access), refreshToken: Secret(signIn.refresh),
                     expiresIn: .seconds(3600), memberID: signIn.member), replacingUnreadableStore: replacing)
-            } catch where error.code == .storeUnavailable {
+            } catch {
+                guard error.code == .storeUnavailable else { throw error }
                 say("SIGN-IN refused \(error)")
             }
         }
