@@ -155,6 +155,30 @@ typedef struct sf_event_observer {
     void *userdata;
 } sf_event_observer;
 
+/* Whether the session has its credential store's answer. Observed next to the state, it
+ * tells "no session" (SF_LOGGED_OUT, SF_STORE_AVAILABLE) from "cannot read the session
+ * yet" (SF_LOGGED_OUT, SF_STORE_READING or SF_STORE_UNAVAILABLE): a host shows a sign-in
+ * screen only for the first. */
+typedef enum sf_store_status {
+    SF_STORE_READING = 0,    /* the stored session is being read (a runtime made on a borrowed
+                                loop's thread, which never waits for the store): the state says
+                                SF_LOGGED_OUT until the read answers, then what the store holds */
+    SF_STORE_AVAILABLE = 1,  /* the store answered its last read or write */
+    SF_STORE_UNAVAILABLE = 2 /* the store cannot be read (the stored session is restored once
+                                it can: read again every few seconds) or missed a write (the
+                                session goes on in memory; written again later); reason says why */
+} sf_store_status;
+
+/* Observer of the store status. Any callback may be NULL. `reason` (borrowed for the call)
+ * is "" unless the status is SF_STORE_UNAVAILABLE; it names paths and causes, never a token. */
+typedef struct sf_store_observer {
+    void (*on_status)(sf_store_status status, const char *reason, void *userdata);
+    void (*on_error)(int code, const char *message, void *userdata);
+    void (*on_complete)(void *userdata);
+    void (*release)(void *userdata);
+    void *userdata;
+} sf_store_observer;
+
 /* Tokens for a sign-in or a completed refresh. Strings are copied. */
 typedef struct sf_tokens {
     size_t size;               /* set to sizeof(sf_tokens) */
@@ -306,6 +330,18 @@ int sf_subscribe_session_state(sf_runtime *runtime, const sf_observer *observer,
  * Any thread. */
 int sf_subscribe_events(sf_runtime *runtime, const sf_event_observer *observer, sf_subscription *out);
 
+/* The store status, point in time, in *out; with `reason` non-NULL, also why the store is
+ * unavailable (NUL-terminated; "" for the other statuses; never a token) — `reason` may be
+ * NULL (then `length` is ignored). Returns SF_OK, SF_EINVAL (NULL out), SF_ERANGE (`length`
+ * too small for the reason: nothing written), SF_ECLOSED. Any thread. */
+int sf_session_store_status(sf_runtime *runtime, sf_store_status *out, char *reason, size_t length);
+
+/* Subscribes to the store status: the current status first, then each change (conflated,
+ * as the state: never the same status and reason twice in a row). Same ownership and
+ * returns as sf_subscribe_session_state; the observer's on_complete runs when the runtime
+ * is destroyed. Any thread. */
+int sf_subscribe_store_status(sf_runtime *runtime, const sf_store_observer *observer, sf_subscription *out);
+
 /* Closes a subscription (see THREADING 3). Returns SF_OK the first time, SF_ECLOSED for
  * 0, an unknown handle or one already closed or completed. Any thread. */
 int sf_subscription_close(sf_subscription subscription);
@@ -313,11 +349,28 @@ int sf_subscription_close(sf_subscription subscription);
 /* ---- Session -------------------------------------------------------------------- */
 
 /* Signs in (LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN). Returns SF_OK, SF_EINVAL (NULL or
- * blank access token), SF_ESTATE (already signed in: log out first), SF_ECLOSED,
- * SF_ESHUTDOWN, SF_ETHREAD (borrowed loop, off its thread). Owned: any thread (waits for
- * the loop unless called on it). Returns once signed in in memory; the store's write lands
- * shortly after, on the session's store worker thread (see sf_session_logout). */
+ * blank access token), SF_ESTATE (already signed in: log out first), SF_ESTORE (the stored
+ * session is not known — see below), SF_ECLOSED, SF_ESHUTDOWN, SF_ETHREAD (borrowed loop,
+ * off its thread). Owned: any thread (waits for the loop unless called on it). Returns once
+ * signed in in memory; the store's write lands shortly after, on the session's store worker
+ * thread (see sf_session_logout).
+ * A sign-in never replaces a stored session the runtime has not read: while the store status
+ * is SF_STORE_UNAVAILABLE because the store could not be read since the start, or still
+ * SF_STORE_READING (a borrowed runtime, before its first read answered), it fails with
+ * SF_ESTORE and changes nothing. Wait for sf_subscribe_store_status to report
+ * SF_STORE_AVAILABLE (the stored session, if any, is then restored), or sign in with
+ * sf_session_sign_in_replacing_store. (An SF_STORE_UNAVAILABLE from a missed write, after
+ * the store was read, does not refuse sign-ins.) */
 int sf_session_sign_in(sf_runtime *runtime, const sf_tokens *tokens);
+
+/* sf_session_sign_in, replacing a store the runtime cannot read (yet): the host's choice to
+ * drop whatever the store holds. The session is signed in in memory; its write replaces the
+ * stored session once the store takes writes (the file store refuses to write over a file it
+ * cannot read: SF_EVENT_STORE_ERROR, retried). When the store's read answers later, what it
+ * held is not restored: this sign-in wins. With the store's answer known (SF_STORE_AVAILABLE)
+ * it is exactly sf_session_sign_in (SF_ESTATE if a stored session was restored). Returns,
+ * threads: as sf_session_sign_in, never SF_ESTORE. */
+int sf_session_sign_in_replacing_store(sf_runtime *runtime, const sf_tokens *tokens);
 
 /* Logs out: the store's clear submitted first (before anything the session stores
  * after it), every timer and retry stopped, a refresh in flight cancelled (its answer

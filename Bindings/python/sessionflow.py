@@ -43,6 +43,12 @@ class EventKind(enum.IntEnum):
     ACCOUNT_SWITCHED = 9
 
 
+class StoreStatus(enum.IntEnum):
+    READING = 0
+    AVAILABLE = 1
+    UNAVAILABLE = 2
+
+
 SF_OK = 0
 
 _STATE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)
@@ -51,6 +57,7 @@ _VOID_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _TOKEN_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _REFRESH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
 _CANCEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_STORE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 class _Observer(ctypes.Structure):
@@ -123,6 +130,16 @@ class _Options(ctypes.Structure):
     ]
 
 
+class _StoreObserver(ctypes.Structure):
+    _fields_ = [
+        ("on_status", _STORE_FN),
+        ("on_error", _ERROR_FN),
+        ("on_complete", _VOID_FN),
+        ("release", _VOID_FN),
+        ("userdata", ctypes.c_void_p),
+    ]
+
+
 def _declare(name, restype, *argtypes):
     function = getattr(_lib, name)
     function.restype = restype
@@ -143,7 +160,13 @@ _subscribe_state = _declare(
 _subscribe_events = _declare(
     "sf_subscribe_events", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_EventObserver), ctypes.POINTER(ctypes.c_uint64))
 _close = _declare("sf_subscription_close", ctypes.c_int, ctypes.c_uint64)
+_store_status = _declare(
+    "sf_session_store_status", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t)
+_subscribe_store_status = _declare(
+    "sf_subscribe_store_status", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_StoreObserver), ctypes.POINTER(ctypes.c_uint64))
 _sign_in = _declare("sf_session_sign_in", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
+_sign_in_replacing_store = _declare(
+    "sf_session_sign_in_replacing_store", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
 _logout = _declare("sf_session_logout", ctypes.c_int, ctypes.c_void_p)
 _is_logged_in = _declare("sf_session_is_logged_in", ctypes.c_int, ctypes.c_void_p)
 _member_id = _declare("sf_session_member_id", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
@@ -388,10 +411,54 @@ class Runtime:
             raise SessionFlowError(code, "sf_subscribe_events")
         return Subscription(handle.value)
 
+    @property
+    def store_status(self) -> "tuple[StoreStatus, str]":
+        """Whether the store has answered, and why not ("" unless UNAVAILABLE). With the state,
+        tells "no session" (LOGGED_OUT, AVAILABLE) from "cannot read the session yet"."""
+        out = ctypes.c_int()
+        reason = ctypes.create_string_buffer(4096)
+        _check(_store_status(self._pointer, ctypes.byref(out), reason, len(reason)), "sf_session_store_status")
+        return StoreStatus(out.value), reason.value.decode(errors="replace")
+
+    def subscribe_store_status(self, on_status: Callable[[StoreStatus, str], None],
+                               on_release: Optional[Callable[[], None]] = None) -> Subscription:
+        """The current store status first, then each change (on the loop thread)."""
+        key = None
+
+        def status_cb(status, reason, _):
+            on_status(StoreStatus(status), (reason or b"").decode(errors="replace"))
+
+        def error_cb(code, message, _):
+            pass
+
+        def complete_cb(_):
+            pass
+
+        def release_cb(_):
+            if on_release:
+                on_release()
+            _drop(key)
+
+        callbacks = (_STORE_FN(status_cb), _ERROR_FN(error_cb), _VOID_FN(complete_cb), _VOID_FN(release_cb))
+        key = _keep(callbacks)
+        observer = _StoreObserver(*callbacks, None)
+        handle = ctypes.c_uint64()
+        code = _subscribe_store_status(self._pointer, ctypes.byref(observer), ctypes.byref(handle))
+        if code < 0:
+            _drop(key)
+            raise SessionFlowError(code, "sf_subscribe_store_status")
+        return Subscription(handle.value)
+
     # session
-    def sign_in(self, access: str, refresh: Optional[str], expires_in: int, member: Optional[str] = None) -> None:
+    def sign_in(self, access: str, refresh: Optional[str], expires_in: int, member: Optional[str] = None,
+                replacing_store: bool = False) -> None:
+        """Signs in. While the store cannot be read (store_status UNAVAILABLE since the start),
+        this raises SF_ESTORE unless replacing_store: the host's choice to replace it."""
         tokens = _tokens(access, refresh, expires_in, member)
-        _check(_sign_in(self._pointer, ctypes.byref(tokens)), "sf_session_sign_in")
+        if replacing_store:
+            _check(_sign_in_replacing_store(self._pointer, ctypes.byref(tokens)), "sf_session_sign_in_replacing_store")
+        else:
+            _check(_sign_in(self._pointer, ctypes.byref(tokens)), "sf_session_sign_in")
 
     def logout(self) -> None:
         _check(_logout(self._pointer), "sf_session_logout")

@@ -47,7 +47,9 @@
     XX(secrets_never_reach_a_host_or_the_logs)                       \
     XX(accounts_listed_switched_and_signed_out_one_by_one)          \
     XX(accounts_restart_restores_the_active_one_and_lists_the_others) \
-    XX(accounts_bad_input_is_einval_and_changes_nothing)
+    XX(accounts_bad_input_is_einval_and_changes_nothing)             \
+    XX(store_status_tells_an_unreadable_store_from_no_session)       \
+    XX(store_status_sign_in_replacing_store_is_the_hosts_choice)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

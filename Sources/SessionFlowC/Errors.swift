@@ -42,6 +42,7 @@ func errorCode(_ error: SessionError) -> Int32 {
     case .configuration: SF_ECONFIG.code
     case .unauthorized: SF_EUNAUTHORIZED.code
     case .store: SF_ESTORE.code
+    case .storeUnavailable: SF_ESTORE.code
     case .shutDown: SF_ESHUTDOWN.code
     case .invalidArgument: SF_EINVAL.code
     default: SF_EINVAL.code

@@ -16,6 +16,27 @@ extension SessionState {
     }
 }
 
+extension StoreStatus {
+    var c: sf_store_status {
+        switch self {
+        case .reading: SF_STORE_READING
+        case .available: SF_STORE_AVAILABLE
+        case .unavailable: SF_STORE_UNAVAILABLE
+        }
+    }
+
+    /// Why the store is unavailable ("" otherwise): a store error's message (paths and
+    /// causes, never a token).
+    var reason: String {
+        if case .unavailable(let error) = self { return error.message }
+        return ""
+    }
+}
+
+struct StoreStatusCallbacks: @unchecked Sendable {
+    let observer: sf_store_observer
+}
+
 /// The C callbacks of one observer, carried to the loop thread.
 struct StateCallbacks: @unchecked Sendable {
     let observer: sf_observer
@@ -55,6 +76,51 @@ public func sf_session_state_get(_ pointer: OpaquePointer!, _ out: UnsafeMutable
     return withRuntime(pointer) { runtime in
         out.pointee = runtime.session.state.value.c
         return SF_OK.code
+    }
+}
+
+@c @implementation
+public func sf_session_store_status(
+    _ pointer: OpaquePointer!, _ out: UnsafeMutablePointer<sf_store_status>!,
+    _ reason: UnsafeMutablePointer<CChar>!, _ length: Int
+) -> Int32 {
+    guard let out else { return SF_EINVAL.code }
+    return withRuntime(pointer) { runtime in
+        let status = runtime.session.storeStatus.value
+        if let reason {
+            let text = Array(status.reason.utf8)
+            guard length > text.count else { return SF_ERANGE.code }
+            for (index, byte) in text.enumerated() {
+                reason[index] = CChar(bitPattern: byte)
+            }
+            reason[text.count] = 0
+        }
+        out.pointee = status.c
+        return SF_OK.code
+    }
+}
+
+@c @implementation
+public func sf_subscribe_store_status(
+    _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_store_observer>!,
+    _ out: UnsafeMutablePointer<sf_subscription>!
+) -> Int32 {
+    guard let observer, let out else { return SF_EINVAL.code }
+    let callbacks = StoreStatusCallbacks(observer: observer.pointee)
+    let terminal = TerminalCallbacks(
+        onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
+        release: observer.pointee.release, userdata: observer.pointee.userdata)
+    return withRuntime(pointer) { runtime in
+        register(out) { onRelease throws(LoopFlowError) in
+            try runtime.session.storeStatus.subscribe(
+                onState: { status in
+                    guard let onStatus = callbacks.observer.on_status else { return }
+                    status.reason.withCString { onStatus(status.c, $0, callbacks.observer.userdata) }
+                },
+                onError: terminal.errorClosure,
+                onComplete: terminal.completeClosure,
+                onRelease: terminal.releaseClosure(onRelease))
+        }
     }
 }
 

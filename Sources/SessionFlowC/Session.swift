@@ -34,8 +34,8 @@ private func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(Session
     }
 }
 
-@c @implementation
-public func sf_session_sign_in(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
+/// Both sign-ins: the tokens copied, then signed in on the loop (see the header).
+private func signIn(_ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens>?, replacingStore: Bool) -> Int32 {
     guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
     let sessionTokens = SessionTokens(
         accessToken: Secret(String(cString: tokens.access_token)),
@@ -43,8 +43,18 @@ public func sf_session_sign_in(_ pointer: OpaquePointer!, _ tokens: UnsafePointe
         expiresIn: .seconds(tokens.expires_in),
         memberID: string(tokens.member_id))
     return synchronousCall(pointer) { runtime throws(SessionError) in
-        try runtime.session.signInAndWait(sessionTokens)
+        try runtime.session.signInAndWait(sessionTokens, replacingUnreadableStore: replacingStore)
     }
+}
+
+@c @implementation
+public func sf_session_sign_in(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
+    signIn(pointer, tokens, replacingStore: false)
+}
+
+@c @implementation
+public func sf_session_sign_in_replacing_store(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
+    signIn(pointer, tokens, replacingStore: true)
 }
 
 @c @implementation

@@ -29,10 +29,10 @@ struct LiveWatch {
     }
 
     func run() async throws -> Ending {
+        // A store that cannot be read is watched all the same: `STORE → unavailable` says so
+        // (the state says loggedOut, but the stored session is not known), and the session is
+        // restored when the store can be read again.
         let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0) } ?? MemoryCredentialStore()
-        if case .unavailable(let error) = store.read() {
-            return .failed("cannot read the store: \(error.message)")
-        }
         var configuration = SessionConfiguration()
         configuration.logger.logLevel = .critical
         let settings = configuration
@@ -48,8 +48,9 @@ struct LiveWatch {
         let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: manual)
         let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
+            let storeStatus = try manager.storeStatus.subscribe(onState: { presenter.store($0) })
             let events = try manager.events.subscribe(onEvent: { presenter.event($0) })
-            return [states, events]
+            return [states, storeStatus, events]
         }
         try manager.start()
         if let account {

@@ -57,6 +57,25 @@ final class Presenter: @unchecked Sendable {
         write("\(Self.clock.string(from: Date()))  \(paint("STATE → \(state.rawValue)", code))")
     }
 
+    /// The store status, shown next to the state: `loggedOut` with the store `available` is
+    /// "signed out"; with it `reading` or `unavailable`, "cannot read the session yet".
+    func store(_ status: StoreStatus) {
+        let name = switch status {
+        case .reading: "reading"
+        case .available: "available"
+        case .unavailable: "unavailable"
+        }
+        var reason: String?
+        if case .unavailable(let error) = status { reason = error.message }
+        if json {
+            emitJSON(["kind": "store", "status": name, "reason": reason ?? NSNull()])
+            return
+        }
+        let code = if case .unavailable = status { "1;31" } else { "2" }
+        let text = reason.map { "STORE → \(name): \($0) (the stored session is not known until it can be read)" } ?? "STORE → \(name)"
+        write("\(Self.clock.string(from: Date()))  \(paint(text, code))")
+    }
+
     func event(_ event: SessionEvent) {
         if json {
             var fields: [String: Any] = ["kind": "event", "event": Self.name(of: event), "text": event.description]

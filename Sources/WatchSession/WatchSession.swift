@@ -28,6 +28,11 @@ struct WatchSession: AsyncParsableCommand {
                             --client-id my-app --refresh-token-file token.txt
                                                drive a real OAuth 2.0 server (token from a file or '-' for stdin)
 
+            Beside the state it shows whether the store could be read (STORE → available, \
+            reading, or unavailable: why; in --json {"kind":"store","status":…,"reason":…}): \
+            loggedOut with the store unavailable means "the stored session cannot be read yet", \
+            not "signed out"; it is restored when the store can be read again.
+
             Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit. \
             Ctrl-C exits (130).
             """)
@@ -227,6 +232,7 @@ struct Demo {
         let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: manual)
         let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
+            let storeStatus = try manager.storeStatus.subscribe(onState: { presenter.store($0) })
             // The expiry event comes after the state change: the story ends on it.
             let events = try manager.events.subscribe(onEvent: { event in
                 presenter.event(event)
@@ -235,7 +241,7 @@ struct Demo {
                     finished.continuation.yield("demo finished: the session expired")
                 }
             })
-            return [states, events]
+            return [states, storeStatus, events]
         }
         try manager.start()
         let ticker = try loop.scheduleTimer(after: .milliseconds(200), repeating: .milliseconds(200)) {

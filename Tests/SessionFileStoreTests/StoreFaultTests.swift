@@ -292,8 +292,10 @@ struct StoreFaultTests {
         if runningAsRoot {
             print("permission denied: root; the store is used by a child that drops to nobody (65534)")
             chmod(tmp.path, 0o755)  // nobody may reach the store directory (0700, root's)
+            // Unreadable since the start, the store refuses a plain sign-in (issue 14.5): the
+            // probe signs in replacing it, and the file store still refuses to write over it.
             let (lines, status) = try runSessionProbe(
-                ["--session", directory, "--as-nobody", "--sign-in", "bob", "bob-access", "bob-refresh"])
+                ["--session", directory, "--as-nobody", "--sign-in", "bob", "bob-access", "bob-refresh", "--replace"])
             #expect(status == 0, "\(lines)")
             #expect(lines.contains("UID 65534"), "\(lines)")
             let errors = lines.filter { $0.hasPrefix("EVENT storeError(") }
@@ -310,7 +312,10 @@ struct StoreFaultTests {
             defer { chmod(directory, 0o700) }
             let observed = try await observedSession(store: FileCredentialStore(directory: directory))
             #expect(await observed.storeError(containing: "Permission denied") != nil, "\(observed.storeErrors)")
-            try await observed.manager.signIn(tokens("bob", access: "bob-access", refresh: "bob-refresh"))
+            // Unreadable since the start, the store refuses a plain sign-in (issue 14.5): sign in
+            // replacing it, and the file store still refuses to write over it.
+            try await observed.manager.signIn(
+                tokens("bob", access: "bob-access", refresh: "bob-refresh"), replacingUnreadableStore: true)
             #expect(await eventually(timeout: .seconds(3)) { observed.storeErrors.filter { $0.contains("Permission denied") }.count >= 2 })
             #expect(observed.manager.state.value == .loggedIn)
             await observed.stop()

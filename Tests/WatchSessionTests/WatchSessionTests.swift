@@ -209,6 +209,50 @@ struct WatchSessionLiveTests {
         #expect(orphan.status != 0 && orphan.stderr.contains("--account needs --store"))
     }
 
+    /// A store that cannot be read is not "signed out". The CLI keeps watching, shows
+    /// `STORE → unavailable` with the reason next to `loggedOut`, and the stored session once
+    /// the store can be read again (the read is retried every 5 s).
+    @Test func anUnreadableStoreIsShownAsSuchAndTheSessionComesBackWhenReadable() async throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let file = FileCredentialStore(directory: directory)
+        try file.write(storedSession())
+        chmod(file.keyPath, 0o640)  // refused by the store, even for root
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary("watch-session"))
+        process.arguments = ["--store", directory, "--json"]
+        let out = Pipe()
+        process.standardOutput = out
+        let collected = LockedText()
+        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
+        try process.run()
+        defer { if process.isRunning { process.terminate() } }
+        func lines() -> [[String: Any]] {
+            collected.text.split(separator: "\n").compactMap {
+                try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+            }
+        }
+        func store(_ status: String) -> [[String: Any]] {
+            lines().filter { $0["kind"] as? String == "store" && $0["status"] as? String == status }
+        }
+        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { !store("unavailable").isEmpty })
+        let reason = store("unavailable").first?["reason"] as? String ?? ""
+        #expect(reason.contains(file.keyPath) && reason.contains("open to group or others"), "\(reason)")
+        #expect(lines().contains { $0["kind"] as? String == "state" && $0["state"] as? String == "loggedOut" })
+        #expect(!lines().contains { $0["state"] as? String == "loggedIn" })
+        // The fault goes: the stored session comes back, and the store says available.
+        chmod(file.keyPath, 0o600)
+        #expect(await eventually(timeout: .seconds(12), every: .milliseconds(50)) {
+            lines().contains { $0["kind"] as? String == "state" && $0["state"] as? String == "loggedIn" }
+        }, "\(collected.text)")
+        #expect(!store("available").isEmpty, "\(collected.text)")
+        #expect(store("available").allSatisfy { $0["reason"] is NSNull })
+        kill(process.processIdentifier, SIGINT)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 130)
+        #expect(!collected.text.contains(storedAccess) && !collected.text.contains(storedRefresh))
+    }
+
     @Test func keysOnATerminalLogOutAndQuit() throws {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }

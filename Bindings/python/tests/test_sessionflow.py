@@ -274,3 +274,38 @@ def test_several_accounts_listed_switched_and_signed_out(tmp_path):
         assert again.active_account() == "alice"
         again.logout_all()
         assert again.accounts() == []
+def test_an_unreadable_store_is_visible_and_not_replaced_by_a_plain_sign_in():
+    """Issue 14.5: LOGGED_OUT with the store UNAVAILABLE is not "signed out"; a sign-in is
+    refused (SF_ESTORE) and changes nothing, unless the host replaces the store."""
+    with tempfile.TemporaryDirectory() as home:
+        store = os.path.join(home, "store")
+        rt = sf.Runtime(store_directory=store)
+        try:
+            assert rt.store_status == (sf.StoreStatus.AVAILABLE, "")
+            rt.sign_in("alice-access", "alice-refresh", 3600, "alice")
+        finally:
+            rt.destroy()
+        key = os.path.join(store, "session.sfstore.key")
+        path = os.path.join(store, "session.sfstore")
+        before = open(path, "rb").read()
+        os.chmod(key, 0o640)  # the store refuses a key open to its group, even for root
+        rt = sf.Runtime(store_directory=store)
+        try:
+            assert rt.state == sf.State.LOGGED_OUT
+            status, reason = rt.store_status
+            assert status == sf.StoreStatus.UNAVAILABLE and key in reason
+            seen = []
+            with rt.subscribe_store_status(lambda s, r: seen.append((s, r))):
+                deadline = time.time() + 5
+                while not seen and time.time() < deadline:
+                    time.sleep(0.01)
+            assert seen and seen[0][0] == sf.StoreStatus.UNAVAILABLE
+            with pytest.raises(sf.SessionFlowError) as error:
+                rt.sign_in("bob-access", "bob-refresh", 3600, "bob")
+            assert error.value.name == "SF_ESTORE"
+            assert not rt.is_logged_in()
+            rt.sign_in("bob-access", "bob-refresh", 3600, "bob", replacing_store=True)
+            assert rt.is_logged_in() and rt.member_id() == "bob"
+        finally:
+            rt.destroy()
+        assert open(path, "rb").read() == before  # the file store never wrote over it

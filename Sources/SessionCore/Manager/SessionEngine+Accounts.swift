@@ -69,6 +69,12 @@ extension SessionEngine {
         return memberID
     }
 
+    /// Signed out, knowingly: its record was read (a session whose record is still being read,
+    /// or cannot be read yet, is loggedOut without being signed out).
+    var isSignedOut: Bool {
+        machine.state == .loggedOut && !storeSync.awaitingInitialRead
+    }
+
     /// Gives the session the record of `key` (nil: none — it follows the store's active
     /// account): store work submitted from now on goes there; work already submitted keeps
     /// the record it was submitted for. Nothing to do for a store of one session.

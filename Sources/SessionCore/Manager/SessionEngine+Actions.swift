@@ -226,15 +226,25 @@ extension SessionEngine {
     }
 
     /// Writes the current session (or clears, when there is none) on the store's worker; a
-    /// failure is reported when it answers, and retried, never a logout.
+    /// failure is reported when it answers, and retried, never a logout. A write the store
+    /// takes makes it `available` again — unless the initial read has not answered yet (the
+    /// stored session is still unknown: `unavailable` until that read answers).
     func persist() {
-        storeSync.save(storedForm()) { [weak self] error in
+        storeSync.save(storedForm(), failed: { [weak self] error in
             guard let self else { return }
             answerEntry {
                 storeStatus.value = .unavailable(error)
                 if !closed { emit(.storeError(error)) }
             }
-        }
+        }, succeeded: { [weak self] in
+            guard let self else { return }
+            answerEntry {
+                if !storeSync.awaitingInitialRead, !storeSync.isBehind, case .unavailable = storeStatus.value {
+                    storeStatus.value = .available
+                }
+                onWriteLanded?()
+            }
+        })
     }
 
     // MARK: - Helpers

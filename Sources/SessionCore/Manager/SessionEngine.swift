@@ -54,6 +54,9 @@ final class SessionEngine: @unchecked Sendable {
     /// Called on the loop thread when another process changed the shared store (the
     /// manager's account list: accounts signed in elsewhere join it).
     var onStoreChanged: (() -> Void)?
+    /// Called on the loop thread when the store took one of this session's writes (the
+    /// manager records the active account again if that failed before).
+    var onWriteLanded: (() -> Void)?
     /// Records whose clear failed, cleared again with the store's retries (`clearRecord`).
     var recordsToClear: Set<String> = []
 
@@ -283,13 +286,24 @@ final class SessionEngine: @unchecked Sendable {
         }
     }
 
-    func signIn(_ tokens: SessionTokens) throws(SessionError) {
+    /// Signs in. While the store has not answered the initial read (`storeStatus` `.reading`
+    /// or `.unavailable` since the start), the session does not know what is stored: a
+    /// sign-in is refused (`storeUnavailable`) — nothing stored may be lost without the host
+    /// asking — unless `replacingUnreadableStore`: then it goes on in memory and its session
+    /// replaces whatever the store holds once the store takes the write (when the initial read
+    /// answers later, what it found is not restored: the host chose this sign-in over it).
+    func signIn(_ tokens: SessionTokens, replacingUnreadableStore: Bool = false) throws(SessionError) {
         try entry { () throws(SessionError) in
             guard !tokens.accessToken.isBlank else {
                 throw SessionError(.invalidArgument, "the access token is blank")
             }
             try checkOpen()
-            try machine.apply(.signIn)
+            var next = machine
+            try next.apply(.signIn)
+            if storeSync.awaitingInitialRead, !replacingUnreadableStore {
+                throw storeUnknownError()
+            }
+            machine = next
             let abandoned = endSession()
             takeRecord(for: tokens)
             let lifetime = policy.clampedLifetime(tokens.expiresIn)
@@ -303,6 +317,21 @@ final class SessionEngine: @unchecked Sendable {
             perform(refresh.scheduleProactive(now: loop.now, unitRandom: configuration.random()))
             fail(abandoned, SessionError(.sessionEnded, "a new session was signed in"))
         }
+    }
+
+    /// Why a sign-in is refused while the stored session is not known (no token in it: a store
+    /// error's message names paths and reasons only).
+    private func storeUnknownError() -> SessionError {
+        if case .unavailable(let error) = storeStatus.value {
+            return SessionError(
+                .storeUnavailable,
+                "the credential store cannot be read, so the stored session is not known (\(error.message)); "
+                    + "signing in now would replace it: wait until the store is readable, or sign in replacing the store")
+        }
+        return SessionError(
+            .storeUnavailable,
+            "the stored session is still being read: wait for the store status to leave reading, "
+                + "or sign in replacing the store")
     }
 
     /// Clears the store first, then cancels every timer, then revokes best effort.

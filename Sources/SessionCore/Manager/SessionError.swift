@@ -24,6 +24,10 @@ public struct SessionError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let unauthorized = Code("unauthorized")
         /// The credential store failed.
         public static let store = Code("store")
+        /// The store has not answered the initial read (it cannot be read, or its read is still
+        /// on the worker), so the stored session is not known: a sign-in that would replace it
+        /// is refused unless the host asks to replace the store. See `storeStatus`.
+        public static let storeUnavailable = Code("storeUnavailable")
         /// An argument was unusable (e.g. a blank access token).
         public static let invalidArgument = Code("invalidArgument")
         /// The event loop is shut down.

@@ -61,10 +61,10 @@ extension SessionManager {
 
     // MARK: - On the loop thread
 
-    func signInOnLoop(_ tokens: SessionTokens) throws(SessionError) {
+    func signInOnLoop(_ tokens: SessionTokens, replacingUnreadableStore: Bool = false) throws(SessionError) {
         loop.assertInEventLoop()
         guard accountStore != nil else {
-            try engine.signIn(tokens)
+            try engine.signIn(tokens, replacingUnreadableStore: replacingUnreadableStore)
             return
         }
         let key = SessionEngine.accountKey(for: tokens.memberID)
@@ -74,7 +74,7 @@ extension SessionManager {
             }
             try switchAccountOnLoop(to: key)
         }
-        try engine.signIn(tokens)
+        try engine.signIn(tokens, replacingUnreadableStore: replacingUnreadableStore)
         recordActive(engine.accountKey)
     }
 
@@ -100,7 +100,9 @@ extension SessionManager {
             account: key, active: false)
         added.onStateChange = { [weak self] in self?.accountsChanged() }
         try makeActive(added)
-        try added.signIn(tokens)
+        // Its record is being read (made on the loop): a new account's record, replaced by
+        // this sign-in whatever the read finds (at most the same account's older tokens).
+        try added.signIn(tokens, replacingUnreadableStore: true)
         recordActive(key)
     }
 
@@ -120,6 +122,7 @@ extension SessionManager {
     /// worker: changes of the pointer land in the order they were made.
     private func recordActive(_ key: String?) {
         guard let accountStore, let pointerWorker, let key else { return }
+        sessions.withLockedValue { $0.pointerOwed = false }
         pointerWorker.submit({ _ -> StoreError? in
             do throws(StoreError) {
                 try accountStore.setActiveAccount(key)
@@ -127,12 +130,19 @@ extension SessionManager {
             } catch {
                 return error
             }
-        }) { [logger = configuration.logger] failure in
-            if let failure {
-                logger.warning("the store did not record the active account (the next start may restore another one)",
-                    metadata: ["error": "\(failure.message)"])
-            }
+        }) { [weak self, logger = configuration.logger] failure in
+            guard let failure else { return }
+            logger.warning("the store did not record the active account yet (it is recorded with the next write it takes)",
+                metadata: ["error": "\(failure.message)"])
+            self?.sessions.withLockedValue { $0.pointerOwed = true }
         }
+    }
+
+    /// The store took a write of the active session: if it missed the last change of the
+    /// active account, that change is made again now.
+    func activeWriteLanded() {
+        guard sessions.withLockedValue({ $0.pointerOwed }) else { return }
+        recordActive(engine.accountKey)
     }
 
     func logoutOnLoop(account key: String) throws(SessionError) {
@@ -186,7 +196,9 @@ extension SessionManager {
             sessions.withLockedValue { $0.background[key] = nil }
         }
         previous.onStoreChanged = nil
+        previous.onWriteLanded = nil
         next.onStoreChanged = { [weak self] in self?.storeChanged() }
+        next.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
         next.attach(surface)
         sessions.withLockedValue { sessions in
             sessions.active = next
@@ -212,7 +224,7 @@ extension SessionManager {
     func accountsChanged() {
         loop.assertInEventLoop()
         let leaving = sessions.withLockedValue { sessions -> [SessionEngine] in
-            let gone = sessions.background.filter { $0.value.machine.state == .loggedOut }
+            let gone = sessions.background.filter { $0.value.isSignedOut }
             for key in gone.keys { sessions.background[key] = nil }
             return Array(gone.values)
         }

@@ -39,6 +39,9 @@ public final class SessionManager: Sendable {
         var background: [String: SessionEngine] = [:]
         /// The store's account list has been read (and a session made for each account).
         var listed = false
+        /// The store did not take the last change of its active account: made again when it
+        /// takes the active session's next write.
+        var pointerOwed = false
 
         var all: [SessionEngine] { Array(background.values) + [active] }
     }
@@ -70,6 +73,7 @@ public final class SessionManager: Sendable {
         guard let accountStore else { return }
         first.onStateChange = { [weak self] in self?.accountsChanged() }
         first.onStoreChanged = { [weak self] in self?.storeChanged() }
+        first.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
         if loop.inEventLoop {
             // Never waits for the store: the list arrives on the loop, after the active
             // account's read (the same worker, in order).
@@ -184,15 +188,25 @@ public final class SessionManager: Sendable {
     /// LOGGED_OUT or SESSION_EXPIRED → LOGGED_IN with `tokens`, stored. Returns once the
     /// store has answered the write (a failure is a `storeError` event, never an error here:
     /// the session goes on in memory).
-    /// - Throws: `illegalTransition` when already signed in (log out first).
+    ///
+    /// It first waits for the stored session to be read (`storeRead()`). While the store
+    /// cannot be read (`storeStatus` `.unavailable` since the start), the stored session is not
+    /// known and a sign-in would replace it: refused, unless `replacingUnreadableStore` — then
+    /// the session goes on in memory and replaces what the store holds once the store takes
+    /// the write (what it held is not restored when it becomes readable).
     ///
     /// With a store of several accounts: the session of `tokens`' account (its member id)
     /// becomes the active one; an account signed in already in the background is not signed
     /// in twice (`illegalTransition`: switch to it). A session of another account that expired
     /// here gives its place (and its record) to the new one; to keep a signed-in account,
     /// use `addAccount`.
-    public func signIn(_ tokens: SessionTokens) async throws(SessionError) {
-        try await onLoop(thenStore: true) { manager throws(SessionError) in try manager.signInOnLoop(tokens) }
+    /// - Throws: `illegalTransition` when already signed in (log out first);
+    ///   `storeUnavailable` while the store cannot be read (and not `replacingUnreadableStore`).
+    public func signIn(_ tokens: SessionTokens, replacingUnreadableStore: Bool = false) async throws(SessionError) {
+        if storeStatus.value == .reading { await storeRead() }
+        try await onLoop(thenStore: true) { manager throws(SessionError) in
+            try manager.signInOnLoop(tokens, replacingUnreadableStore: replacingUnreadableStore)
+        }
     }
 
     /// → LOGGED_OUT: the store's clear is submitted first (before anything stored after it),
@@ -256,8 +270,13 @@ public final class SessionManager: Sendable {
     /// `signIn`, answered before returning: inline on the loop thread, otherwise posted and
     /// waited for. Do not call from a thread the loop thread is waiting on. Returns once the
     /// session changed in memory; the store's write lands later, on the store's worker.
-    package func signInAndWait(_ tokens: SessionTokens) throws(SessionError) {
-        try performAndWait { manager throws(SessionError) in try manager.signInOnLoop(tokens) }
+    /// Unlike `signIn`, it does not wait for the stored session to be read: while it is
+    /// (`storeStatus` `.reading`, only for a manager made on its loop thread), it is refused
+    /// with `storeUnavailable` like an unreadable store, unless `replacingUnreadableStore`.
+    package func signInAndWait(_ tokens: SessionTokens, replacingUnreadableStore: Bool = false) throws(SessionError) {
+        try performAndWait { manager throws(SessionError) in
+            try manager.signInOnLoop(tokens, replacingUnreadableStore: replacingUnreadableStore)
+        }
     }
 
     /// `logout`, answered before returning (see `signInAndWait`).

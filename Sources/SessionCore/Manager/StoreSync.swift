@@ -68,10 +68,13 @@ final class StoreSync: @unchecked Sendable {
 
     /// Writes `session`, or clears the store when it is nil, on the worker. `failed` runs on
     /// the loop thread with the failure to report, if the store fails it (the store is then
-    /// behind and a retry is scheduled). A store that never blocks answers inline.
+    /// behind and a retry is scheduled); `succeeded` runs there when it takes the write. A
+    /// store that never blocks answers inline. `target`: a record other than the session's
+    /// own (`SessionEngine.clearRecord`).
     func save(
         _ session: StoredSession?, to target: (any CredentialStore)? = nil,
-        failed: @escaping @Sendable (StoreError) -> Void
+        failed: @escaping @Sendable (StoreError) -> Void,
+        succeeded: @escaping @Sendable () -> Void = {}
     ) {
         loop.assertInEventLoop()
         let counted = worker.save(session, to: target) { [self] failure in
@@ -84,6 +87,7 @@ final class StoreSync: @unchecked Sendable {
                 failed(failure)
             } else {
                 isBehind = false
+                succeeded()
             }
         }
         // Counted after the call: an inline store has answered (and counted) already.

@@ -1,6 +1,9 @@
 /// Whether the session has its store's answer: observed next to `SessionState`, it tells
 /// "no session" (`loggedOut`, `available`) from "cannot read the session yet" (`loggedOut`,
-/// `reading` or `unavailable`). `SessionManager.storeStatus`.
+/// `reading` or `unavailable`). `SessionManager.storeStatus`. Until the initial read has
+/// answered, a sign-in is refused (`SessionError.Code.storeUnavailable`) unless the host asks
+/// to replace the store (`signIn(_:replacingUnreadableStore:)`): nothing stored is lost
+/// without the host asking.
 public enum StoreStatus: Sendable, Equatable, CustomStringConvertible {
     /// The stored session is being read on the store's worker (the session was made on its
     /// loop thread, which never waits for the store): the state says `loggedOut` until the

@@ -11,11 +11,12 @@
 //       refresh token "refresh-gen-<n>", member "m<n % 3>"), printing "ready" before the
 //       first write and "wrote <n>" after each write returns. The crash test SIGKILLs it.
 //
-//   session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH]
+//   session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH] [--replace]
 //       Runs a SessionManager on the file store (an authority that is offline), prints
 //       "UID <uid>", "STATE <state>", each event as "EVENT <event>" (events carry no token),
 //       logs out and/or signs in if asked (in that order), then "STATE <state>" and
-//       "READ <what the store answers>".
+//       "READ <what the store answers>". A sign-in refused because the store cannot be read
+//       prints "SIGN-IN refused <error>"; --replace signs in replacing such a store.
 //       --as-nobody drops to uid/gid 65534 before touching the store (root ignores
 //       permission bits, so a root test runs the store operation here as nobody).
 //
@@ -88,11 +89,13 @@ func sessionMode(_ options: [String]) async -> Int32 {
     var signIn: (member: String, access: String, refresh: String)?
     var logout = false
     var asNobody = false
+    var replacing = false
     var rest = options.dropFirst()
     while let option = rest.popFirst() {
         switch option {
         case "--as-nobody": asNobody = true
         case "--logout": logout = true
+        case "--replace": replacing = true
         case "--sign-in":
             guard rest.count >= 3 else { return 2 }
             let values = Array(rest.prefix(3))
@@ -124,9 +127,14 @@ func sessionMode(_ options: [String]) async -> Int32 {
         say("STATE \(manager.state.value)")
         if logout { try await manager.logout() }
         if let signIn {
-            try await manager.signIn(SessionTokens(
-                accessToken: Secret(signIn.access), refreshToken: Secret(signIn.refresh),
-                expiresIn: .seconds(3600), memberID: signIn.member))
+            do throws(SessionError) {
+                try await manager.signIn(SessionTokens(
+                    accessToken: Secret(signIn.access), refreshToken: Secret(signIn.refresh),
+                    expiresIn: .seconds(3600), memberID: signIn.member), replacingUnreadableStore: replacing)
+            } catch {
+                guard error.code == .storeUnavailable else { throw error }
+                say("SIGN-IN refused \(error)")
+            }
         }
         try await Task.sleep(for: .milliseconds(200))
         say("STATE \(manager.state.value)")
@@ -200,7 +208,7 @@ guard arguments.count == 4 || arguments.count == 5, let endpoint = URL(string: a
     FileHandle.standardError.write(Data("""
         usage: session-probe STORE_DIR TOKEN_ENDPOINT CLIENT_ID [REFRESH_TIMEOUT_MS]
                session-probe --write-loop STORE_DIR [START]
-               session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH]
+               session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH] [--replace]
                session-probe --lease STORE_DIR SECONDS
 
         """.utf8))
