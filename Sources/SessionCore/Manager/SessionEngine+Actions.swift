@@ -230,6 +230,9 @@ extension SessionEngine {
     /// takes makes it `available` again — unless the initial read has not answered yet (the
     /// stored session is still unknown: `unavailable` until that read answers).
     func persist() {
+        // Signed out with a store of several accounts: no record of its own, nothing to write
+        // (a clear still owed is `retryOwedClears`'; a no-op here would pass for it).
+        if accountStore != nil && accountKey == nil { return }
         storeSync.save(storedForm(), failed: { [weak self] error in
             guard let self else { return }
             answerEntry {

@@ -488,6 +488,8 @@ final class SessionEngine: @unchecked Sendable {
             // While the store misses one of our writes (or our logout's clear), it is behind
             // us: what it says is older than what we know, and following it would undo ours.
             guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
+            // A record whose clear (a logout) the store still owes is not a session to follow.
+            if case .present(let stored) = read, let account = stored.account, recordsToClear.contains(account) { return }
             switch StoreChange.decide(read, state: machine.state, memberID: memberID, account: accountKey) {
             case .ignore:
                 return
