@@ -8,6 +8,7 @@ import SessionOAuth
 /// server. Runs until `q`, Ctrl-C (exit 130) or SIGTERM.
 struct LiveWatch {
     let storeDirectory: String?
+    let storeKey: FileCredentialStore.Key
     let oauth: OAuthConfiguration?
     let refreshToken: Secret?
     let presenter: Presenter
@@ -27,7 +28,7 @@ struct LiveWatch {
     }
 
     func run() async throws -> Ending {
-        let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0) } ?? MemoryCredentialStore()
+        let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0, key: storeKey) } ?? MemoryCredentialStore()
         if case .unavailable(let error) = store.read() {
             return .failed("cannot read the store: \(error.message)")
         }
