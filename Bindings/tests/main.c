@@ -44,7 +44,9 @@
     XX(refresh_release_failed_create_takes_no_ownership)             \
     XX(refresh_release_runs_without_a_refresher_and_honours_size)    \
     XX(threads_close_subscriptions_while_the_loop_delivers)          \
-    XX(secrets_never_reach_a_host_or_the_logs)
+    XX(secrets_never_reach_a_host_or_the_logs)                       \
+    XX(store_key_options_are_validated)                              \
+    XX(store_key_from_the_host_opens_the_store_and_no_other_key_does)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

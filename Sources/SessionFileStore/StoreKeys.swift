@@ -356,7 +356,7 @@ extension FileCredentialStore.Key {
         var bytes: [UInt8]
         switch FileIO.readAll(fileName, in: directory) {
         case .missing: throw StoreError("the key file \(path) does not exist")
-        case .failed(let message): throw StoreError("the key file cannot be used: \(message)")
+        case .failed(let message): throw StoreError(message)
         case .read(let content): bytes = content
         }
         defer { wipe(&bytes) }

@@ -191,6 +191,9 @@ func storeKey(from options: sf_options) throws(OAuthConfigurationError) -> FileC
         guard let bytes = options.store_key else {
             throw OAuthConfigurationError(field: "store key", reason: "is NULL with store_key_size \(options.store_key_size)")
         }
+        guard options.store_key_size != 0 else {
+            throw OAuthConfigurationError(field: "store key size", reason: "is 0 with store_key set (a 256-bit key: 32)")
+        }
         guard options.store_key_size == 32 else {
             throw OAuthConfigurationError(
                 field: "store key size", reason: "is \(options.store_key_size), not 32 (a 256-bit key) or 0 (no key)")

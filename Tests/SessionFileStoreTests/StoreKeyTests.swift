@@ -363,7 +363,7 @@ struct StoreKeyTests {
     /// same store: unavailable, never overwritten, no key file made.
     @Test(.timeLimit(.minutes(1)), .enabled(if: noSessionBus, "this process has a session bus"))
     func theSecretServiceKeepsTheKeyLogoutRotatesItThereAndWithoutTheBusTheStoreIsUnavailable() async throws {
-        for tool in ["/usr/bin/dbus-run-session", "/usr/bin/gnome-keyring-daemon"] where access(tool, X_OK) != 0 {
+        for tool in ["/usr/bin/dbus-run-session", "/usr/bin/dbus-send", "/usr/bin/gnome-keyring-daemon"] where access(tool, X_OK) != 0 {
             Issue.record("\(tool) is missing: apt-get install dbus gnome-keyring libsecret-1-0 (scripts/test.sh does)")
             return
         }
@@ -372,13 +372,29 @@ struct StoreKeyTests {
         mkdir(home, 0o700)
         let probe = try sessionProbeExecutable()
         let (lines, status) = try await onOwnThread { () throws -> ([String], Int32) in
-            // A keyring of its own (HOME), unlocked with a password on stdin; the daemon leaves
-            // with the bus.
+            // A keyring of its own (HOME), unlocked with a password on stdin; the daemon runs in
+            // the foreground beside the probe (registered on the bus before the probe starts) and
+            // is stopped after it, so that nothing outlives the test.
+            let script = """
+                printf pw | gnome-keyring-daemon --unlock --components=secrets --foreground >/dev/null 2>&1 &
+                daemon=$!
+                tries=0
+                until dbus-send --session --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \\
+                    org.freedesktop.DBus.NameHasOwner string:org.freedesktop.secrets 2>/dev/null | grep -q 'boolean true'; do
+                    tries=$((tries + 1))
+                    if [ $tries -gt 200 ]; then echo "FAIL gnome-keyring-daemon never registered"; kill $daemon; exit 1; fi
+                    sleep 0.05
+                done
+                "$0" --keyring "$1"
+                status=$?
+                kill -9 $daemon
+                wait $daemon
+                exit $status
+                """
             let child = try ChildProcess("/usr/bin/env", [
-                "HOME=\(home)", "XDG_DATA_HOME=\(home)/data", "XDG_RUNTIME_DIR=", "DISPLAY=",
-                "/usr/bin/dbus-run-session", "--", "/bin/sh", "-c",
-                "printf pw | gnome-keyring-daemon --unlock --components=secrets --daemonize >/dev/null && exec \"$0\" --keyring \"$1\"",
-                probe, tmp.store,
+                "-u", "XDG_RUNTIME_DIR", "-u", "DISPLAY", "-u", "WAYLAND_DISPLAY", "-u", "DBUS_SESSION_BUS_ADDRESS",
+                "HOME=\(home)", "XDG_DATA_HOME=\(home)/data",
+                "/usr/bin/dbus-run-session", "--", "/bin/sh", "-c", script, probe, tmp.store,
             ])
             let lines = child.readToEnd(timeout: .seconds(45))
             let raw = child.waitForExit()
