@@ -84,6 +84,7 @@ struct WatchSession: AsyncParsableCommand {
         if keyFile != nil && store == nil {
             throw ValidationError("--key-file needs --store")
         }
+        _ = try storeKey()  // a key file that cannot be used: exit 64, naming it and why
         if let store {
             var isDirectory: ObjCBool = false
             if FileManager.default.fileExists(atPath: store, isDirectory: &isDirectory), !isDirectory.boolValue {
