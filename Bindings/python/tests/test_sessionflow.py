@@ -248,3 +248,27 @@ def test_unusable_oauth_options_are_einval():
     with pytest.raises(sf.SessionFlowError) as error:
         sf.Runtime(token_endpoint="http://127.0.0.1:9/token")  # no client id
     assert error.value.name == "SF_EINVAL"
+
+
+def test_a_store_key_from_the_host_opens_the_store_and_another_key_does_not(tmp_path):
+    store = str(tmp_path / "store")
+    key = bytes(range(32))
+    rt = sf.Runtime(store_directory=store, store_key=key)
+    try:
+        rt.sign_in("access-py", "refresh-py", 3600, "member-py")
+    finally:
+        rt.destroy()
+    again = sf.Runtime(store_directory=store, store_key=key)
+    try:
+        assert wait_for(lambda: again.is_logged_in())
+        assert again.member_id() == "member-py"
+    finally:
+        again.destroy()
+    other = sf.Runtime(store_directory=store, store_key=bytes(32))
+    try:
+        time.sleep(0.3)
+        assert not other.is_logged_in()
+    finally:
+        other.destroy()
+    with pytest.raises(sf.SessionFlowError):
+        sf.Runtime(store_directory=store, store_key=b"short")
