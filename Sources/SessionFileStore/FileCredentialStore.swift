@@ -369,6 +369,13 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             if let header = StoreHeader(bytes) {
                 let home = try keyHome(for: header, in: directory)
                 keys = try loadRing(home, in: directory)
+                // The Secret Service answers "no such item" for a locked keyring too (it cannot
+                // prompt): never take that for a lost key, which would move the store aside.
+                if keys.isEmpty, case .secretService = home {
+                    throw .unavailable(
+                        "the key of \(path) is not in the Secret Service: its keyring is locked, or the item was "
+                            + "removed (then the store cannot be opened any more: move it away to start afresh)")
+                }
                 // A version-1 file of a host's key was sealed with that key itself.
                 if header.version == 1, case .wrapped(let kek) = home { keys.append(kek) }
             }

@@ -404,7 +404,7 @@ struct StoreKeyTests {
         #expect(status == 0, "\(lines)")
         #expect(lines.contains("DONE"), "\(lines)")
         #expect(!lines.contains { $0.hasPrefix("FAIL") }, "\(report)")
-        #expect(report.filter { $0.hasPrefix("CHECK") }.count == 10, "\(report)")
+        #expect(report.filter { $0.hasPrefix("CHECK") }.count == 12, "\(report)")
         #expect(!lines.contains { $0.contains("access-alice") || $0.contains("refresh-alice") })
 
         // Without the bus: the store says where its key is, and is left alone.

@@ -29,8 +29,9 @@
 //       Run inside `dbus-run-session` with an unlocked gnome-keyring-daemon: a store with the
 //       default key source (.automatic) must keep its key in the Secret Service, not in a
 //       file; logout must rotate it there. Prints "CHECK <what> ok" or "FAIL <what>: ..." per
-//       property and "DONE"; exit 1 on a failure. Leaves alice's session in STORE_DIR (a
-//       Secret Service store) for the test to open without the bus.
+//       property and "DONE"; exit 1 on a failure. Last it locks the keyring (the store must
+//       be unavailable, not damaged). Leaves alice's session in STORE_DIR (a Secret Service
+//       store) for the test to open without the bus.
 //
 //   session-probe --lease STORE_DIR SECONDS
 //       Takes the store's refresh lease for SECONDS (trying every 10 ms for up to 20 s;
@@ -144,6 +145,23 @@ func keyringMode(directory: String) -> Int32 {
         try store.write(session("alice"))
         check("a store again", FileCredentialStore(directory: directory).read() == .present(session("alice")))
         check("still no key file", !files().contains("session.sfstore.key"), "\(files())")
+        // A locked keyring answers "no such item": the store is unavailable, not damaged.
+        let lock = Process()
+        lock.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-send")
+        lock.arguments = [
+            "--session", "--print-reply", "--dest=org.freedesktop.secrets", "/org/freedesktop/secrets",
+            "org.freedesktop.Secret.Service.Lock", "array:objpath:/org/freedesktop/secrets/collection/login",
+        ]
+        lock.standardOutput = FileHandle.nullDevice
+        try lock.run()
+        lock.waitUntilExit()
+        let before = files()
+        let locked = FileCredentialStore(directory: directory).read()
+        check("a locked keyring leaves the store unavailable", {
+            if case .unavailable(let error) = locked { return error.message.contains("keyring is locked") }
+            return false
+        }(), describe(locked))
+        check("a locked keyring moves nothing aside", files() == before, "\(before) → \(files())")
     } catch {
         check("store calls", false, "\(error)")
     }
