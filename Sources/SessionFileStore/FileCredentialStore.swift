@@ -1,6 +1,6 @@
-// Over 400 lines (465): the record format (sealed, account-keyed), the atomic replace and the
+// Over 400 lines (565): the record format (sealed, account-keyed), the atomic replace and the
 // write lock are still one type (the refresh lease is in RefreshLease.swift, the trusted
-// directory and its file operations in FileIO.swift). The store issue moves its file work to
+// directory and its file operations in FileIO.swift, the keys and the header in StoreKeys.swift). The store issue moves its file work to
 // an I/O worker; it splits along those lines then.
 
 import Crypto
