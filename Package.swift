@@ -42,12 +42,17 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // The desktop Secret Service through libsecret, loaded at run time with dlopen (C: its
+        // calls take a GHashTable and a SecretSchema): no link-time dependency on libsecret or
+        // glib. dlopen is in glibc itself (2.34+).
+        .target(name: "CSecretService"),
         // The encrypted, atomic, account-keyed file store.
         .target(
             name: "SessionFileStore",
             dependencies: [
                 "SessionCore",
                 "LoopFlow",
+                "CSecretService",
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
@@ -136,7 +141,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SessionFileStoreTests",
-            dependencies: ["SessionFileStore", "SessionCore", "LoopFlow", "CLibUV", "SessionFlowTestSupport"]
+            dependencies: ["SessionFileStore", "CSecretService", "SessionCore", "LoopFlow", "CLibUV", "SessionFlowTestSupport"]
         ),
         .testTarget(
             name: "SessionCoreTests",

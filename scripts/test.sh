@@ -25,6 +25,13 @@ source "$(dirname "$0")/setup.sh"
 # The C and Python hosts' tools.
 command -v gcc >/dev/null 2>&1 || apt_install gcc
 command -v g++ >/dev/null 2>&1 || apt_install g++
+# The Secret Service tests (Tests/SessionFileStoreTests/StoreKeyTests.swift): a real
+# gnome-keyring-daemon on a private session bus (dbus-run-session, dbus-send); the store loads
+# libsecret at run time (dlopen), the library never links it.
+if ! command -v dbus-run-session >/dev/null 2>&1 || ! command -v dbus-send >/dev/null 2>&1 ||
+    ! command -v gnome-keyring-daemon >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libsecret-1\.so\.0'; then
+    apt_install dbus dbus-bin gnome-keyring libsecret-1-0
+fi
 # A self-signed certificate for the TLS verification test.
 command -v openssl >/dev/null 2>&1 || apt_install openssl
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet pytest

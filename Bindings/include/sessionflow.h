@@ -258,7 +258,36 @@ typedef struct sf_options {
      * be cancelled; one still open at refresh_timeout_ms is counted as failed then (a
      * success that comes later for the current refresh token is still kept). */
     void (*refresh_cancel)(sf_refresh_request *request, void *refresh_userdata);
+    /* Where the file store's key comes from (with store_directory; README.md, "Threat model
+     * of the store", says what each protects against). In this order:
+     *  1. A key the host supplies: `store_key` (exactly 32 bytes, store_key_size 32; copied
+     *     by sf_runtime_create*, so the host may wipe its buffer once that returns) or
+     *     `store_key_file` (the path of a file holding 32 bytes or 64 hex digits; it must be a
+     *     regular file of this user with no group/other permission, in a directory of this
+     *     user not writable by group or others; read once, at create). At most one of them.
+     *     The host's key encrypts the store's own data key (kept in `<store>.key`), which
+     *     logout rotates; the library cannot rotate the host's key itself.
+     *  2. `store_key_source` (when neither is set): SF_STORE_KEY_AUTOMATIC (0, default: the
+     *     desktop Secret Service when a session bus and the service answer, else a key file
+     *     beside the store), SF_STORE_KEY_FILE, SF_STORE_KEY_SECRET_SERVICE (required: the
+     *     store is unavailable without it). An existing store is only ever opened with the
+     *     source that sealed it (its header says which): a store whose key is in the Secret
+     *     Service, opened without a session bus, reports SF_EVENT_STORE_ERROR and is never
+     *     overwritten.
+     * Bad values (a size other than 0 or 32, a key with a NULL pointer, both a key and a key
+     * file, a key without store_directory, an unreadable key file, an unknown source) make
+     * create fail with SF_EINVAL, the field named in the log. Hosts built against an older
+     * header (a smaller `size`) have none of these: SF_STORE_KEY_AUTOMATIC. */
+    const unsigned char *store_key;
+    size_t store_key_size;
+    const char *store_key_file;
+    int store_key_source;
 } sf_options;
+
+/* Values of sf_options.store_key_source. */
+#define SF_STORE_KEY_AUTOMATIC 0
+#define SF_STORE_KEY_FILE 1
+#define SF_STORE_KEY_SECRET_SERVICE 2
 
 /* ---- Options -------------------------------------------------------------------- */
 

@@ -127,6 +127,11 @@ class _Options(ctypes.Structure):
         ("refresh_release", _VOID_FN),
         ("start_manually", ctypes.c_int),
         ("refresh_cancel", _CANCEL_FN),  # not offered by this binding yet: NULL
+        # The store's key (sf_options_init writes the whole struct: every field must be here).
+        ("store_key", ctypes.c_void_p),
+        ("store_key_size", ctypes.c_size_t),
+        ("store_key_file", ctypes.c_char_p),
+        ("store_key_source", ctypes.c_int),
     ]
 
 
@@ -291,12 +296,15 @@ class Runtime:
                  token_endpoint: Optional[str] = None, client_id: Optional[str] = None,
                  revocation_endpoint: Optional[str] = None, store_directory: Optional[str] = None,
                  on_refresher_released: Optional[Callable[[], None]] = None,
-                 start_manually: bool = False):
+                 start_manually: bool = False,
+                 store_key: Optional[bytes] = None, store_key_file: Optional[str] = None):
         """`refresher` is called on the loop thread, never after destroy() returned;
         `on_refresher_released` runs once (on the loop thread, before destroy() returns)
         after its last call, when the library lets go of it (sf_options.refresh_release).
         `start_manually`: the session waits for start() before its start-up events, so
-        subscribe to events first and miss none (sf_options.start_manually)."""
+        subscribe to events first and miss none (sf_options.start_manually).
+        `store_key` (32 bytes) or `store_key_file`: the file store's key from the host
+        (sf_options.store_key / store_key_file; copied at create)."""
         options = _Options()
         _options_init(ctypes.byref(options))
         options.start_manually = 1 if start_manually else 0
@@ -305,6 +313,12 @@ class Runtime:
         # ctypes keeps these bytes alive with the struct; the library copies them.
         self._strings = [s.encode() if s else None for s in (token_endpoint, client_id, revocation_endpoint, store_directory)]
         options.token_endpoint, options.client_id, options.revocation_endpoint, options.store_directory = self._strings
+        key_buffer = ctypes.create_string_buffer(store_key, len(store_key)) if store_key is not None else None
+        if key_buffer is not None:
+            options.store_key = ctypes.cast(key_buffer, ctypes.c_void_p)
+            options.store_key_size = len(store_key)
+        self._key_file = store_key_file.encode() if store_key_file else None
+        options.store_key_file = self._key_file
         refresher_key = None
         if refresher is not None:
             def trampoline(request, refresh_token, _userdata):
@@ -323,6 +337,8 @@ class Runtime:
         code = _create(ctypes.byref(options), ctypes.byref(self._pointer))
         if code < 0 and refresher_key is not None:
             _drop(refresher_key)  # a failed create takes no ownership: nothing will be called
+        if key_buffer is not None:
+            ctypes.memset(key_buffer, 0, len(store_key))  # copied by create: wipe ours
         _check(code, "sf_runtime_create")
         self._token_callbacks: dict[int, object] = {}
 

@@ -49,7 +49,9 @@
     XX(accounts_restart_restores_the_active_one_and_lists_the_others) \
     XX(accounts_bad_input_is_einval_and_changes_nothing)             \
     XX(store_status_tells_an_unreadable_store_from_no_session)       \
-    XX(store_status_sign_in_replacing_store_is_the_hosts_choice)
+    XX(store_status_sign_in_replacing_store_is_the_hosts_choice)     \
+    XX(store_key_options_are_validated)                              \
+    XX(store_key_from_the_host_opens_the_store_and_no_other_key_does)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

@@ -71,9 +71,11 @@ extension FileCredentialStore: AccountCredentialStore {
         }
     }
 
-    /// Removes the record of `key`, and the active pointer if it named it.
+    /// Removes the record of `key`, and the active pointer if it named it; the key is rotated
+    /// (`saveRotatingKey`), so no copy of the file taken before opens any more — also when the
+    /// file was damaged (moved aside, that copy is shredded too).
     func clear(account key: String) throws(StoreError) {
-        try change(removingCopiesWhenEmpty: true) { document in
+        try change(clearing: true) { document in
             let removed = document.accounts.removeValue(forKey: key) != nil
             let wasActive = document.active == key
             if wasActive { document.active = nil }
@@ -83,10 +85,11 @@ extension FileCredentialStore: AccountCredentialStore {
 
     /// A read-modify-write of the document under the write lock; `body` says whether it
     /// changed anything (nothing is written otherwise). A store that does not exist yet is
-    /// created only with `creating`. With `removingCopiesWhenEmpty` (a record's clear), a
-    /// store left without accounts loses its damaged copies and orphaned temporaries too.
+    /// created only with `creating`. `clearing` (a record's clear, a logout): written with a new
+    /// key — also when only a damaged file was found — and a store left without accounts loses
+    /// its damaged copies and orphaned temporaries too.
     private func change(
-        creating: Bool = false, removingCopiesWhenEmpty: Bool = false, _ body: (inout Document) -> Bool
+        creating: Bool = false, clearing: Bool = false, _ body: (inout Document) -> Bool
     ) throws(StoreError) {
         try lock.withLock { () throws(StoreError) in
             do throws(StoreFailure) {
@@ -96,10 +99,21 @@ extension FileCredentialStore: AccountCredentialStore {
                 }
                 try withWriteLock(in: directory) { () throws(StoreFailure) in
                     try checkLockFiles(in: directory)
-                    var document = try loadForChange(in: directory) ?? Document()
-                    guard body(&document) else { return }
-                    try save(document, in: directory)
-                    if removingCopiesWhenEmpty && document.accounts.isEmpty {
+                    var document = Document()
+                    var damaged = false
+                    do throws(StoreFailure) {
+                        document = try load(in: directory) ?? Document()
+                    } catch {
+                        guard case .damaged = error else { throw error }
+                        damaged = true  // moved aside: start afresh
+                    }
+                    guard body(&document) || (clearing && damaged) else { return }
+                    if clearing {
+                        try saveRotatingKey(document, in: directory)
+                    } else {
+                        try save(document, in: directory)
+                    }
+                    if clearing && document.accounts.isEmpty {
                         // Nothing of any session is left: neither are copies of its files.
                         FileIO.removeDamagedCopies(of: name, in: directory)
                         FileIO.removeOrphanedTemporaries(of: [name], in: directory)

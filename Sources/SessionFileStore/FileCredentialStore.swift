@@ -1,6 +1,6 @@
-// Over 400 lines (465): the record format (sealed, account-keyed), the atomic replace and the
+// Over 400 lines (565): the record format (sealed, account-keyed), the atomic replace and the
 // write lock are still one type (the refresh lease is in RefreshLease.swift, the trusted
-// directory and its file operations in FileIO.swift). The store issue moves its file work to
+// directory and its file operations in FileIO.swift, the keys and the header in StoreKeys.swift). The store issue moves its file work to
 // an I/O worker; it splits along those lines then.
 
 import Crypto
@@ -23,8 +23,11 @@ import Glibc
 /// - Files 0600. A write goes to a new temporary file in the same
 ///   directory, is fsync'd, renamed over the old file, and the directory fsync'd: a crash
 ///   at any moment leaves the old session or the new one, never a mix.
-/// - Encrypted with a 256-bit key: the host's, or a key file created (0600) beside the
-///   store on first use. The file's header is authenticated too.
+/// - Encrypted with a 256-bit key (`Key`): from the host (wrapping a data key of the store's
+///   own), the desktop Secret Service, or a key file created (0600) beside the store on first
+///   use. The header (which names the key's source and id) and the store file's name are
+///   authenticated too; each record carries its account. `clear` (logout) rotates the key:
+///   a copy of the file taken before no longer opens with anything left (StoreKeys.swift).
 /// - Account-keyed (`FileCredentialStore+Accounts.swift`): a record per account, an active
 ///   pointer. A `SessionManager` keeps each account's session in its record
 ///   (`account(_:isActive:)`); the plain calls act on the active record (`read`), store under
@@ -37,11 +40,24 @@ import Glibc
 /// its loop thread (`CredentialStore`). Calls are serialised by a lock. Across processes: `<store>.wlock` is held around each change
 /// of the file, and `<store>.lock` holds the refresh lease (`RefreshLease.swift`).
 public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendable {
-    /// Where the encryption key comes from.
+    /// Where the encryption key comes from. The store file's header records which source
+    /// (and which key) sealed it: a store is only ever opened from that source, and one whose
+    /// source cannot be reached is unavailable — never re-keyed, never overwritten.
+    /// README.md, "Threat model of the store", says what each protects against.
     public enum Key: Sendable {
-        /// A key file beside the store, created 0600 with a random key on first use.
+        /// The Secret Service when a session bus and the service answer, else a key file — for
+        /// a new store; an existing one keeps the source its header names (a store made in the
+        /// desktop session and read over ssh, without a bus, is unavailable, not replaced).
+        /// `SESSIONFLOW_SECRET_SERVICE=off` in the environment: never the Secret Service.
+        case automatic
+        /// A key file beside the store (`<name>.key`, 0600), made with a random key on first use.
         case keyFile
-        /// A 256-bit key the host keeps (in a keyring, say).
+        /// The desktop Secret Service (GNOME Keyring, KWallet, KeePassXC through libsecret,
+        /// loaded at run time): unavailable when it cannot be reached.
+        case secretService
+        /// A 256-bit key the host keeps. It is a key-encryption key: the store's data keys are
+        /// kept in `<name>.key` sealed with it, so that logout can rotate them (a host key
+        /// itself cannot be rotated by the library). `Key.fromFile(_:)` reads one from a file.
         case provided(SymmetricKey)
     }
 
@@ -50,10 +66,10 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     public let keyPath: String
     /// The files' names in the directory (every operation is relative to its descriptor).
     let name: String
-    private let keyName: String
+    let keyName: String
     private let lockName: String
     private let writeLockName: String
-    private let keySource: Key
+    let keySource: Key
     let lock = Lock()
     /// The cross-process refresh lease: a record in `<store>.lock` (see `LeaseRecord`).
     public let lockPath: String
@@ -64,14 +80,14 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// Whether this instance is inside `withWriteLock` (guarded by `lock`).
     private var holdsWriteLock = false
 
-    private static let magic: [UInt8] = Array("SFSTORE".utf8) + [1]
     private static let defaultAccount = "default"
 
     /// - Parameters:
     ///   - directory: created 0700 if missing (only the last component); an existing one must
     ///     be the effective user's and not writable by group or others, and is never changed.
     ///   - name: the store file's name in it (a single path component).
-    public init(directory: String, name: String = "session.sfstore", key: Key = .keyFile) {
+    ///   - key: where the key comes from (`.automatic`: the Secret Service or a key file).
+    public init(directory: String, name: String = "session.sfstore", key: Key = .automatic) {
         self.directory = directory
         self.path = directory + "/" + name
         self.keyPath = directory + "/" + name + ".key"
@@ -237,7 +253,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                         document.accounts.removeValue(forKey: active)
                     }
                     document.active = nil
-                    try save(document, in: directory)
+                    try saveRotatingKey(document, in: directory)
                 }
             } catch {
                 throw error.storeError
@@ -278,7 +294,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     /// What the file holds, once decrypted.
     @_spi(Fuzzing) public struct Document: Codable {
-        public var version = 1
+        public var version = 2
         public var active: String?
         public var accounts: [String: Record] = [:]
 
@@ -286,6 +302,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     @_spi(Fuzzing) public struct Record: Codable {
+        /// The account this record is filed under (set when sealed, checked when opened: a
+        /// record found under another account is damaged). Nil only in version-1 files.
+        var account: String?
         var accessToken: String?
         var refreshToken: String?
         var expiresAtNanoseconds: Int64?
@@ -335,46 +354,111 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     // MARK: Load and save (caller holds the lock)
 
     /// The document, nil when there is no file. A damaged file is moved aside first.
+    ///
+    /// The header says which source's key sealed the file (`keyHome`): a source that cannot be
+    /// reached, or another than configured, is unavailable. A key id the ring lacks is damage —
+    /// unless the file changed meanwhile (another process rotated the key between our read of
+    /// the file and of the ring): then it is read again.
     func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
-        let bytes: [UInt8]
-        switch FileIO.readAll(name, in: directory) {
-        case .missing: return nil
-        case .failed(let message): throw .unavailable(message)
-        case .read(let content): bytes = content
-        }
-        let key = try encryptionKey(creating: false, in: directory)
-        do {
-            return try Self.decode(bytes, key: key)
-        } catch {
-            let aside = moveAside(bytes, in: directory)
-            throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
+        var attempts = 0
+        while true {
+            let bytes: [UInt8]
+            switch FileIO.readAll(name, in: directory) {
+            case .missing: return nil
+            case .failed(let message): throw .unavailable(message)
+            case .read(let content): bytes = content
+            }
+            var keys: [SymmetricKey] = []
+            if let header = StoreHeader(bytes) {
+                let home = try keyHome(for: header, in: directory)
+                keys = try loadRing(home, in: directory)
+                // The Secret Service answers "no such item" for a locked keyring too (it cannot
+                // prompt): never take that for a lost key, which would move the store aside.
+                if keys.isEmpty, case .secretService = home {
+                    throw .unavailable(
+                        "the key of \(path) is not in the Secret Service: its keyring is locked, or the item was "
+                            + "removed (then the store cannot be opened any more: move it away to start afresh)")
+                }
+                // A version-1 file of a host's key was sealed with that key itself.
+                if header.version == 1, case .wrapped(let kek) = home { keys.append(kek) }
+            }
+            do {
+                return try Self.decode(bytes, name: name, keys: keys)
+            } catch let failure as StoreDecodeFailure where failure.kind == .unknownKey && attempts < 3 {
+                attempts += 1
+                if case .read(let now) = FileIO.readAll(name, in: directory), now != bytes { continue }
+                let aside = moveAside(bytes, in: directory)
+                throw .damaged("the store file was damaged or tampered with (\(describe(failure))); moved aside to \(aside)")
+            } catch {
+                let aside = moveAside(bytes, in: directory)
+                throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
+            }
         }
     }
 
-    /// The document in a store file's bytes: header, then AES-GCM (authenticating the
-    /// header), then JSON. Throws for anything else. Pure (SPI Fuzzing: the fuzz target in Tools/ calls it).
+    /// The document in a store file's bytes: header, then AES-GCM (authenticating the header
+    /// and, from version 2, the store file's name `name`), then JSON; in version 2 every
+    /// record must be filed under its own account. `keys`: the store's key ring (version 2
+    /// picks the one whose id the header names; version 1 tries each). Throws for anything
+    /// else. Pure (SPI Fuzzing: the fuzz target in Tools/ calls it).
+    @_spi(Fuzzing) public static func decode(_ bytes: [UInt8], name: String, keys: [SymmetricKey]) throws -> Document {
+        guard let header = StoreHeader(bytes), bytes.count > header.count else {
+            throw StoreDecodeFailure(.header, "not a SessionFlow store (bad header)")
+        }
+        guard !keys.isEmpty else {
+            throw StoreDecodeFailure(.missingKey, header.source == .secretService ? "its key is missing" : "its key file is missing")
+        }
+        let box = try AES.GCM.SealedBox(combined: bytes.dropFirst(header.count))
+        let plaintext: Data
+        if header.version == 1 {
+            var opened: Data?
+            for key in keys where opened == nil {
+                opened = try? AES.GCM.open(box, using: key, authenticating: header.bytes)
+            }
+            guard let opened else { throw StoreDecodeFailure(.authentication, "authentication failed") }
+            plaintext = opened
+        } else {
+            guard let key = keys.first(where: { StoreKeyID.of($0) == header.keyID }) else {
+                throw StoreDecodeFailure(.unknownKey, "its key (id \(StoreKeyID.hex(header.keyID))) is not among the store's keys")
+            }
+            plaintext = try AES.GCM.open(box, using: key, authenticating: header.authenticatedData(name: name))
+        }
+        let document = try JSONDecoder().decode(Document.self, from: plaintext)
+        if header.version >= 2 {
+            for (account, record) in document.accounts where record.account != account {
+                throw StoreDecodeFailure(.binding, "a record is filed under another account than its own")
+            }
+        }
+        return document
+    }
+
+    /// `decode` with a single key, for a store file named `session.sfstore`.
     @_spi(Fuzzing) public static func decode(_ bytes: [UInt8], key: SymmetricKey?) throws -> Document {
-        guard bytes.count > magic.count, Array(bytes.prefix(magic.count)) == magic else {
-            throw DecodeFailure("not a SessionFlow store (bad header)")
-        }
-        guard let key else { throw DecodeFailure("its key file is missing") }
-        let box = try AES.GCM.SealedBox(combined: bytes.dropFirst(magic.count))
-        let plaintext = try AES.GCM.open(box, using: key, authenticating: magic)
-        return try JSONDecoder().decode(Document.self, from: Data(plaintext))
+        try decode(bytes, name: "session.sfstore", keys: key.map { [$0] } ?? [])
     }
 
-    /// A store file's bytes for `document` (the inverse of `decode`).
-    @_spi(Fuzzing) public static func encode(_ document: Document, key: SymmetricKey) throws -> [UInt8] {
-        try seal(JSONEncoder().encode(document), key: key)
+    /// A store file's bytes for `document` (the inverse of `decode`): version 2, sealed with
+    /// `key` of `source`, each record stamped with the account it is filed under.
+    @_spi(Fuzzing) public static func encode(
+        _ document: Document, key: SymmetricKey, name: String = "session.sfstore", source: KeySourceTag = .keyFile
+    ) throws -> [UInt8] {
+        var document = document
+        document.version = max(document.version, 2)
+        for account in document.accounts.keys { document.accounts[account]?.account = account }
+        return try seal(JSONEncoder().encode(document), key: key, name: name, source: source)
     }
 
-    /// A store file's bytes around any plaintext: header, then AES-GCM (authenticating the
-    /// header). `encode` seals a document's JSON; the fuzz target seals arbitrary bytes so
-    /// that `decode`'s JSON decoding is reached behind valid authentication.
-    @_spi(Fuzzing) public static func seal(_ plaintext: some DataProtocol, key: SymmetricKey) throws -> [UInt8] {
-        let box = try AES.GCM.seal(plaintext, using: key, authenticating: magic)
-        guard let combined = box.combined else { throw DecodeFailure("no combined form") }
-        return magic + Array(combined)
+    /// A store file's bytes around any plaintext: header (version 2: source, key id), then
+    /// AES-GCM (authenticating the header and `name`). `encode` seals a document's JSON; the
+    /// fuzz target seals arbitrary bytes so that `decode`'s JSON decoding is reached behind
+    /// valid authentication.
+    @_spi(Fuzzing) public static func seal(
+        _ plaintext: some DataProtocol, key: SymmetricKey, name: String = "session.sfstore", source: KeySourceTag = .keyFile
+    ) throws -> [UInt8] {
+        let header = StoreHeader(source: source, keyID: StoreKeyID.of(key))
+        let box = try AES.GCM.seal(plaintext, using: key, authenticating: header.authenticatedData(name: name))
+        guard let combined = box.combined else { throw StoreDecodeFailure(.header, "no combined form") }
+        return header.bytes + Array(combined)
     }
 
     /// Like `load`, but a damaged file counts as nothing to change.
@@ -386,41 +470,41 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         }
     }
 
+    /// Seals `document` with the newest key of the store's ring (made if there is none) and
+    /// replaces the file. Older keys still in the ring are left from a rotation that was cut
+    /// short (`saveRotatingKey`): the file no longer needs them, so they are dropped now.
     func save(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
-        guard let key = try encryptionKey(creating: true, in: directory) else {
-            throw .unavailable("no encryption key")
-        }
+        let home = try keyHome(for: currentHeader(in: directory), in: directory)
+        let keys = try ringCreatingKey(home, in: directory)
+        try seal(document, with: keys[0], home, in: directory)
+        if keys.count > 1 { try storeRing([keys[0]], home, create: false, in: directory) }
+    }
+
+    /// `save` with a new key (logout): crypto-shredding every earlier copy of the file. In
+    /// three steps, each durable before the next, so that a crash anywhere leaves a store that
+    /// opens (the old document or the new one, never neither):
+    ///   1. the ring becomes {new, old…} — the file still opens with an old key;
+    ///   2. the file is sealed with the new key and replaced — it opens with the new key;
+    ///   3. the ring becomes {new} — the old keys are gone, and with them every copy of the
+    ///      file sealed before (a backup, a file moved aside, a snapshot).
+    /// Cut short after 1 or 2, the next change of the store finishes it (`save`).
+    func saveRotatingKey(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
+        let home = try keyHome(for: currentHeader(in: directory), in: directory)
+        let old = try loadRing(home, in: directory)
+        let fresh = SymmetricKey(size: .bits256)
+        try storeRing([fresh] + old, home, create: false, in: directory)
+        try seal(document, with: fresh, home, in: directory)
+        try storeRing([fresh], home, create: false, in: directory)
+    }
+
+    private func seal(_ document: Document, with key: SymmetricKey, _ home: KeyHome, in directory: TrustedDirectory) throws(StoreFailure) {
         let sealed: [UInt8]
         do {
-            sealed = try Self.encode(document, key: key)
+            sealed = try Self.encode(document, key: key, name: name, source: home.tag)
         } catch {
             throw .unavailable("cannot encode or encrypt the session: \(describe(error))")
         }
         try FileIO.replaceAtomically(name, with: sealed, in: directory)
-    }
-
-    /// The key: the host's, or the key file's (read only if it passes the checks: a planted
-    /// key, someone else's or readable by others, is refused rather than used).
-    private func encryptionKey(creating: Bool, in directory: TrustedDirectory) throws(StoreFailure) -> SymmetricKey? {
-        if case .provided(let key) = keySource { return key }
-        switch FileIO.readAll(keyName, in: directory) {
-        case .read(let bytes):
-            guard bytes.count == 32 else {
-                throw .unavailable("the key file \(keyPath) is not a 256-bit key")
-            }
-            return SymmetricKey(data: bytes)
-        case .failed(let message):
-            throw .unavailable("the key file cannot be used: \(message)")
-        case .missing:
-            guard creating else { return nil }
-            let key = SymmetricKey(size: .bits256)
-            let bytes = key.withUnsafeBytes { Array($0) }
-            // Created, never replaced: a key another writer made first wins, and is used.
-            if try FileIO.createExclusively(keyName, with: bytes, in: directory) {
-                return key
-            }
-            return try encryptionKey(creating: false, in: directory)
-        }
     }
 
     /// Renames the damaged store file (whose bytes were `damaged`) aside; returns the new
@@ -450,15 +534,33 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 }
 
-private struct DecodeFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
+/// Why `decode` refused a file (the text names no content of it).
+@_spi(Fuzzing) public struct StoreDecodeFailure: Error, CustomStringConvertible {
+    public enum Kind: Sendable {
+        /// Not a store file (magic, version, source, length).
+        case header
+        /// There is no key at all.
+        case missingKey
+        /// The header names a key the ring lacks.
+        case unknownKey
+        /// No key of the ring opens it (version 1).
+        case authentication
+        /// A record is filed under another account than the one it carries.
+        case binding
+    }
+
+    public let kind: Kind
+    public let description: String
+    init(_ kind: Kind, _ description: String) {
+        self.kind = kind
+        self.description = description
+    }
 }
 
 /// Error text without any content of the file.
 private func describe(_ error: any Error) -> String {
     switch error {
-    case let failure as DecodeFailure: failure.description
+    case let failure as StoreDecodeFailure: failure.description
     case is CryptoKitError: "authentication failed"
     case is DecodingError: "unreadable content"
     default: "\(type(of: error))"

@@ -137,6 +137,7 @@ func optionsAreUsable(_ options: sf_options) -> Bool {
     guard configuration(from: options) != nil else { return false }
     do {
         _ = try oauthConfiguration(from: options)
+        _ = try storeKey(from: options)
         return true
     } catch {
         // The field by its C name: "sf_options.token_endpoint uses plain http to a host...".
@@ -167,7 +168,53 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         store_directory: nil,
         refresh_release: nil,
         start_manually: 0,
-        refresh_cancel: nil)
+        refresh_cancel: nil,
+        store_key: nil,
+        store_key_size: 0,
+        store_key_file: nil,
+        store_key_source: 0)
+}
+
+/// The store's key as the options say (`store_key`, `store_key_file`, `store_key_source`);
+/// unusable settings throw, naming the field. The key bytes are copied here, during create.
+func storeKey(from options: sf_options) throws(OAuthConfigurationError) -> FileCredentialStore.Key {
+    let hasKey = options.store_key != nil || options.store_key_size != 0
+    let keyFile = string(options.store_key_file)
+    if hasKey || keyFile != nil, options.store_directory == nil {
+        throw OAuthConfigurationError(
+            field: hasKey ? "store key" : "store key file", reason: "is set without store_directory (there is no store to key)")
+    }
+    if hasKey && keyFile != nil {
+        throw OAuthConfigurationError(field: "store key", reason: "and store_key_file are both set (give one)")
+    }
+    if hasKey {
+        guard let bytes = options.store_key else {
+            throw OAuthConfigurationError(field: "store key", reason: "is NULL with store_key_size \(options.store_key_size)")
+        }
+        guard options.store_key_size != 0 else {
+            throw OAuthConfigurationError(field: "store key size", reason: "is 0 with store_key set (a 256-bit key: 32)")
+        }
+        guard options.store_key_size == 32 else {
+            throw OAuthConfigurationError(
+                field: "store key size", reason: "is \(options.store_key_size), not 32 (a 256-bit key) or 0 (no key)")
+        }
+        return .provided(copying: UnsafeRawBufferPointer(start: bytes, count: 32))
+    }
+    if let keyFile {
+        do {
+            return try FileCredentialStore.Key.fromFile(keyFile)
+        } catch {
+            throw OAuthConfigurationError(field: "store key file", reason: "cannot be used: \(error.message)")
+        }
+    }
+    switch options.store_key_source {
+    case SF_STORE_KEY_AUTOMATIC: return .automatic
+    case SF_STORE_KEY_FILE: return .keyFile
+    case SF_STORE_KEY_SECRET_SERVICE: return .secretService
+    default:
+        throw OAuthConfigurationError(
+            field: "store key source", reason: "is \(options.store_key_source), not one of SF_STORE_KEY_AUTOMATIC, SF_STORE_KEY_FILE, SF_STORE_KEY_SECRET_SERVICE")
+    }
 }
 
 /// Makes the runtime on `loop` (already running or about to be) and publishes its handle.
@@ -177,11 +224,12 @@ private func makeRuntime(
     loop: EventLoop, options: sf_options, borrowed: Bool, out: UnsafeMutablePointer<OpaquePointer?>
 ) -> Int32 {
     guard let configuration = configuration(from: options),
-        let authority = try? authority(from: options, loop: loop)
+        let authority = try? authority(from: options, loop: loop),
+        let key = try? storeKey(from: options)
     else {
         return SF_EINVAL.code
     }
-    let store: any CredentialStore = string(options.store_directory).map { FileCredentialStore(directory: $0) }
+    let store: any CredentialStore = string(options.store_directory).map { FileCredentialStore(directory: $0, key: key) }
         ?? MemoryCredentialStore()
     let session: SessionManager
     do {

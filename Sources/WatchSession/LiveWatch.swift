@@ -10,6 +10,7 @@ struct LiveWatch {
     let storeDirectory: String?
     /// The account to follow (nil: the store's active one).
     let account: String?
+    let storeKey: FileCredentialStore.Key
     let oauth: OAuthConfiguration?
     let refreshToken: Secret?
     let presenter: Presenter
@@ -32,7 +33,7 @@ struct LiveWatch {
         // A store that cannot be read is watched all the same: `STORE → unavailable` says so
         // (the state says loggedOut, but the stored session is not known), and the session is
         // restored when the store can be read again.
-        let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0) } ?? MemoryCredentialStore()
+        let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0, key: storeKey) } ?? MemoryCredentialStore()
         var configuration = SessionConfiguration()
         configuration.logger.logLevel = .critical
         let settings = configuration

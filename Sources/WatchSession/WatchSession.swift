@@ -27,6 +27,14 @@ struct WatchSession: AsyncParsableCommand {
               watch-session --store DIR --token-endpoint https://auth.example.com/oauth/token \\
                             --client-id my-app --refresh-token-file token.txt
                                                drive a real OAuth 2.0 server (token from a file or '-' for stdin)
+              watch-session --store DIR --key-file ~/.config/app/store.key
+                                               open a store sealed with a key of your own
+
+            The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
+            (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
+            only you can write; without one, the desktop Secret Service when a session bus and \
+            the service answer, else a key file beside the store (SESSIONFLOW_SECRET_SERVICE=off: \
+            never the Secret Service). A store is always opened with the source that sealed it.
 
             Beside the state it shows whether the store could be read (STORE → available, \
             reading, or unavailable: why; in --json {"kind":"store","status":…,"reason":…}): \
@@ -51,6 +59,12 @@ struct WatchSession: AsyncParsableCommand {
 
     @Option(help: "With --store: the account to follow (its key: the member id it signed in with). The store's active one otherwise.")
     var account: String?
+    @Option(
+        name: .customLong("key-file"),
+        help: ArgumentHelp(
+            "A file holding the store's key (32 bytes or 64 hex digits; yours, mode 0600; with --store).",
+            discussion: "Default: $SESSIONFLOW_KEY_FILE; without either, the Secret Service or a key file beside the store."))
+    var keyFile: String?
 
     @Option(help: "OAuth 2.0 token endpoint to refresh with (https; plain http only to a loopback host).")
     var tokenEndpoint: String?
@@ -83,6 +97,10 @@ struct WatchSession: AsyncParsableCommand {
         if refreshTokenFile != nil && tokenEndpoint == nil {
             throw ValidationError("--refresh-token-file needs --token-endpoint")
         }
+        if keyFile != nil && store == nil {
+            throw ValidationError("--key-file needs --store")
+        }
+        _ = try storeKey()  // a key file that cannot be used: exit 64, naming it and why
         if let store {
             var isDirectory: ObjCBool = false
             if FileManager.default.fileExists(atPath: store, isDirectory: &isDirectory), !isDirectory.boolValue {
@@ -102,8 +120,8 @@ struct WatchSession: AsyncParsableCommand {
         let refreshToken = try refreshTokenFile.map(readRefreshToken)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         let ending = try await LiveWatch(
-            storeDirectory: store, account: account, oauth: oauth, refreshToken: refreshToken, presenter: presenter,
-            keys: keys
+            storeDirectory: store, account: account, storeKey: try storeKey(), oauth: oauth, refreshToken: refreshToken,
+            presenter: presenter, keys: keys
         ).run()
         switch ending {
         case .quit:
@@ -113,6 +131,20 @@ struct WatchSession: AsyncParsableCommand {
         case .failed(let message):
             FileHandle.standardError.write(Data("watch-session: \(message)\n".utf8))
             throw ExitCode(1)
+        }
+    }
+
+    /// The store's key: --key-file, else $SESSIONFLOW_KEY_FILE (checked like the store's own
+    /// files), else `.automatic`. A key file that cannot be used is a usage error (exit 64)
+    /// naming the file and why, never its content.
+    private func storeKey() throws -> FileCredentialStore.Key {
+        let environment = ProcessInfo.processInfo.environment["SESSIONFLOW_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        guard store != nil, let path = keyFile ?? environment else { return .automatic }
+        let origin = keyFile != nil ? "--key-file" : "SESSIONFLOW_KEY_FILE"
+        do {
+            return try FileCredentialStore.Key.fromFile(path)
+        } catch {
+            throw ValidationError("\(origin): \(error.message)")
         }
     }
 
@@ -199,7 +231,8 @@ struct Demo {
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("watch-session-demo-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let store = FileCredentialStore(directory: directory)
+        // A key file (never the desktop keyring) for the demo's throwaway store.
+        let store = FileCredentialStore(directory: directory, key: .keyFile)
 
         let plan: [DemoAuthority.Step]
         switch scenario {

@@ -100,7 +100,7 @@ struct CrashConsistencyTests {
         }
         // The store kept every account it was given (members m0, m1, m2 in turn), each at
         // the generation that last wrote it; private and encrypted at rest.
-        let store = FileCredentialStore(directory: directory)
+        let store = FileCredentialStore(directory: directory, key: .keyFile)
         if held >= 3 {
             if store.accounts() != ["m0", "m1", "m2"] { tally.failures.append("accounts lost: \(store.accounts())") }
             let key = SymmetricKey(data: contents(store.keyPath))
@@ -171,7 +171,7 @@ struct CrashConsistencyTests {
     /// The store must answer the last reported generation or the one after it (0: absent);
     /// returns the generation it holds, nil after recording an issue.
     private static func checkRead(_ directory: String, last: Int, round: Int, _ failures: inout [String]) -> Int? {
-        let read = FileCredentialStore(directory: directory).read()
+        let read = FileCredentialStore(directory: directory, key: .keyFile).read()
         switch read {
         case .absent where last == 0:
             return 0

@@ -4,7 +4,7 @@ import LoopFlow
 import SessionCore
 import Testing
 
-@testable import SessionFileStore
+@_spi(Fuzzing) @testable import SessionFileStore
 
 #if canImport(Glibc)
 import Glibc
@@ -82,7 +82,7 @@ struct FileCredentialStoreTests {
 
     @Test func theDirectoryIsPrivateAndTheFilesOwnerOnly() throws {
         let tmp = TemporaryDirectory()
-        let store = FileCredentialStore(directory: tmp.store)
+        let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
         try store.write(session("alice"))
         #expect(mode(tmp.store) == 0o700)
         #expect(mode(store.path) == 0o600)
@@ -108,7 +108,7 @@ struct FileCredentialStoreTests {
 
     @Test func aWriteLeavesNoTemporaryFileAndReplacesWhole() throws {
         let tmp = TemporaryDirectory()
-        let store = FileCredentialStore(directory: tmp.store)
+        let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
         for n in 0..<20 { try store.write(session("m\(n % 3)", access: "access-\(n)")) }
         #expect(tmp.files() == ["session.sfstore", "session.sfstore.key", "session.sfstore.wlock"])
         #expect(store.read() == .present(session("m1", access: "access-19")))
@@ -167,7 +167,7 @@ struct FileCredentialStoreTests {
 
     @Test func aMissingKeyFileMakesTheStoreUnreadableSoItIsMovedAside() throws {
         let tmp = TemporaryDirectory()
-        let store = FileCredentialStore(directory: tmp.store)
+        let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
         try store.write(session("alice"))
         unlink(store.keyPath)
         guard case .damaged = store.read() else {
@@ -177,19 +177,32 @@ struct FileCredentialStoreTests {
         #expect(store.read() == .absent)
     }
 
-    @Test func aProvidedKeyIsUsedAndNoKeyFileIsWritten() throws {
+    @Test func aProvidedKeyWrapsTheStoresOwnKeyAndAnotherKeyCannotOpenIt() throws {
         let tmp = TemporaryDirectory()
         let key = SymmetricKey(size: .bits256)
         let store = FileCredentialStore(directory: tmp.store, key: .provided(key))
         try store.write(session("alice"))
-        #expect(tmp.files() == ["session.sfstore", "session.sfstore.wlock"])
+        // The store's data key is kept beside it, sealed with the host's key (so that logout
+        // can rotate it): neither the host's key nor the data key is in it in plain.
+        #expect(tmp.files() == ["session.sfstore", "session.sfstore.key", "session.sfstore.wlock"])
+        let wrapped = contents(store.keyPath)
+        #expect(Array(wrapped.prefix(7)) == Array("SFKEYW\u{1}".utf8))
+        #expect(wrapped.count == 7 + 12 + 32 + 16)
+        let hostKey = key.withUnsafeBytes { Array($0) }
+        #expect(!(0...(wrapped.count - 32)).contains { Array(wrapped[$0..<$0 + 32]) == hostKey })
+        #expect((try? FileCredentialStore.decode(contents(store.path), key: key)) == nil, "sealed with the data key, not the host's")
         #expect(FileCredentialStore(directory: tmp.store, key: .provided(key)).read() == .present(session("alice")))
-        // another key cannot read it: it counts as damaged (moved aside, not deleted)
+        // Another key cannot read it: unavailable (the host gave the wrong key), and the store
+        // is left as it is — neither moved aside nor overwritten.
         let other = FileCredentialStore(directory: tmp.store, key: .provided(SymmetricKey(size: .bits256)))
-        guard case .damaged = other.read() else {
-            Issue.record("expected .damaged")
+        guard case .unavailable(let error) = other.read() else {
+            Issue.record("expected .unavailable")
             return
         }
+        #expect(error.message.contains("does not open with the key the host provided"))
+        #expect(throws: StoreError.self) { try other.write(session("mallory")) }
+        #expect(tmp.files() == ["session.sfstore", "session.sfstore.key", "session.sfstore.wlock"])
+        #expect(store.read() == .present(session("alice")))
     }
 
     @Test func anUnreachableStoreIsUnavailableNotAbsent() throws {

@@ -61,8 +61,18 @@ final class ChildProcess {
             for pointer in argv { free(pointer) }
             for pointer in environment { free(pointer) }
         }
+        // The child starts with no signal blocked: the test process's threads block some
+        // (SIGTERM among them), and a spawned child inherits the mask — a daemon it starts
+        // (dbus-daemon, gnome-keyring-daemon) could then never be terminated.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        posix_spawnattr_setsigmask(&attributes, &empty)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK))
         var child: pid_t = 0
-        let rc = posix_spawn(&child, executable, &actions, nil, argv, environment)
+        let rc = posix_spawn(&child, executable, &actions, &attributes, argv, environment)
         close(fds[1])
         if withInput { close(inputFDs[1]) }
         guard rc == 0 else {

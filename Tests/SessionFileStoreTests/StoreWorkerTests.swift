@@ -438,8 +438,8 @@ struct StoreWorkerTests {
 
         // Unreadable: a key file that is not a key.
         let broken = TemporaryDirectory()
-        try FileCredentialStore(directory: broken.store).write(StoredSession(accessToken: Secret("x"), memberID: "bob"))
-        let unreadable = FileCredentialStore(directory: broken.store)
+        try FileCredentialStore(directory: broken.store, key: .keyFile).write(StoredSession(accessToken: Secret("x"), memberID: "bob"))
+        let unreadable = FileCredentialStore(directory: broken.store, key: .keyFile)
         chmod(unreadable.keyPath, 0o000)
         defer { chmod(unreadable.keyPath, 0o600) }
         if getuid() != 0 {

@@ -306,6 +306,85 @@ struct WatchSessionLiveTests {
     }
 }
 
+@Suite("watch-session, the store's key", .serialized)
+struct WatchSessionKeyTests {
+    /// Runs `watch-session --json` with `arguments` and `environment` until its JSON shows
+    /// `until` (then Ctrl-C) or it exits by itself; returns its exit status and output.
+    func watch(_ arguments: [String], environment extra: [String: String] = [:], until: String) async throws
+        -> (status: Int32, stdout: String, stderr: String)
+    {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary("watch-session"))
+        process.arguments = arguments + ["--json"]
+        var environment = ProcessInfo.processInfo.environment
+        environment.removeValue(forKey: "SESSIONFLOW_KEY_FILE")
+        environment.merge(extra) { $1 }
+        process.environment = environment
+        let out = Pipe()
+        let err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        let collected = LockedText()
+        let errors = LockedText()
+        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
+        err.fileHandleForReading.readabilityHandler = { errors.append($0.availableData) }
+        try process.run()
+        _ = await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains(until) || !process.isRunning }
+        if process.isRunning { kill(process.processIdentifier, SIGINT) }
+        process.waitUntilExit()
+        return (process.terminationStatus, collected.text, errors.text)
+    }
+
+    @Test func aKeyFileFromTheFlagOrTheEnvironmentOpensTheStoreAndWithoutItTheStoreIsLeftAlone() async throws {
+        let directory = temporaryStore()
+        let keyDirectory = temporaryStore()
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: keyDirectory)
+        }
+        try FileManager.default.createDirectory(atPath: keyDirectory, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+        let keyHex = "5c" + String(repeating: "a7", count: 31)
+        let keyFile = keyDirectory + "/store.key"
+        #expect(FileManager.default.createFile(atPath: keyFile, contents: Data((keyHex + "\n").utf8), attributes: [.posixPermissions: 0o600]))
+        try FileCredentialStore(directory: directory, key: .fromFile(keyFile)).write(storedSession())
+        let stored = try Data(contentsOf: URL(fileURLWithPath: directory + "/session.sfstore"))
+
+        let flag = try await watch(["--store", directory, "--key-file", keyFile], until: "\"state\":\"loggedIn\"")
+        #expect(flag.status == 130, "\(flag.stderr)")
+        #expect(flag.stdout.contains("\"state\":\"loggedIn\""), "\(flag.stdout)")
+        let environment = try await watch(["--store", directory], environment: ["SESSIONFLOW_KEY_FILE": keyFile], until: "\"state\":\"loggedIn\"")
+        #expect(environment.status == 130, "\(environment.stderr)")
+        #expect(environment.stdout.contains("\"state\":\"loggedIn\""), "\(environment.stdout)")
+
+        // Without the key: the store is shown unavailable (it needs the host's key), never
+        // signed in, and is left as it is.
+        let without = try await watch(["--store", directory], until: "\"status\":\"unavailable\"")
+        #expect(without.status == 130, "\(without)")
+        #expect(without.stdout.contains("sealed with a key the host provides"), "\(without.stdout)")
+        #expect(!without.stdout.contains("\"state\":\"loggedIn\""), "\(without.stdout)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: directory + "/session.sfstore")) == stored)
+
+        // A key file others may read is refused before anything runs (exit 64), never quoted.
+        chmod(keyFile, 0o644)
+        let open = try watchSession(["--store", directory, "--key-file", keyFile])
+        #expect(open.status == 64, "\(open.stderr)")
+        #expect(open.stderr.contains("--key-file") && open.stderr.contains("open to group or others"), "\(open.stderr)")
+        let openEnvironment = try await watch(["--store", directory], environment: ["SESSIONFLOW_KEY_FILE": keyFile], until: "never")
+        #expect(openEnvironment.status == 64 && openEnvironment.stderr.contains("SESSIONFLOW_KEY_FILE"), "\(openEnvironment.stderr)")
+        for output in [flag.stdout, flag.stderr, environment.stdout, without.stderr, open.stderr, openEnvironment.stderr] {
+            #expect(!output.contains(keyHex) && !output.contains(storedAccess) && !output.contains(storedRefresh))
+        }
+        let noStore = try watchSession(["--key-file", keyFile])
+        #expect(noStore.status == 64 && noStore.stderr.contains("--key-file needs --store"))
+    }
+
+    @Test func helpExplainsTheKeyFile() throws {
+        let help = try watchSession(["--help"])
+        #expect(help.stdout.contains("--key-file"))
+        #expect(help.stdout.contains("SESSIONFLOW_KEY_FILE"))
+    }
+}
+
 /// Runs `watch-session --store DIR` in a pseudo-terminal (Tests/Fixtures/pty_drive.py), waits
 /// for its key help, types `keys` (each after `after` appears), and returns what it showed.
 func onTerminal(keys: String, after: String, store directory: String) throws -> (status: Int32, screen: String) {

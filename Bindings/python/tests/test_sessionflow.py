@@ -309,3 +309,25 @@ def test_an_unreadable_store_is_visible_and_not_replaced_by_a_plain_sign_in():
         finally:
             rt.destroy()
         assert open(path, "rb").read() == before  # the file store never wrote over it
+def test_a_store_key_from_the_host_opens_the_store_and_another_key_does_not(tmp_path):
+    store = str(tmp_path / "store")
+    key = bytes(range(32))
+    rt = sf.Runtime(store_directory=store, store_key=key)
+    try:
+        rt.sign_in("access-py", "refresh-py", 3600, "member-py")
+    finally:
+        rt.destroy()
+    again = sf.Runtime(store_directory=store, store_key=key)
+    try:
+        assert wait_for(lambda: again.is_logged_in())
+        assert again.member_id() == "member-py"
+    finally:
+        again.destroy()
+    other = sf.Runtime(store_directory=store, store_key=bytes(32))
+    try:
+        time.sleep(0.3)
+        assert not other.is_logged_in()
+    finally:
+        other.destroy()
+    with pytest.raises(sf.SessionFlowError):
+        sf.Runtime(store_directory=store, store_key=b"short")

@@ -20,6 +20,20 @@
 //       --as-nobody drops to uid/gid 65534 before touching the store (root ignores
 //       permission bits, so a root test runs the store operation here as nobody).
 //
+//   session-probe --rotate-loop STORE_DIR
+//       Keeps two accounts and logs out forever (a key file store): round n writes "keep"
+//       (access "keep-<n>") and "gone" (access "gone-<n>", active), then clears — a logout,
+//       which rotates the key. Prints "ready", then "rotated <n>" after each logout returns.
+//       The crash test SIGKILLs it mid-rotation: the store must always open.
+//
+//   session-probe --keyring STORE_DIR
+//       Run inside `dbus-run-session` with an unlocked gnome-keyring-daemon: a store with the
+//       default key source (.automatic) must keep its key in the Secret Service, not in a
+//       file; logout must rotate it there. Prints "CHECK <what> ok" or "FAIL <what>: ..." per
+//       property and "DONE"; exit 1 on a failure. Last it locks the keyring (the store must
+//       be unavailable, not damaged). Leaves alice's session in STORE_DIR (a Secret Service
+//       store) for the test to open without the bus.
+//
 //   session-probe --lease STORE_DIR SECONDS
 //       Takes the store's refresh lease for SECONDS (trying every 10 ms for up to 20 s;
 //       "BUSY <holder>" and exit 1 if it never gets it), prints "LEASE <pid>", then follows
@@ -33,7 +47,7 @@ import Crypto
 import Foundation
 import LoopFlow
 import SessionCore
-import SessionFileStore
+@_spi(Fuzzing) import SessionFileStore
 import SessionOAuth
 
 /// One line on stdout, written at once (no buffering: a SIGKILL must not lose it).
@@ -51,7 +65,7 @@ func say(_ line: String) {
 }
 
 func writeLoop(directory: String, start: Int) -> Never {
-    let store = FileCredentialStore(directory: directory)
+    let store = FileCredentialStore(directory: directory, key: .keyFile)
     say("ready")
     var n = start
     while true {
@@ -66,6 +80,94 @@ func writeLoop(directory: String, start: Int) -> Never {
         }
         say("wrote \(n)")
     }
+}
+
+func rotateLoop(directory: String) -> Never {
+    let store = FileCredentialStore(directory: directory, key: .keyFile)
+    say("ready")
+    var n = 0
+    while true {
+        n += 1
+        do {
+            try store.write(StoredSession(accessToken: Secret("keep-\(n)"), refreshToken: Secret("r-keep-\(n)"), memberID: "keep"))
+            try store.write(StoredSession(accessToken: Secret("gone-\(n)"), refreshToken: Secret("r-gone-\(n)"), memberID: "gone"))
+            try store.clear()
+        } catch {
+            say("ERROR \(error.message)")
+            exit(1)
+        }
+        say("rotated \(n)")
+    }
+}
+
+func keyringMode(directory: String) -> Int32 {
+    var failed = false
+    func check(_ what: String, _ ok: Bool, _ detail: @autoclosure () -> String = "") {
+        if ok {
+            say("CHECK \(what) ok")
+        } else {
+            failed = true
+            say("FAIL \(what): \(detail())")
+        }
+    }
+    func files() -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
+    }
+    func session(_ member: String) -> StoredSession {
+        StoredSession(accessToken: Secret("access-\(member)"), refreshToken: Secret("refresh-\(member)"), memberID: member)
+    }
+    let path = directory + "/session.sfstore"
+    do {
+        let store = FileCredentialStore(directory: directory)
+        try store.write(session("alice"))
+        let bytes = [UInt8](FileManager.default.contents(atPath: path) ?? Data())
+        check("automatic chose the Secret Service", StoreHeader(bytes)?.source == .secretService, "header \(bytes.prefix(9))")
+        check("no key file", !files().contains("session.sfstore.key"), "\(files())")
+        check("read back", store.read() == .present(session("alice")), describe(store.read()))
+        check("read with .secretService", FileCredentialStore(directory: directory, key: .secretService).read() == .present(session("alice")))
+        check("not with .keyFile", {
+            if case .unavailable = FileCredentialStore(directory: directory, key: .keyFile).read() { return true }
+            return false
+        }())
+        // Logout rotates the key in the Secret Service: a copy of the file taken before does not open.
+        try store.write(session("bob"))
+        let backup = [UInt8](FileManager.default.contents(atPath: path) ?? Data())
+        try store.clear()
+        check("logout", store.read() == .absent && store.accounts() == ["alice"], "\(store.accounts())")
+        let after = [UInt8](FileManager.default.contents(atPath: path) ?? Data())
+        check("new key id", StoreHeader(after)?.keyID != StoreHeader(backup)?.keyID)
+        _ = FileManager.default.createFile(atPath: path, contents: Data(backup), attributes: [.posixPermissions: 0o600])
+        let restored = store.read()
+        check("the backup taken before logout does not open", {
+            if case .damaged = restored { return true }
+            return false
+        }(), describe(restored))
+        // The backup was moved aside; the store starts afresh with the current key.
+        try store.write(session("alice"))
+        check("a store again", FileCredentialStore(directory: directory).read() == .present(session("alice")))
+        check("still no key file", !files().contains("session.sfstore.key"), "\(files())")
+        // A locked keyring answers "no such item": the store is unavailable, not damaged.
+        let lock = Process()
+        lock.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-send")
+        lock.arguments = [
+            "--session", "--print-reply", "--dest=org.freedesktop.secrets", "/org/freedesktop/secrets",
+            "org.freedesktop.Secret.Service.Lock", "array:objpath:/org/freedesktop/secrets/collection/login",
+        ]
+        lock.standardOutput = FileHandle.nullDevice
+        try lock.run()
+        lock.waitUntilExit()
+        let before = files()
+        let locked = FileCredentialStore(directory: directory).read()
+        check("a locked keyring leaves the store unavailable", {
+            if case .unavailable(let error) = locked { return error.message.contains("keyring is locked") }
+            return false
+        }(), describe(locked))
+        check("a locked keyring moves nothing aside", files() == before, "\(before) → \(files())")
+    } catch {
+        check("store calls", false, "\(error)")
+    }
+    say("DONE")
+    return failed ? 1 : 0
 }
 
 /// An authority that is never reachable: the session mode only exercises the store.
@@ -200,6 +302,12 @@ if arguments.count == 4, arguments[1] == "--lease", let seconds = Double(argumen
 if arguments.count >= 3, arguments[1] == "--write-loop" {
     writeLoop(directory: arguments[2], start: arguments.count > 3 ? Int(arguments[3]) ?? 0 : 0)
 }
+if arguments.count == 3, arguments[1] == "--rotate-loop" {
+    rotateLoop(directory: arguments[2])
+}
+if arguments.count == 3, arguments[1] == "--keyring" {
+    exit(keyringMode(directory: arguments[2]))
+}
 if arguments.count >= 3, arguments[1] == "--session" {
     exit(await sessionMode(Array(arguments.dropFirst(2))))
 }
@@ -210,6 +318,8 @@ guard arguments.count == 4 || arguments.count == 5, let endpoint = URL(string: a
                session-probe --write-loop STORE_DIR [START]
                session-probe --session STORE_DIR [--as-nobody] [--logout] [--sign-in MEMBER ACCESS REFRESH] [--replace]
                session-probe --lease STORE_DIR SECONDS
+               session-probe --rotate-loop STORE_DIR
+               session-probe --keyring STORE_DIR
 
         """.utf8))
     exit(2)
