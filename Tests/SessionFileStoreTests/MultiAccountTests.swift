@@ -36,10 +36,11 @@ private func account(_ member: String, lifetime: Duration = .seconds(3600)) -> S
         accessToken: Secret("\(member)-a"), refreshToken: Secret("\(member)-r"), expiresIn: lifetime, memberID: member)
 }
 
-/// What the store file holds, decrypted with its key file.
-private func storedDocument(_ directory: String) throws -> FileCredentialStore.Document {
-    let key = SymmetricKeyBytes(contents(directory + "/session.sfstore.key"))
-    return try FileCredentialStore.decode(contents(directory + "/session.sfstore"), key: key.key)
+/// What the store file (or a copy of it: `bytes`) holds, decrypted with the key file's keys.
+private func storedDocument(_ directory: String, bytes: [UInt8]? = nil) throws -> FileCredentialStore.Document {
+    let ring = contents(directory + "/session.sfstore.key")
+    let keys = stride(from: 0, to: ring.count - ring.count % 32, by: 32).map { SymmetricKey(data: ring[$0..<$0 + 32]) }
+    return try FileCredentialStore.decode(bytes ?? contents(directory + "/session.sfstore"), name: "session.sfstore", keys: keys)
 }
 
 private func record(_ store: FileCredentialStore, _ key: String) -> StoredSession? {
@@ -122,8 +123,14 @@ struct MultiAccountTests {
         try await s.manager.addAccount(account("bob"))
         let bobBefore = record(s.store, "bob")
 
+        let backup = contents(tmp.store + "/session.sfstore")
+        #expect(try storedDocument(tmp.store, bytes: backup).accounts.keys.sorted() == ["alice", "bob"])
+
         try await s.manager.logout(account: "alice")  // in the background
         #expect(s.manager.accounts.map(\.key) == ["bob"])
+        // The key was rotated: a copy of the file taken before no longer opens with the key
+        // left on the machine (crypto-shredding alice's tokens in every copy).
+        #expect(throws: (any Error).self) { try storedDocument(tmp.store, bytes: backup) }
         #expect(s.manager.state.value == .loggedIn)
         #expect(s.manager.memberID == "bob")
         #expect(record(s.store, "alice") == nil)
@@ -227,11 +234,6 @@ struct MultiAccountTests {
         await a.stop()
         await b.stop()
     }
-}
-
-private struct SymmetricKeyBytes {
-    let key: SymmetricKey?
-    init(_ bytes: [UInt8]) { key = bytes.count == 32 ? SymmetricKey(data: bytes) : nil }
 }
 
 extension StoreRead {
