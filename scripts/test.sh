@@ -38,6 +38,11 @@ python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet py
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
 python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask
 
+# The tests never reach the desktop's Secret Service (a developer's keyring would gain their
+# stores' keys): the keyring tests start a gnome-keyring-daemon of their own under
+# dbus-run-session; everything else falls back to key files.
+unset DBUS_SESSION_BUS_ADDRESS
+
 strict=(-Xswiftc -warnings-as-errors)
 
 echo "== swift test"
