@@ -438,7 +438,9 @@ int sf_session_member_id(sf_runtime *runtime, char *buffer, size_t length);
  * ends the list: "alice\0bob\0\0"; no account: "\0") into `buffer`, and stores in
  * *needed (may be NULL) the bytes the list takes, whether it fits or not — pass a NULL
  * buffer with length 0 to ask. Returns SF_OK, SF_ERANGE (`length` too small: nothing
- * written), SF_EINVAL (NULL buffer with a length), SF_ECLOSED. Any thread: a snapshot. */
+ * written), SF_EINVAL (NULL buffer with a length), SF_ECLOSED. Any thread: a snapshot (a
+ * borrowed runtime lists its accounts once the store has been read: see
+ * sf_session_store_status). */
 int sf_session_accounts(sf_runtime *runtime, char *buffer, size_t length, size_t *needed);
 
 /* Copies the active account's key (NUL-terminated; "" when none is signed in) into
