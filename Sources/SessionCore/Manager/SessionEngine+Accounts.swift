@@ -145,7 +145,13 @@ extension SessionEngine {
     private func recordClearAnswered(_ key: String) {
         // Off the loop thread when the loop is gone (`afterPendingWork`): nothing to track then.
         guard loop.inEventLoop, !closed else { return }
-        if !storeSync.isBehind { recordsToClear.remove(key) }
+        // The clear's own answer came just before (the same worker, in order): behind means it
+        // failed. Still owed: retried on the store's timer, whatever later writes answer.
+        if storeSync.isBehind {
+            storeSync.scheduleRetry()
+        } else {
+            recordsToClear.remove(key)
+        }
     }
 
     /// The session ended here (logout, reconfigure): its record goes — or, with a store of one

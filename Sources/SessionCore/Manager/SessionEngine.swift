@@ -532,7 +532,8 @@ final class SessionEngine: @unchecked Sendable {
                 }
                 return
             }
-            if storeSync.isBehind {
+            // A clear still owed keeps the retries going even when a later write landed.
+            if storeSync.isBehind || !recordsToClear.isEmpty {
                 retryOwedClears()
                 persist()
             }
