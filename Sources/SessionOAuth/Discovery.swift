@@ -91,7 +91,7 @@ public enum OAuthDiscovery {
         try OAuthConfiguration.check(issuer, "issuer")
         let text = issuer.absoluteString
         guard !text.contains("?"), !text.contains("#") else {
-            throw OAuthConfigurationError(field: "issuer", reason: "has a query or fragment (RFC 8414 §2 forbids both)")
+            throw OAuthConfigurationError(field: "issuer", reason: "has a query or fragment (RFC 8414 section 2 forbids both)")
         }
         guard let schemeEnd = text.firstRange(of: "://") else {
             throw OAuthConfigurationError(field: "issuer", reason: "is not a URL with a host")
@@ -135,7 +135,7 @@ public enum OAuthDiscovery {
             let shown = ErrorText.description(stated, secrets: secrets) ?? ""
             let asked = ErrorText.description(issuer, secrets: secrets) ?? ""
             return refuse("issuer", "the metadata's issuer '\(shown)' is not the issuer asked for '\(asked)' "
-                + "(RFC 8414 §3.3: they must be identical)")
+                + "(RFC 8414 section 3.3: they must be identical)")
         }
         func endpoint(_ name: String) -> Result<URL?, OAuthDiscoveryError> {
             guard let member = object[name] else { return .success(nil) }
