@@ -375,8 +375,9 @@ void lh_cancel(lh_request *request) {
 
 #define SET(option, value) ok = ok && curl_easy_setopt(easy, option, value) == CURLE_OK
 
-int lh_post(lh_client *client, const lh_post_options *options, lh_done_fn done, void *userdata,
-            lh_request **out) {
+/* A POST (`post` 1: the options' body) or a GET (`post` 0: no body), with the same limits. */
+static int start(lh_client *client, const lh_post_options *options, int post, lh_done_fn done, void *userdata,
+                 lh_request **out) {
     if (!client || client->closing || !options || !options->url || !done || !out ||
         options->timeout_ms <= 0 || options->max_body <= 0 || (options->body_length && !options->body))
         return LH_REFUSED;
@@ -419,9 +420,13 @@ int lh_post(lh_client *client, const lh_post_options *options, lh_done_fn done, 
                    ? options->connect_timeout_ms : options->timeout_ms));
     SET(CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)options->max_body);
     SET(CURLOPT_HTTPHEADER, request->headers);
-    SET(CURLOPT_POST, 1L);
-    SET(CURLOPT_POSTFIELDS, request->body);
-    SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)options->body_length);
+    if (post) {
+        SET(CURLOPT_POST, 1L);
+        SET(CURLOPT_POSTFIELDS, request->body);
+        SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)options->body_length);
+    } else {
+        SET(CURLOPT_HTTPGET, 1L);
+    }
     SET(CURLOPT_WRITEFUNCTION, on_body);
     SET(CURLOPT_WRITEDATA, request);
     SET(CURLOPT_HEADERFUNCTION, on_header);
@@ -450,4 +455,15 @@ int lh_post(lh_client *client, const lh_post_options *options, lh_done_fn done, 
 fail:
     free_request(request);
     return LH_REFUSED;
+}
+
+int lh_post(lh_client *client, const lh_post_options *options, lh_done_fn done, void *userdata,
+            lh_request **out) {
+    return start(client, options, 1, done, userdata, out);
+}
+
+int lh_get(lh_client *client, const lh_post_options *options, lh_done_fn done, void *userdata,
+           lh_request **out) {
+    if (options && (options->body || options->body_length)) return LH_REFUSED;
+    return start(client, options, 0, done, userdata, out);
 }

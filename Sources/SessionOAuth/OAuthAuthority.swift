@@ -20,6 +20,12 @@ public struct OAuthConfiguration: Sendable {
     public var revocationEndpoint: URL?
     /// RFC 7662 introspection endpoint, for `resume()`.
     public var introspectionEndpoint: URL?
+    /// The authorization endpoint (RFC 6749 §3.1), for the authorization code grant.
+    public var authorizationEndpoint: URL?
+    /// RFC 8628 device authorization endpoint, for the device authorization grant.
+    public var deviceAuthorizationEndpoint: URL?
+    /// OpenID Connect's UserInfo endpoint (from an OpenID provider's discovery document).
+    public var userinfoEndpoint: URL?
     /// Lifetime assumed when a response has no `expires_in`.
     public var defaultLifetime: Duration = .seconds(3600)
     /// The overall deadline of one HTTP request, connection and answer included (the
@@ -44,6 +50,11 @@ public struct OAuthConfiguration: Sendable {
         try Self.check(tokenEndpoint, "token endpoint")
         if let revocationEndpoint { try Self.check(revocationEndpoint, "revocation endpoint") }
         if let introspectionEndpoint { try Self.check(introspectionEndpoint, "introspection endpoint") }
+        if let authorizationEndpoint { try Self.check(authorizationEndpoint, "authorization endpoint") }
+        if let deviceAuthorizationEndpoint {
+            try Self.check(deviceAuthorizationEndpoint, "device authorization endpoint")
+        }
+        if let userinfoEndpoint { try Self.check(userinfoEndpoint, "userinfo endpoint") }
         guard !clientID.isEmpty else { throw OAuthConfigurationError(field: "client id", reason: "is empty") }
         guard requestTimeout > .zero else {
             throw OAuthConfigurationError(field: "request timeout", reason: "must be positive")

@@ -6,7 +6,7 @@ Endpoints: RFC 7009 revocation, RFC 7662 introspection, a protected resource tha
 401 for an expired or revoked token, and test hooks (/__stats, /__revoke_user, /__fault,
 /__last_request, /__requests, /__redirect_hits).
 
-/__fault (POST mode=..., count=N, retry_after=S, endpoint=token|revoke|introspect) makes the
+/__fault (POST mode=..., count=N, retry_after=S, endpoint=token|revoke|introspect|metadata|openid) makes the
 next N requests to that endpoint (default: token) misbehave:
   delay:<s>      answer normally after <s> seconds      hang        never answer (until exit)
   status:<code>  that status, a plain-text body          invalid_grant / invalid_client
@@ -65,12 +65,24 @@ next N requests to that endpoint (default: token) misbehave:
                  WWW-Authenticate (error and error_description) and X-Echo headers (there
                  percent-encoded unless it is printable ASCII).
   echo-200       200 {"access_token": "tok-echo", "token_type": <the token as sent>, "expires_in": 3600}.
+  set:<name>=<text>      (any endpoint; meant for metadata) the real JSON answer with member <name>
+                 set to the string <text> (e.g. set:issuer=https://other.example)
+  set-json:<name>=<json> the same with a JSON value (set-json:token_endpoint=42)
+  drop:<name>    the real JSON answer without member <name>
 retry_after adds a Retry-After header (seconds) to a status answer.
+
+Metadata (discovery): GET /.well-known/oauth-authorization-server[/<tenant>] (RFC 8414; the
+issuer is http://127.0.0.1:<port>[/<tenant>]) and GET [/<tenant>]/.well-known/openid-configuration
+(OpenID Connect Discovery; adds userinfo_endpoint = /api/me) name the real token, revocation and
+introspection endpoints, and /oauth/device_authorization and /oauth/authorize (named, whether or
+not implemented). Their fault endpoints are "metadata" (RFC 8414) and "openid"; e.g. status:404 on
+"metadata" makes a client fall back to OpenID Connect. Counted as "metadata_requests" and
+"openid_requests"; both are recorded like /oauth/* (see /__last_request).
 
 Other hooks:
   GET /__stats          counters (all integers): grants, requests, revocations, introspections,
                         and the counters of the faults above
-  GET /__last_request   the last request to /oauth/*: method, path, headers (all of them), form
+  GET /__last_request   the last request to /oauth/* or /.well-known/*: method, path, headers (all of them), form
                         (secrets included: the tests are the only reader), the fault it got
   GET /__requests       the last 200 such requests, oldest first
   GET /__redirect_hits  {"port": <the redirect target's port>, "hits": [{method, path, headers, body}]}
@@ -113,9 +125,10 @@ stats = {
     "redirects_sent": 0, "redirect_target_hits": 0,
     "streams_started": 0, "streams_completed": 0, "streams_aborted": 0, "stream_bytes_sent": 0,
     "gzip_bombs_served": 0, "echoes_served": 0,
+    "metadata_requests": 0, "openid_requests": 0,
 }
 # endpoint -> [[mode, remaining, retry_after]]: the next requests to that endpoint misbehave
-faults = {"token": [], "revoke": [], "introspect": []}
+faults = {"token": [], "revoke": [], "introspect": [], "metadata": [], "openid": []}
 hang_forever = threading.Event()
 requests_seen = collections.deque(maxlen=200)  # what /oauth/* was sent (see /__last_request)
 redirect_hits = []  # what the redirect target was sent
@@ -387,7 +400,7 @@ def create_app(expires_in):
 
     @app.before_request
     def record():
-        if request.path.startswith("/oauth/"):
+        if request.path.startswith("/oauth/") or "/.well-known/" in request.path:
             entry = {
                 "time": time.time(), "method": request.method, "path": request.path,
                 "headers": dict(request.headers.items()), "form": request.form.to_dict(), "fault": None,
@@ -444,6 +457,46 @@ def create_app(expires_in):
         with lock:
             stats["introspect_requests"] += 1
         return answer("introspect", lambda: server.create_endpoint_response(Introspection.ENDPOINT_NAME))
+
+    def metadata(issuer, openid):
+        """RFC 8414 §2 (and, for `openid`, OpenID Connect Discovery 1.0 §3) metadata of this
+        server for `issuer`: its real endpoints (device_authorization and authorization named
+        even where this server does not implement them yet)."""
+        base = request.host_url.rstrip("/")
+        document = {
+            "issuer": issuer,
+            "token_endpoint": f"{base}/oauth/token",
+            "revocation_endpoint": f"{base}/oauth/revoke",
+            "introspection_endpoint": f"{base}/oauth/introspect",
+            "device_authorization_endpoint": f"{base}/oauth/device_authorization",
+            "authorization_endpoint": f"{base}/oauth/authorize",
+            "grant_types_supported": ["password", "refresh_token"],
+            "response_types_supported": ["code"],
+            "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+            "revocation_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+            "introspection_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+        }
+        if openid:
+            document["userinfo_endpoint"] = f"{base}/api/me"
+            document["subject_types_supported"] = ["public"]
+            document["id_token_signing_alg_values_supported"] = ["RS256"]
+        return Response(json.dumps(document), status=200, mimetype="application/json")
+
+    @app.route("/.well-known/oauth-authorization-server", defaults={"tenant": ""})
+    @app.route("/.well-known/oauth-authorization-server/<path:tenant>")
+    def authorization_server_metadata(tenant):
+        with lock:
+            stats["metadata_requests"] += 1
+        issuer = request.host_url.rstrip("/") + (f"/{tenant}" if tenant else "")
+        return answer("metadata", lambda: metadata(issuer, openid=False))
+
+    @app.route("/.well-known/openid-configuration", defaults={"tenant": ""})
+    @app.route("/<path:tenant>/.well-known/openid-configuration")
+    def openid_configuration(tenant):
+        with lock:
+            stats["openid_requests"] += 1
+        issuer = request.host_url.rstrip("/") + (f"/{tenant}" if tenant else "")
+        return answer("openid", lambda: metadata(issuer, openid=True))
 
     @app.route("/api/me")
     @protect()
@@ -563,6 +616,17 @@ def misbehave(mode, retry_after, real_answer, endpoint):
         body = gzip_bomb()
         return Response(body, status=200, headers={
             "Content-Encoding": "gzip", "Content-Type": "application/json", "Content-Length": str(len(body))})
+    if mode.startswith(("set:", "set-json:", "drop:")):
+        answer = real_answer()
+        data = json.loads(answer.get_data(as_text=True))
+        kind, change = mode.split(":", 1)
+        if kind == "drop":
+            data.pop(change, None)
+        else:
+            name, value = change.split("=", 1)
+            data[name] = json.loads(value) if kind == "set-json" else value
+        answer.set_data(json.dumps(data))
+        return answer
     if mode in ("echo", "echo-200"):
         return echo(mode == "echo-200")
     return Response(f"unknown fault {mode}", status=599)

@@ -2,7 +2,8 @@
 # Checks oauth_server.py's fault modes with the curl command line (no Swift, no client of ours):
 # redirect:<code>, rotate-late:<s> (overlap = reuse, cancel = rollback, delivered then replayed =
 # reuse, --strict-reuse), stream-huge[-chunked]:<MiB>, gzip-bomb, echo, echo-200, and the hooks
-# /__last_request, /__requests, /__redirect_hits. About 20 s (inflating the gzip bomb is most).
+# /__last_request, /__requests, /__redirect_hits, the metadata documents (RFC 8414, OpenID Connect)
+# with set:/set-json:/drop:/status:/redirect: faults on them. About 20 s (inflating the gzip bomb is most).
 # Usage: bash Tests/Fixtures/verify_oauth_server.sh       (needs python3 with authlib and flask, curl, gzip)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -193,6 +194,31 @@ refresh some-token >/dev/null
 check "/__last_request: method, path, form" "POST /oauth/token some-token None" \
     "$(curl -s "$B/__last_request" | json "d['method'], d['path'], d['form']['refresh_token'], d['fault']" | tr -d "(),'")"
 check "/__requests holds them in order" "True" "$(curl -s "$B/__requests" | json "len(d) > 20 and d[-1]['form'].get('refresh_token') == 'some-token'")"
+
+echo "== metadata (discovery): RFC 8414 and OpenID Connect documents, and their faults"
+check "RFC 8414: issuer, token, revocation, introspection, device, authorization" \
+    "$B $B/oauth/token $B/oauth/revoke $B/oauth/introspect $B/oauth/device_authorization $B/oauth/authorize" \
+    "$(curl -s "$B/.well-known/oauth-authorization-server" | json "' '.join([d['issuer'], d['token_endpoint'], d['revocation_endpoint'], d['introspection_endpoint'], d['device_authorization_endpoint'], d['authorization_endpoint']])")"
+check "RFC 8414 with a path: the issuer has it" "$B/tenant/a" \
+    "$(curl -s "$B/.well-known/oauth-authorization-server/tenant/a" | json "d['issuer']")"
+check "OpenID Connect: issuer and userinfo" "$B/tenant $B/api/me" \
+    "$(curl -s "$B/tenant/.well-known/openid-configuration" | json "d['issuer'] + ' ' + d['userinfo_endpoint']")"
+fault -d mode=set:issuer=https://other.example -d endpoint=metadata
+check "set:issuer" "https://other.example $B/oauth/token" \
+    "$(curl -s "$B/.well-known/oauth-authorization-server" | json "d['issuer'] + ' ' + d['token_endpoint']")"
+fault -d mode=set-json:token_endpoint=42 -d endpoint=openid
+check "set-json:token_endpoint=42 (openid)" "42" "$(curl -s "$B/.well-known/openid-configuration" | json "d['token_endpoint']")"
+fault -d mode=drop:token_endpoint -d endpoint=metadata
+check "drop:token_endpoint" "False $B" \
+    "$(curl -s "$B/.well-known/oauth-authorization-server" | json "str('token_endpoint' in d) + ' ' + d['issuer']")"
+fault -d mode=status:404 -d endpoint=metadata
+check "status:404 on metadata, openid untouched" "404 200" \
+    "$(curl -s -o /dev/null -w '%{http_code}' "$B/.well-known/oauth-authorization-server") $(curl -s -o /dev/null -w '%{http_code}' "$B/.well-known/openid-configuration")"
+fault -d mode=redirect:302 -d endpoint=metadata
+check "redirect:302 on metadata" "302" "$(curl -s -o /dev/null -w '%{http_code}' "$B/.well-known/oauth-authorization-server")"
+check "metadata requests recorded" "GET /.well-known/oauth-authorization-server redirect:302" \
+    "$(curl -s "$B/__last_request" | json "d['method'], d['path'], d['fault']" | tr -d "(),'")"
+check "metadata_requests openid_requests" "6 3" "$(stat metadata_requests) $(stat openid_requests)"
 
 echo "== --strict-reuse: any rotated refresh token replayed revokes the grant"
 start strict --strict-reuse

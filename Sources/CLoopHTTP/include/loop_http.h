@@ -7,9 +7,9 @@
  * never inside the call that caused it (a request's `done` runs on a later loop turn, or
  * inside lh_cancel / lh_client_close for the request they end).
  *
- * Requests are POSTs with a body, no redirect is ever followed, each has an overall
- * deadline, the answer is limited in size while it is received (Content-Length checked up
- * front, the transfer aborted at the limit), Accept-Encoding is identity (nothing is
+ * Requests are POSTs with a body (lh_post) or GETs (lh_get), no redirect is ever followed,
+ * each has an overall deadline, the answer is limited in size while it is received
+ * (Content-Length checked up front, the transfer aborted at the limit), Accept-Encoding is identity (nothing is
  * decompressed), and TLS is always verified. Only https is spoken, except plain http to a
  * loopback host when the caller allows it.
  */
@@ -89,6 +89,13 @@ void lh_client_close(lh_client *client);
  * or returns an lh_outcome (LH_REFUSED) and never calls `done`. */
 int lh_post(lh_client *client, const lh_post_options *options, lh_done_fn done, void *userdata,
             lh_request **out);
+
+/* Loop thread. Starts a GET with the same rules and limits as lh_post (no redirect followed,
+ * the deadline, the answer size limit, identity encoding, TLS verified, https only but for
+ * allowed loopback http); `options` must have no body (body NULL, body_length 0), or the
+ * request is refused (LH_REFUSED). Same return value and `done` contract as lh_post. */
+int lh_get(lh_client *client, const lh_post_options *options, lh_done_fn done, void *userdata,
+           lh_request **out);
 
 /* Loop thread. Ends a request that has not ended yet: the transfer is removed (its
  * connection closed) and `done` runs inside this call with LH_CANCELLED. Must not be called

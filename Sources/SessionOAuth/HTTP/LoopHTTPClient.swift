@@ -5,7 +5,15 @@ import Glibc
 #endif
 import LoopFlow
 
-/// A POST as the OAuth client sends it.
+/// The request methods the client speaks.
+enum HTTPMethod: Sendable {
+    /// A form POST (token, revocation, introspection endpoints).
+    case post
+    /// A GET without a body (metadata discovery).
+    case get
+}
+
+/// A request as the OAuth client sends it: a POST with a body, or a GET (`method`, body empty).
 struct HTTPPost: Sendable {
     var url: String
     var headers: [String]
@@ -16,6 +24,8 @@ struct HTTPPost: Sendable {
     var maximumAnswerSize: Int
     /// Plain http is allowed (the URL was checked to be loopback at configuration).
     var allowsLoopbackHTTP: Bool
+    /// POST (the default) or GET; a GET has an empty body.
+    var method: HTTPMethod = .post
 }
 
 /// A complete HTTP answer.
@@ -124,7 +134,7 @@ final class LoopHTTPClient: @unchecked Sendable {
         let pointer: OpaquePointer
     }
 
-    /// Starts a POST (any thread; the work happens on the loop). `done` runs exactly once,
+    /// Starts a POST, or a GET when `post.method` says so (any thread; the work happens on the loop). `done` runs exactly once,
     /// on the loop thread, never inside this call.
     @discardableResult
     func post(_ post: HTTPPost, done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void) -> HTTPCall {
@@ -154,7 +164,14 @@ final class LoopHTTPClient: @unchecked Sendable {
                         url: url, headers: headers, body: body.baseAddress, body_length: body.count,
                         timeout_ms: max(post.timeout.milliseconds, 1), connect_timeout_ms: 0,
                         max_body: Int64(post.maximumAnswerSize), allow_loopback_http: post.allowsLoopbackHTTP ? 1 : 0)
-                    return lh_post(client, &options, httpCallFinished, context.toOpaque(), &request)
+                    switch post.method {
+                    case .post:
+                        return lh_post(client, &options, httpCallFinished, context.toOpaque(), &request)
+                    case .get:
+                        options.body = nil
+                        options.body_length = 0
+                        return lh_get(client, &options, httpCallFinished, context.toOpaque(), &request)
+                    }
                 }
             }
         }
