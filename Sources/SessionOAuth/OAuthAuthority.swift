@@ -18,8 +18,10 @@ public struct OAuthConfiguration: Sendable {
     public var scope: String?
     /// RFC 7009 revocation endpoint, for logout.
     public var revocationEndpoint: URL?
-    /// RFC 7662 introspection endpoint, for `resume()`.
+    /// RFC 7662 introspection endpoint, for `resume()` (and a member id after a sign-in flow).
     public var introspectionEndpoint: URL?
+    /// RFC 8628 device authorization endpoint, for `DeviceAuthorization`.
+    public var deviceAuthorizationEndpoint: URL?
     /// Lifetime assumed when a response has no `expires_in`.
     public var defaultLifetime: Duration = .seconds(3600)
     /// The overall deadline of one HTTP request, connection and answer included (the
@@ -44,6 +46,9 @@ public struct OAuthConfiguration: Sendable {
         try Self.check(tokenEndpoint, "token endpoint")
         if let revocationEndpoint { try Self.check(revocationEndpoint, "revocation endpoint") }
         if let introspectionEndpoint { try Self.check(introspectionEndpoint, "introspection endpoint") }
+        if let deviceAuthorizationEndpoint {
+            try Self.check(deviceAuthorizationEndpoint, "device authorization endpoint")
+        }
         guard !clientID.isEmpty else { throw OAuthConfigurationError(field: "client id", reason: "is empty") }
         guard requestTimeout > .zero else {
             throw OAuthConfigurationError(field: "request timeout", reason: "must be positive")
@@ -168,7 +173,7 @@ public final class OAuthAuthority: SessionAuthority {
     // MARK: HTTP
 
     /// One form POST; the outcome carries status, headers and body, or the error it stands for.
-    private func post(
+    func post(
         _ url: URL, form: [(String, String)], secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
