@@ -246,6 +246,102 @@ struct DeviceFlowTests {
     }
 }
 
+/// `SessionManager.signIn(with:)` over a flow the test drives by hand: one that ignores
+/// `cancel()` and delivers tokens afterwards (the race a real flow can lose: its answer was
+/// already on its way). The manager must not sign in with them.
+@Suite("Sign-in flows: the manager's side")
+struct SignInFlowManagerTests {
+    final class HandDrivenFlow: SignInFlow, SignInCancellable, @unchecked Sendable {
+        private let state = LockedBox<(completion: (@Sendable (Result<SessionTokens, SessionError>) -> Void)?, loop: EventLoop?, cancels: Int)>((nil, nil, 0))
+
+        func start(on loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void) -> any SignInCancellable {
+            state.withLockedValue { $0 = (completion, loop, $0.cancels) }
+            return self
+        }
+
+        func cancel() { state.withLockedValue { $0.cancels += 1 } }
+        var started: Bool { state.withLockedValue { $0.completion != nil } }
+        var cancels: Int { state.withLockedValue { $0.cancels } }
+
+        /// Completes on the loop thread, as a flow must.
+        func complete(_ result: Result<SessionTokens, SessionError>) throws {
+            let (completion, loop, _) = state.withLockedValue { $0 }
+            try loop!.execute { completion!(result) }
+        }
+    }
+
+    static let tokens = SessionTokens(
+        accessToken: Secret("at-hand"), refreshToken: Secret("rt-hand"), expiresIn: .seconds(3600), memberID: "hand")
+
+    static func session() async throws -> LiveSession {
+        try await SessionHarness(
+            loopName: "flow-test",
+            makeAuthority: { loop in
+                try OAuthAuthority(OAuthConfiguration(tokenEndpoint: URL(string: "https://auth.invalid/token")!, clientID: "c"), loop: loop)
+            },
+            store: MemoryCredentialStore())
+    }
+
+    @Test func tokensSignInThroughTheHandleForm() async throws {
+        let session = try await Self.session()
+        let flow = HandDrivenFlow()
+        let outcome = LockedBox<Result<Void, SessionError>?>(nil)
+        session.manager.signIn(with: flow) { result in outcome.withLockedValue { $0 = result } }
+        #expect(await eventually(timeout: .seconds(10)) { flow.started })
+        try flow.complete(.success(Self.tokens))
+        #expect(await eventually(timeout: .seconds(10)) { outcome.withLockedValue { $0 != nil } })
+        #expect(throws: Never.self) { try outcome.withLockedValue { $0 }?.get() }
+        #expect(session.manager.state.value == .loggedIn && session.manager.memberID == "hand")
+        #expect(session.store.session?.accessToken == Self.tokens.accessToken)  // stored before the completion
+        await session.stop()
+    }
+
+    @Test func tokensArrivingAfterTheHandleWasCancelledSignNothingIn() async throws {
+        let session = try await Self.session()
+        let flow = HandDrivenFlow()
+        let outcomes = LockedBox<[Result<Void, SessionError>]>([])
+        let handle = session.manager.signIn(with: flow) { result in outcomes.withLockedValue { $0.append(result) } }
+        #expect(await eventually(timeout: .seconds(10)) { flow.started })
+        handle.cancel()
+        #expect(flow.cancels == 1)
+        try flow.complete(.success(Self.tokens))
+        #expect(await eventually(timeout: .seconds(10)) { outcomes.withLockedValue { !$0.isEmpty } })
+        try await Task.sleep(for: .milliseconds(200))
+        let seen = outcomes.withLockedValue { $0 }
+        #expect(seen.count == 1)
+        #expect(throws: SessionError(.cancelled, "the sign-in was cancelled")) { try seen.first?.get() }
+        #expect(session.manager.state.value == .loggedOut && session.store.session == nil)
+        await session.stop()
+    }
+
+    @Test func tokensArrivingAfterTheTaskWasCancelledSignNothingIn() async throws {
+        let session = try await Self.session()
+        let flow = HandDrivenFlow()
+        let signIn = Task { try await session.manager.signIn(with: flow) }
+        #expect(await eventually(timeout: .seconds(10)) { flow.started })
+        signIn.cancel()
+        #expect(await eventually(timeout: .seconds(10)) { flow.cancels == 1 })
+        try flow.complete(.success(Self.tokens))
+        let error = await #expect(throws: SessionError.self) { try await signIn.value }
+        #expect(error?.code == .cancelled)
+        #expect(session.manager.state.value == .loggedOut && session.store.session == nil)
+        await session.stop()
+    }
+
+    @Test func aTaskCancelledBeforeTheStartNeverStartsTheFlow() async throws {
+        let session = try await Self.session()
+        let flow = HandDrivenFlow()
+        let signIn = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            try await session.manager.signIn(with: flow)
+        }
+        let error = await #expect(throws: SessionError.self) { try await signIn.value }
+        #expect(error?.code == .cancelled)
+        #expect(!flow.started)
+        await session.stop()
+    }
+}
+
 /// The prompts a flow handed the host, and whether each came on the loop thread.
 final class PromptLog: Sendable {
     let loop: EventLoop
