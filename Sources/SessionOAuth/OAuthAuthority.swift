@@ -18,7 +18,7 @@ public struct OAuthConfiguration: Sendable {
     public var scope: String?
     /// RFC 7009 revocation endpoint, for logout.
     public var revocationEndpoint: URL?
-    /// RFC 7662 introspection endpoint, for `resume()`.
+    /// RFC 7662 introspection endpoint, for `resume()` (and a member id after a sign-in flow).
     public var introspectionEndpoint: URL?
     /// The authorization endpoint (RFC 6749 §3.1), for the authorization code grant.
     public var authorizationEndpoint: URL?
@@ -179,7 +179,7 @@ public final class OAuthAuthority: SessionAuthority {
     // MARK: HTTP
 
     /// One form POST; the outcome carries status, headers and body, or the error it stands for.
-    private func post(
+    func post(
         _ url: URL, form: [(String, String)], secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {

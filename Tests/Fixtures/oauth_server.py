@@ -79,6 +79,18 @@ not implemented). Their fault endpoints are "metadata" (RFC 8414) and "openid"; 
 "metadata" makes a client fall back to OpenID Connect. Counted as "metadata_requests" and
 "openid_requests"; both are recorded like /oauth/* (see /__last_request).
 
+Device authorization grant (RFC 8628, Authlib's rfc8628): POST /oauth/device_authorization
+(client_id, scope) issues a device code and a user code; the token endpoint takes
+grant_type=urn:ietf:params:oauth:grant-type:device_code. The user's side, as a browser would:
+  POST /__device/approve   user_code=<code> [user=alice]   the user approves (tokens for <user>)
+  POST /__device/deny      user_code=<code>                the user refuses (access_denied)
+  POST /__device/config    interval=<s> expires_in=<s> (what the device endpoint announces;
+                           defaults 5 and 1800), lifetime=<s> (how long codes really live,
+                           default: expires_in), slow_down=<n> (the next n pending polls answer
+                           slow_down), reset=1 (defaults again). Answers the settings as JSON.
+  GET  /__device/stats     {"device_requests", "polls", "slow_downs", "pending", "denied",
+                           "expired", "granted"}; each poll is also in /__requests (with "time").
+
 Other hooks:
   GET /__stats          counters (all integers): grants, requests, revocations, introspections,
                         and the counters of the faults above
@@ -113,6 +125,8 @@ from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6750 import BearerTokenValidator
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7662 import IntrospectionEndpoint
+from authlib.oauth2.rfc8628 import DEVICE_CODE_GRANT_TYPE, DeviceAuthorizationEndpoint, DeviceCodeGrant
+from authlib.oauth2.rfc8628 import DeviceCredentialDict
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.serving import make_server
 
@@ -180,7 +194,7 @@ class Client(ClientMixin):
         return False
 
     def check_grant_type(self, grant_type):
-        return grant_type in ("password", "refresh_token")
+        return grant_type in ("password", "refresh_token", DEVICE_CODE_GRANT_TYPE)
 
 
 CLIENTS = {
@@ -381,6 +395,80 @@ class Introspection(IntrospectionEndpoint):
         return True
 
 
+DEVICE_DEFAULTS = {"interval": 5, "expires_in": 1800, "lifetime": None, "slow_down": 0}
+device_settings = dict(DEVICE_DEFAULTS)
+device_stats = {"device_requests": 0, "polls": 0, "slow_downs": 0, "pending": 0, "denied": 0, "expired": 0,
+                "granted": 0}
+DEVICE_CODES = {}  # device_code -> DeviceCredentialDict
+USER_GRANTS = {}  # user_code -> (User, approved)
+
+
+class DeviceAuthorization(DeviceAuthorizationEndpoint):
+    CLIENT_AUTH_METHODS = ["none", "client_secret_post", "client_secret_basic"]
+
+    @property
+    def EXPIRES_IN(self):
+        return device_settings["expires_in"]
+
+    @property
+    def INTERVAL(self):
+        return device_settings["interval"]
+
+    def create_endpoint_response(self, req):
+        with lock:
+            device_stats["device_requests"] += 1
+        return super().create_endpoint_response(req)
+
+    def get_verification_uri(self):
+        return request.host_url.rstrip("/") + "/device"
+
+    def save_device_credential(self, client_id, scope, data):
+        lifetime = device_settings["lifetime"]
+        if lifetime is None:
+            lifetime = data["expires_in"]
+        credential = DeviceCredentialDict(client_id=client_id, scope=scope, expires_at=time.time() + float(lifetime),
+                                          **data)
+        with lock:
+            DEVICE_CODES[data["device_code"]] = credential
+
+
+class DeviceGrant(DeviceCodeGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none", "client_secret_post", "client_secret_basic"]
+
+    def validate_token_request(self):
+        with lock:
+            device_stats["polls"] += 1
+        try:
+            super().validate_token_request()
+        except Exception as error:
+            name = getattr(error, "error", "")
+            key = {"slow_down": "slow_downs", "authorization_pending": "pending", "access_denied": "denied",
+                   "expired_token": "expired"}.get(name)
+            if key:
+                with lock:
+                    device_stats[key] += 1
+            raise
+        with lock:
+            device_stats["granted"] += 1
+            # A device code is good for one sign-in.
+            DEVICE_CODES.pop(self.request.payload.data.get("device_code"), None)
+
+    def query_device_credential(self, device_code):
+        with lock:
+            return DEVICE_CODES.get(device_code)
+
+    def query_user_grant(self, user_code):
+        with lock:
+            return USER_GRANTS.get(user_code)
+
+    def should_slow_down(self, credential):
+        with lock:
+            if device_settings["slow_down"] > 0:
+                device_settings["slow_down"] -= 1
+                return True
+        return False
+
+
 class Validator(BearerTokenValidator):
     def authenticate_token(self, token_string):
         return find_token(token_string, "access_token")
@@ -388,13 +476,16 @@ class Validator(BearerTokenValidator):
 
 def create_app(expires_in):
     app = Flask(__name__)
-    app.config["OAUTH2_TOKEN_EXPIRES_IN"] = {"password": expires_in, "refresh_token": expires_in}
+    app.config["OAUTH2_TOKEN_EXPIRES_IN"] = {"password": expires_in, "refresh_token": expires_in,
+                                             DEVICE_CODE_GRANT_TYPE: expires_in}
     app.config["OAUTH2_REFRESH_TOKEN_GENERATOR"] = True
     server = AuthorizationServer(app, query_client=query_client, save_token=save_token)
     server.register_grant(PasswordGrant)
     server.register_grant(RefreshGrant)
     server.register_endpoint(Revocation)
     server.register_endpoint(Introspection)
+    server.register_grant(DeviceGrant)
+    server.register_endpoint(DeviceAuthorization)
     protect = ResourceProtector()
     protect.register_token_validator(Validator())
 
@@ -503,6 +594,46 @@ def create_app(expires_in):
     def me():
         from authlib.integrations.flask_oauth2 import current_token
         return jsonify(user=current_token.user_id)
+
+    @app.route("/oauth/device_authorization", methods=["POST"])
+    def device_authorization():
+        return server.create_endpoint_response(DeviceAuthorization.ENDPOINT_NAME)
+
+    def user_decides(approved):
+        user_code = request.form.get("user_code", "")
+        user = USERS.get(request.form.get("user", "alice"))
+        with lock:
+            known = any(c["user_code"] == user_code for c in DEVICE_CODES.values())
+            if not known or user is None:
+                return jsonify(ok=False, error="unknown user code or user"), 404
+            USER_GRANTS[user_code] = (user, approved)
+        return jsonify(ok=True)
+
+    @app.route("/__device/approve", methods=["POST"])
+    def device_approve():
+        return user_decides(True)
+
+    @app.route("/__device/deny", methods=["POST"])
+    def device_deny():
+        return user_decides(False)
+
+    @app.route("/__device/config", methods=["POST"])
+    def device_config():
+        with lock:
+            if request.form.get("reset"):
+                device_settings.clear()
+                device_settings.update(DEVICE_DEFAULTS)
+            for key in ("interval", "expires_in", "slow_down"):
+                if key in request.form:
+                    device_settings[key] = int(request.form[key])
+            if "lifetime" in request.form:
+                device_settings["lifetime"] = float(request.form["lifetime"])
+            return jsonify(device_settings)
+
+    @app.route("/__device/stats")
+    def device_stats_view():
+        with lock:
+            return jsonify(device_stats)
 
     @app.route("/__stats")
     def stats_view():

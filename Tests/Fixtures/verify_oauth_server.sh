@@ -4,6 +4,8 @@
 # reuse, --strict-reuse), stream-huge[-chunked]:<MiB>, gzip-bomb, echo, echo-200, and the hooks
 # /__last_request, /__requests, /__redirect_hits, the metadata documents (RFC 8414, OpenID Connect)
 # with set:/set-json:/drop:/status:/redirect: faults on them. About 20 s (inflating the gzip bomb is most).
+# /__last_request, /__requests, /__redirect_hits, and the device grant (RFC 8628) with its
+# /__device/* hooks. About 20 s (inflating the gzip bomb is most).
 # Usage: bash Tests/Fixtures/verify_oauth_server.sh       (needs python3 with authlib and flask, curl, gzip)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -219,6 +221,30 @@ check "redirect:302 on metadata" "302" "$(curl -s -o /dev/null -w '%{http_code}'
 check "metadata requests recorded" "GET /.well-known/oauth-authorization-server redirect:302" \
     "$(curl -s "$B/__last_request" | json "d['method'], d['path'], d['fault']" | tr -d "(),'")"
 check "metadata_requests openid_requests" "6 3" "$(stat metadata_requests) $(stat openid_requests)"
+echo "== device authorization grant (RFC 8628): pending, slow_down, approve, deny, expiry"
+device() { curl -s "$B/oauth/device_authorization" -d client_id=sessionflow-public -d scope=profile; }
+poll() { curl -s "$B/oauth/token" -d client_id=sessionflow-public -d grant_type=urn:ietf:params:oauth:grant-type:device_code -d device_code="$1"; }
+check "config" "1 60 2" "$(curl -s "$B/__device/config" -d reset=1 -d interval=1 -d expires_in=60 -d slow_down=2 | json "d['interval'], d['expires_in'], d['slow_down']" | tr -d "(),'")"
+answer=$(device)
+check "the device answer" "1 60 True True" "$(echo "$answer" | json "d['interval'], d['expires_in'], d['verification_uri'].endswith('/device'), d['user_code'] in d['verification_uri_complete']" | tr -d "(),'")"
+dc=$(echo "$answer" | json "d['device_code']")
+uc=$(echo "$answer" | json "d['user_code']")
+check "slow_down twice, then pending" "slow_down slow_down authorization_pending" \
+    "$(for _ in 1 2 3; do poll "$dc" | json "d['error']"; done | tr '\n' ' ' | sed 's/ $//')"
+check "an unknown user code cannot be approved" "404" "$(curl -s -o /dev/null -w '%{http_code}' "$B/__device/approve" -d user_code=NOPE-NOPE)"
+curl -s "$B/__device/approve" -d user_code="$uc" >/dev/null
+check "approved: tokens" "Bearer True" "$(poll "$dc" | json "d['token_type'], bool(d['refresh_token'])" | tr -d "(),'")"
+check "the device code is used up" "invalid_request" "$(poll "$dc" | json "d['error']")"
+dc=$(device | tee "$work/device.json" | json "d['device_code']")
+curl -s "$B/__device/deny" -d user_code="$(json "d['user_code']" <"$work/device.json")" >/dev/null
+check "denied: access_denied" "access_denied" "$(poll "$dc" | json "d['error']")"
+curl -s "$B/__device/config" -d lifetime=0.2 >/dev/null
+dc=$(device | json "d['device_code']")
+sleep 0.4
+check "a code past its lifetime: expired_token" "expired_token" "$(poll "$dc" | json "d['error']")"
+check "/__device/stats: requests, slow_downs, pending, denied, expired, granted" "3 2 1 1 1 1" \
+    "$(curl -s "$B/__device/stats" | json "d['device_requests'], d['slow_downs'], d['pending'], d['denied'], d['expired'], d['granted']" | tr -d "(),'")"
+curl -s "$B/__device/config" -d reset=1 >/dev/null
 
 echo "== --strict-reuse: any rotated refresh token replayed revokes the grant"
 start strict --strict-reuse

@@ -32,6 +32,13 @@ public struct SessionError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let invalidArgument = Code("invalidArgument")
         /// The event loop is shut down.
         public static let shutDown = Code("shutDown")
+        /// A sign-in was cancelled (its flow stopped; nothing was signed in).
+        public static let cancelled = Code("cancelled")
+        /// The user (or the authority for them) refused the sign-in (`access_denied`).
+        public static let accessDenied = Code("accessDenied")
+        /// The sign-in took too long: its code expired (`expired_token`, or its lifetime ran
+        /// out here) before the user approved it. Start again.
+        public static let signInExpired = Code("signInExpired")
 
         public var description: String { name }
     }

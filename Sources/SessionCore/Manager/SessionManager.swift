@@ -135,7 +135,7 @@ public final class SessionManager: Sendable {
 
     /// Calls `body` once the store work every one of `engines` (and the active-account
     /// pointer's worker) submitted so far has landed.
-    private func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
+    func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
         afterWork(of: engines.map(\.worker) + [pointerWorker].compactMap { $0 }, body)
     }
 

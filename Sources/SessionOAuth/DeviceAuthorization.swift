@@ -1,0 +1,381 @@
+import FoundationEssentials
+import LoopFlow
+import SessionCore
+import Synchronization
+
+/// What the host shows the user to approve a device sign-in (RFC 8628 §3.3): go to
+/// `verificationURI` and enter `userCode` (or open `verificationURIComplete`, which carries the
+/// code, e.g. as a QR code) before `expiresIn` runs out. The device code is not in it: it stays
+/// inside the flow (it is never logged or shown).
+public struct DevicePrompt: Sendable, Equatable, CustomStringConvertible {
+    /// The code the user types in (RFC 8628 `user_code`).
+    public let userCode: String
+    /// Where the user goes (`verification_uri`; https, or http to loopback).
+    public let verificationURI: URL
+    /// The same with the code filled in (`verification_uri_complete`), if the server gave one.
+    public let verificationURIComplete: URL?
+    /// How long the code is good for, from when it was issued (clamped: 1 s ... 3 h).
+    public let expiresIn: Duration
+    /// How often the token endpoint is asked (clamped: 1 s ... 5 min; grows on `slow_down`).
+    public let interval: Duration
+
+    public var description: String {
+        "DevicePrompt(userCode: \(userCode), verificationURI: \(verificationURI.absoluteString), "
+            + "verificationURIComplete: \(verificationURIComplete?.absoluteString ?? "nil"), "
+            + "expiresIn: \(expiresIn), interval: \(interval))"
+    }
+}
+
+/// The OAuth 2.0 Device Authorization Grant (RFC 8628) as a `SignInFlow`:
+/// `SessionManager.signIn(with: DeviceAuthorization(...))`.
+///
+/// 1. POSTs `client_id` (and `scope`) to the device authorization endpoint.
+/// 2. Hands the host a `DevicePrompt` (`onPrompt`, on the loop thread).
+/// 3. Polls the token endpoint (`grant_type=urn:ietf:params:oauth:grant-type:device_code`) on
+///    loop timers, every `interval` after the previous answer: `authorization_pending` goes on;
+///    `slow_down` adds 5 s to the interval for this and every later poll; `access_denied` ends
+///    with `accessDenied`; `expired_token`, or the code's lifetime running out here, ends with
+///    `signInExpired` (nothing is sent after it). Transient failures (network, timeout, 5xx,
+///    429) keep polling within the lifetime; other errors (`invalid_client`...) end with
+///    `configuration`.
+/// 4. On tokens: the member id is the answer's `member_id` / `user_id` / `sub` if it has one,
+///    else, when an introspection endpoint is configured, the introspection's `sub` or
+///    `username` (an introspection that fails leaves it unset: the sign-in goes on).
+///
+/// Everything runs on the loop's HTTP client (libcurl on libuv); `cancel()` ends the request in
+/// flight, disarms the timers and completes with `cancelled`. Server-given numbers are clamped
+/// (interval 1 s ... 5 min, lifetime 1 s ... 3 h).
+public final class DeviceAuthorization: SignInFlow {
+    public let configuration: OAuthConfiguration
+    /// Requested at the device endpoint (default: the configuration's `scope`).
+    public let scope: String?
+    let onPrompt: @Sendable (DevicePrompt) -> Void
+
+    /// The bounds server-given values are clamped to.
+    public static let intervalRange: ClosedRange<Duration> = .seconds(1) ... .seconds(300)
+    public static let lifetimeRange: ClosedRange<Duration> = .seconds(1) ... .seconds(3 * 3600)
+    /// RFC 8628 §3.5: added to the interval on each `slow_down`.
+    public static let slowDownStep: Duration = .seconds(5)
+    static let grantType = "urn:ietf:params:oauth:grant-type:device_code"
+
+    /// - Parameter onPrompt: runs once on the loop thread when the server has issued the codes
+    ///   (show them to the user). Calling `cancel()` from inside it is fine.
+    /// - Throws: `OAuthConfigurationError` for a configuration without a device authorization
+    ///   endpoint, or one `OAuthAuthority` would refuse.
+    public init(
+        _ configuration: OAuthConfiguration, scope: String? = nil,
+        onPrompt: @escaping @Sendable (DevicePrompt) -> Void
+    ) throws(OAuthConfigurationError) {
+        try configuration.validate()
+        guard configuration.deviceAuthorizationEndpoint != nil else {
+            throw OAuthConfigurationError(field: "device authorization endpoint", reason: "is not set")
+        }
+        self.configuration = configuration
+        self.scope = scope ?? configuration.scope
+        self.onPrompt = onPrompt
+    }
+
+    public func start(
+        on loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void
+    ) -> any SignInCancellable {
+        let run = DevicePolling(flow: self, loop: loop, completion: completion)
+        run.begin()
+        return run
+    }
+}
+
+/// One run of the device flow. Loop-confined state; `cancel()` from any thread.
+final class DevicePolling: SignInCancellable, @unchecked Sendable {
+    private let flow: DeviceAuthorization
+    private let loop: EventLoop
+    private let completion: @Sendable (Result<SessionTokens, SessionError>) -> Void
+    /// Set by `cancel()` on any thread: checked before every request, so none starts after it.
+    private let cancelRequested = Atomic<Bool>(false)
+
+    // Loop-confined.
+    private var authority: OAuthAuthority?
+    private var finished = false
+    private var call: HTTPCall?
+    private var pollTimer: LoopTimer?
+    private var expiryTimer: LoopTimer?
+    private var deviceCode: Secret?
+    private var interval: Duration = .seconds(5)
+
+    init(flow: DeviceAuthorization, loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void) {
+        self.flow = flow
+        self.loop = loop
+        self.completion = completion
+    }
+
+    func cancel() {
+        guard !cancelRequested.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        if loop.inEventLoop {
+            finish(.failure(SessionError(.cancelled, "the sign-in was cancelled")))
+        } else {
+            try? loop.execute { [self] in finish(.failure(SessionError(.cancelled, "the sign-in was cancelled"))) }
+        }
+    }
+
+    // MARK: - Steps (loop thread)
+
+    func begin() {
+        loop.assertInEventLoop()
+        do {
+            authority = try OAuthAuthority(flow.configuration, loop: loop)
+        } catch {
+            return finish(.failure(SessionError(.configuration, "\(error)")))
+        }
+        guard let authority, let endpoint = flow.configuration.deviceAuthorizationEndpoint else { return }
+        var form: [(String, String)] = []
+        if let scope = flow.scope { form.append(("scope", scope)) }
+        send(authority.post(endpoint, form: form, secrets: []) { [self] outcome in authorized(outcome) })
+    }
+
+    /// The device authorization endpoint answered.
+    private func authorized(_ outcome: Result<HTTPAnswer, AuthorityError>) {
+        call = nil
+        guard !finished else { return }
+        let answer: HTTPAnswer
+        switch outcome {
+        case .failure(let error): return finish(.failure(Self.failure(error, at: "the device authorization endpoint")))
+        case .success(let value): answer = value
+        }
+        guard answer.status == 200 else {
+            return finish(.failure(Self.failure(TokenResponse.error(from: answer), at: "the device authorization endpoint")))
+        }
+        let parsed: (DevicePrompt, Secret)
+        switch Self.parse(answer) {
+        case .failure(let error): return finish(.failure(error))
+        case .success(let value): parsed = value
+        }
+        let (prompt, code) = parsed
+        deviceCode = code
+        interval = prompt.interval
+        do {
+            expiryTimer = try loop.scheduleTimer(after: prompt.expiresIn) { [self] in
+                expiryTimer = nil
+                finish(.failure(SessionError(
+                    .signInExpired, "the device code expired (after \(prompt.expiresIn)) before the sign-in was approved")))
+            }
+        } catch {
+            return finish(.failure(SessionError(.shutDown, "the event loop is shut down")))
+        }
+        flow.onPrompt(prompt)
+        schedulePoll(after: interval)
+    }
+
+    private func schedulePoll(after delay: Duration) {
+        guard !finished else { return }
+        do {
+            pollTimer = try loop.scheduleTimer(after: delay) { [self] in
+                pollTimer = nil
+                poll()
+            }
+        } catch {
+            finish(.failure(SessionError(.shutDown, "the event loop is shut down")))
+        }
+    }
+
+    private func poll() {
+        guard !finished, !cancelRequested.load(ordering: .acquiring), let authority, let deviceCode else { return }
+        let form = [("grant_type", DeviceAuthorization.grantType), ("device_code", deviceCode.reveal())]
+        send(authority.post(flow.configuration.tokenEndpoint, form: form, secrets: [deviceCode]) { [self] outcome in
+            polled(outcome)
+        })
+    }
+
+    /// Starts `call` unless cancelled meanwhile (then it is ended at once).
+    private func send(_ started: HTTPCall) {
+        call = started
+        if cancelRequested.load(ordering: .acquiring) || finished {
+            call = nil
+            started.cancel()
+        }
+    }
+
+    /// The token endpoint answered a poll.
+    private func polled(_ outcome: Result<HTTPAnswer, AuthorityError>) {
+        call = nil
+        guard !finished else { return }
+        let answer: HTTPAnswer
+        switch outcome {
+        case .failure(let error) where error.kind == .transient:
+            return schedulePoll(after: retryDelay(error.retryAfter))
+        case .failure(let error):
+            return finish(.failure(Self.failure(error, at: "the token endpoint")))
+        case .success(let value):
+            answer = value
+        }
+        if answer.status == 200 {
+            switch TokenResponse.grant(from: answer, defaultLifetime: flow.configuration.defaultLifetime) {
+            case .success(let grant):
+                return granted(grant, memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]))
+            case .failure(let error) where error.kind == .transient:
+                return schedulePoll(after: retryDelay(error.retryAfter))
+            case .failure(let error):
+                return finish(.failure(Self.failure(error, at: "the token endpoint")))
+            }
+        }
+        let error = TokenResponse.error(from: answer)
+        switch error.code {
+        case "authorization_pending":
+            schedulePoll(after: interval)
+        case "slow_down":
+            interval = min(interval + DeviceAuthorization.slowDownStep, DeviceAuthorization.intervalRange.upperBound)
+            schedulePoll(after: interval)
+        case "access_denied":
+            finish(.failure(SessionError(.accessDenied, "the sign-in was denied (\(error.message))")))
+        case "expired_token":
+            finish(.failure(SessionError(.signInExpired, "the device code expired before the sign-in was approved (\(error.message))")))
+        default:
+            if error.kind == .transient {
+                schedulePoll(after: retryDelay(error.retryAfter))
+            } else {
+                finish(.failure(Self.failure(error, at: "the token endpoint")))
+            }
+        }
+    }
+
+    /// The wait after a transient failure: the interval, or the server's `Retry-After` if longer
+    /// (capped by the interval's bound; the code's lifetime ends it anyway).
+    private func retryDelay(_ retryAfter: Duration?) -> Duration {
+        min(max(interval, retryAfter ?? .zero), DeviceAuthorization.intervalRange.upperBound)
+    }
+
+    /// Tokens: the code's lifetime no longer matters; the member id is looked up if needed.
+    private func granted(_ grant: TokenGrant, memberID: String?) {
+        expiryTimer?.cancel()
+        expiryTimer = nil
+        let receivedAt = loop.now
+        let tokens = SessionTokens(
+            accessToken: grant.accessToken, refreshToken: grant.refreshToken, expiresIn: grant.expiresIn,
+            memberID: memberID)
+        guard memberID == nil, let authority, let endpoint = flow.configuration.introspectionEndpoint else {
+            return finish(.success(tokens))
+        }
+        let secrets = [grant.accessToken] + [grant.refreshToken].compactMap { $0 }
+        let form = [("token", grant.accessToken.reveal()), ("token_type_hint", "access_token")]
+        send(authority.post(endpoint, form: form, secrets: secrets) { [self] outcome in
+            call = nil
+            guard !finished else { return }
+            var signedIn = tokens
+            if case .success(let answer) = outcome, answer.status == 200 {
+                signedIn.memberID = Self.memberID(in: answer.json, keys: ["sub", "username"])
+            }
+            // The lifetime counts from when the tokens arrived.
+            signedIn.expiresIn = max(signedIn.expiresIn - (loop.now - receivedAt), .zero)
+            finish(.success(signedIn))
+        })
+    }
+
+    /// Ends the run once: timers disarmed, the request in flight ended; the completion runs on a
+    /// later loop turn (never inside `start` or `cancel`).
+    private func finish(_ result: Result<SessionTokens, SessionError>) {
+        loop.assertInEventLoop()
+        guard !finished else { return }
+        finished = true
+        pollTimer?.cancel()
+        pollTimer = nil
+        expiryTimer?.cancel()
+        expiryTimer = nil
+        deviceCode = nil
+        if let running = call {
+            call = nil
+            running.cancel()  // its answer handler sees `finished` and does nothing
+        }
+        // The HTTP client is let go once the ended request's handler has run.
+        let outcome = cancelRequested.load(ordering: .acquiring)
+            ? .failure(SessionError(.cancelled, "the sign-in was cancelled")) : result
+        let completion = completion
+        do {
+            try loop.execute { [self] in
+                authority = nil
+                completion(outcome)
+            }
+        } catch {
+            authority = nil
+            completion(outcome)
+        }
+    }
+
+    // MARK: - Parsing
+
+    /// An error of a request or answer as the session sees it (never a secret: the messages
+    /// come from `TokenResponse.error` / the HTTP layer, which scrub them).
+    static func failure(_ error: AuthorityError, at endpoint: String) -> SessionError {
+        switch error.kind {
+        case .transient: SessionError(.transient, "\(endpoint): \(error.message)", retryAfter: error.retryAfter)
+        case .terminal, .configuration: SessionError(.configuration, "\(endpoint): \(error.message)")
+        }
+    }
+
+    /// The device authorization answer (RFC 8628 §3.2), bounded.
+    static func parse(_ answer: HTTPAnswer) -> Result<(DevicePrompt, Secret), SessionError> {
+        func refuse(_ why: String) -> Result<(DevicePrompt, Secret), SessionError> {
+            .failure(SessionError(.configuration, "the device authorization answer \(why)"))
+        }
+        guard let object = answer.json else { return refuse("is not JSON") }
+        guard let code = object["device_code"]?.string, !code.isEmpty, code.utf8.count <= 4096 else {
+            return refuse("has no usable device_code")
+        }
+        let secret = Secret(code)
+        guard let userCode = object["user_code"]?.string, !userCode.isEmpty, userCode.utf8.count <= 128,
+              userCode.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F && !(0x80...0x9F).contains($0.value) }),
+              !userCode.contains(code)
+        else {
+            return refuse("has no usable user_code")
+        }
+        // (`verification_url`: the name some servers used before the RFC.)
+        guard let verification = usableURL(object["verification_uri"]?.string ?? object["verification_url"]?.string),
+              !verification.absoluteString.contains(code)
+        else {
+            return refuse("has no verification_uri that is https (or http to loopback)")
+        }
+        let complete = usableURL(object["verification_uri_complete"]?.string).flatMap {
+            $0.absoluteString.contains(code) ? nil : $0
+        }
+        let lifetime = clamp(seconds(object["expires_in"]) ?? 600, DeviceAuthorization.lifetimeRange)
+        let interval = clamp(seconds(object["interval"]) ?? 5, DeviceAuthorization.intervalRange)
+        let prompt = DevicePrompt(
+            userCode: userCode, verificationURI: verification, verificationURIComplete: complete,
+            expiresIn: lifetime, interval: interval)
+        return .success((prompt, secret))
+    }
+
+    /// A URL the user may be sent to: what the endpoints' rule allows.
+    static func usableURL(_ text: String?) -> URL? {
+        guard let text, text.utf8.count <= 2048, let url = URL(string: text) else { return nil }
+        do {
+            try OAuthConfiguration.check(url, "verification URI")
+            return url
+        } catch {
+            return nil
+        }
+    }
+
+    static func seconds(_ member: JSONMember?) -> Double? {
+        switch member {
+        case .int(let value)?: Double(value)
+        case .double(let value)? where value.isFinite: value
+        case .string(let text)?: Double(text).flatMap { $0.isFinite ? $0 : nil }
+        default: nil
+        }
+    }
+
+    static func clamp(_ seconds: Double, _ range: ClosedRange<Duration>) -> Duration {
+        let low = range.lowerBound.seconds
+        let high = range.upperBound.seconds
+        return .milliseconds(Int64(min(max(seconds, low), high) * 1000))
+    }
+
+    /// The first of `keys` that is a plausible member id (a short printable string).
+    static func memberID(in object: [String: JSONMember]?, keys: [String]) -> String? {
+        for key in keys {
+            guard let value = object?[key]?.string, !value.isEmpty, value.utf8.count <= 256,
+                  value.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
+            else { continue }
+            return value
+        }
+        return nil
+    }
+}
