@@ -115,6 +115,8 @@ final class OAuthServer: @unchecked Sendable {
         let body: String?
         /// The fault mode this request got, if any.
         let fault: String?
+        /// When the server received it (seconds since the epoch; 0 if not recorded).
+        let time: Double
 
         func header(_ name: String) -> String? {
             headers.first { $0.key.lowercased() == name.lowercased() }?.value
@@ -127,6 +129,7 @@ final class OAuthServer: @unchecked Sendable {
             form = object["form"] as? [String: String] ?? [:]
             body = object["body"] as? String
             fault = object["fault"] as? String
+            time = object["time"] as? Double ?? 0
         }
     }
 

@@ -133,6 +133,13 @@ struct RotationRaceTests {
             if reused || !bothIn {
                 lost += 1
                 print("round \(round) lost the session: \(outputs)")
+                // What the server saw, for the next reader of a lost round: every token request
+                // of the round (arrival time, fault) and the rotate-late counters.
+                let requests = try await server.requests().filter { $0.path.hasSuffix("/token") }.suffix(8)
+                let first = requests.first?.time ?? 0
+                print("round \(round) token requests: " + requests.map {
+                    String(format: "+%.3fs ", $0.time - first) + ($0.fault ?? "-")
+                }.joined(separator: ", ") + "; stats: \(try await server.stats())")
             }
             for text in outputs {
                 #expect(!text.contains(tokens.refreshToken!.reveal()))
