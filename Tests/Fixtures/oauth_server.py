@@ -676,7 +676,8 @@ def create_app(expires_in):
     @protect()
     def me():
         from authlib.integrations.flask_oauth2 import current_token
-        return jsonify(user=current_token.user_id)
+        # Also the OpenID Connect userinfo endpoint: `sub` is the user.
+        return jsonify(user=current_token.user_id, sub=current_token.user_id)
 
     @app.route("/oauth/device_authorization", methods=["POST"])
     def device_authorization():
