@@ -22,6 +22,8 @@ final class LoopbackListener: @unchecked Sendable {
     // Loop-confined.
     private var listener: OpaquePointer?
     private var handler: Unmanaged<LoopbackHandler>?
+    /// The loop's teardown hook, removed when the listener closes first.
+    private var hook: UInt64?
 
     /// Loop thread. Listens at once.
     /// - Throws: `SessionError(.configuration)` when no loopback port can be had (libuv's reason).
@@ -39,7 +41,8 @@ final class LoopbackListener: @unchecked Sendable {
         self.port = Int(port)
         self.listener = listener
         self.handler = handler
-        if !loop.addTeardownHook({ [weak self] in self?.close() }) { close() }
+        hook = loop.addRemovableTeardownHook({ [weak self] in self?.close() })
+        if hook == nil { close() }
     }
 
     /// Whether it still listens (loop thread).
@@ -51,6 +54,10 @@ final class LoopbackListener: @unchecked Sendable {
     /// Loop thread, any number of times: the port is closed when it returns; no request is
     /// handed on afterwards (a reply being written is finished).
     func close() {
+        if let hook {
+            self.hook = nil
+            loop.removeTeardownHook(hook)
+        }
         guard let listener else { return }
         self.listener = nil
         ll_close(listener)
@@ -59,6 +66,7 @@ final class LoopbackListener: @unchecked Sendable {
     }
 
     deinit {
+        if let hook { loop.removeTeardownHook(hook) }
         // Made and dropped on the loop thread (its owner is loop-confined).
         if let listener {
             ll_close(listener)

@@ -273,6 +273,26 @@ struct BrowserFlowTests {
         await session.stop()
     }
 
+    @Test func runsLeaveNoTeardownHookOnTheLoop() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        let session = try await LiveSession(server)
+        let before = session.loop.teardownHookCount
+        var configuration = server.configuration()
+        configuration.authorizationEndpoint = server.base.appendingPathComponent("oauth/authorize")
+        for _ in 0..<3 {
+            let prompts = BrowserPromptLog(loop: session.loop)
+            let flow = try BrowserAuthorization(configuration) { prompts.add($0) }
+            let handle = session.manager.signIn(with: flow) { _ in }
+            #expect(await prompts.first() != nil)
+            #expect(session.loop.teardownHookCount > before)  // the listener's and its HTTP client's
+            handle.cancel()
+            _ = try await OAuthDiscovery.configuration(issuer: server.base, clientID: "c", loop: session.loop)
+        }
+        #expect(await eventually(timeout: .seconds(10)) { session.loop.teardownHookCount == before },
+                "hooks: \(session.loop.teardownHookCount), before: \(before)")
+        await session.stop()
+    }
+
     @Test func aConfigurationWithoutAnAuthorizationEndpointIsRefused() throws {
         let configuration = OAuthConfiguration(tokenEndpoint: URL(string: "https://auth.example.com/token")!, clientID: "c")
         let error = #expect(throws: OAuthConfigurationError.self) { try BrowserAuthorization(configuration) { _ in } }

@@ -258,8 +258,23 @@ public final class EventLoop: @unchecked Sendable {
     /// timers of their own. Returns false (and never runs it) if teardown has begun.
     @discardableResult
     package func addTeardownHook(_ hook: @escaping @Sendable () -> Void) -> Bool {
+        resources.addTeardownHook(hook) != nil
+    }
+
+    /// `addTeardownHook` for an owner that may go away before the loop does: the hook's id,
+    /// to hand to `removeTeardownHook` then (so short-lived owners leave nothing behind), or
+    /// nil if teardown has begun (the hook will never run).
+    package func addRemovableTeardownHook(_ hook: @escaping @Sendable () -> Void) -> UInt64? {
         resources.addTeardownHook(hook)
     }
+
+    /// Forgets a hook of `addRemovableTeardownHook` (any thread; nothing if it ran already).
+    package func removeTeardownHook(_ id: UInt64) {
+        resources.removeTeardownHook(id)
+    }
+
+    /// Teardown hooks recorded and not yet run or removed (tests).
+    package var teardownHookCount: Int { resources.teardownHookCount }
 
     // MARK: - Time
 

@@ -19,7 +19,8 @@ final class LoopResources: @unchecked Sendable {
     /// Every flow made on this loop, weakly, so teardown can complete their subscribers.
     private var flows: [WeakOwner] = []
     private var flowCompactionThreshold = 64
-    private var hooks: [@Sendable () -> Void] = []
+    private var hooks: [(id: UInt64, hook: @Sendable () -> Void)] = []
+    private var nextHookID: UInt64 = 1
 
     // Loop-confined.
     private var watches: [ObjectIdentifier: DirectoryWatch] = [:]
@@ -41,14 +42,24 @@ final class LoopResources: @unchecked Sendable {
         }
     }
 
-    /// Records a teardown hook. Returns false once teardown has begun.
-    func addTeardownHook(_ hook: @escaping @Sendable () -> Void) -> Bool {
+    /// Records a teardown hook: its id (for `removeTeardownHook`), or nil once teardown has begun.
+    func addTeardownHook(_ hook: @escaping @Sendable () -> Void) -> UInt64? {
         lock.withLock {
-            guard !closed else { return false }
-            hooks.append(hook)
-            return true
+            guard !closed else { return nil }
+            let id = nextHookID
+            nextHookID += 1
+            hooks.append((id, hook))
+            return id
         }
     }
+
+    /// Forgets a hook that is no longer needed (its owner went away first). Any thread.
+    func removeTeardownHook(_ id: UInt64) {
+        lock.withLock { hooks.removeAll { $0.id == id } }
+    }
+
+    /// Hooks recorded and not yet run or removed (tests).
+    var teardownHookCount: Int { lock.withLock { hooks.count } }
 
     /// Loop thread.
     func rememberWatch(_ watch: DirectoryWatch) {
@@ -71,7 +82,7 @@ final class LoopResources: @unchecked Sendable {
         let hooks = lock.withLock { () -> [@Sendable () -> Void] in
             precondition(closed, "resources torn down before they were closed")
             defer { self.hooks.removeAll() }
-            return self.hooks
+            return self.hooks.map(\.hook)
         }
         for hook in hooks { hook() }
 

@@ -114,12 +114,17 @@ final class LoopHTTPClient: @unchecked Sendable {
     private var client: OpaquePointer?
     private var closed = false
 
+    /// The loop's teardown hook (removed when the client goes first).
+    private var hook: UInt64?
+
     init(loop: EventLoop) {
         self.loop = loop
-        if !loop.addTeardownHook({ [weak self] in self?.close() }) { closed = true }
+        hook = loop.addRemovableTeardownHook({ [weak self] in self?.close() })
+        if hook == nil { closed = true }
     }
 
     deinit {
+        if let hook { loop.removeTeardownHook(hook) }
         // The C client lives on the loop: closed there (its requests end as cancelled).
         guard let client else { return }
         let handle = ClientHandle(pointer: client)
