@@ -1,5 +1,6 @@
 import FoundationEssentials
 import LoopFlow
+import Synchronization
 import SessionCore
 
 /// Configuration from an issuer URL: OAuth 2.0 Authorization Server Metadata (RFC 8414),
@@ -34,11 +35,16 @@ public enum OAuthDiscovery {
     ///
     /// `clientSecret`, `requestTimeout` and `maximumAnswerSize` go into the configuration
     /// made, and the last two also bound the discovery requests themselves.
+    ///
+    /// The result's `cancel()` (any thread, any number of times) ends the request in flight;
+    /// the completion then says `.cancelled` (unless it had run already), on a later loop
+    /// turn, never inside `cancel()`.
+    @discardableResult
     public static func configuration(
         issuer: URL, clientID: String, loop: EventLoop, clientSecret: Secret? = nil,
         requestTimeout: Duration = .seconds(20), maximumAnswerSize: Int = 1 << 20,
         completion: @escaping @Sendable (Result<OAuthConfiguration, OAuthDiscoveryError>) -> Void
-    ) {
+    ) -> any SignInCancellable {
         var template = OAuthConfiguration(tokenEndpoint: issuer, clientID: clientID, clientSecret: clientSecret)
         template.requestTimeout = requestTimeout
         template.maximumAnswerSize = maximumAnswerSize
@@ -55,9 +61,14 @@ public enum OAuthDiscovery {
             } catch {
                 completion(.failure(failure))
             }
-            return
+            return NothingToCancel()
         }
-        run.fetch(run.locations.authorizationServer, fallback: run.locations.openID)
+        do {
+            try loop.execute { run.fetch(run.locations.authorizationServer, fallback: run.locations.openID) }
+        } catch {
+            completion(.failure(OAuthDiscoveryError(.network, message: "the event loop is shut down")))
+        }
+        return run
     }
 
     /// The `async` form of `configuration(issuer:clientID:loop:...)`.
@@ -65,13 +76,27 @@ public enum OAuthDiscovery {
         issuer: URL, clientID: String, loop: EventLoop, clientSecret: Secret? = nil,
         requestTimeout: Duration = .seconds(20), maximumAnswerSize: Int = 1 << 20
     ) async throws(OAuthDiscoveryError) -> OAuthConfiguration {
-        let result = await withCheckedContinuation { continuation in
-            configuration(
-                issuer: issuer, clientID: clientID, loop: loop, clientSecret: clientSecret,
-                requestTimeout: requestTimeout, maximumAnswerSize: maximumAnswerSize
-            ) { result in
-                continuation.resume(returning: result)
+        // Cancelling the calling Task cancels the discovery (`.cancelled`).
+        let running = LockedBox<(run: (any SignInCancellable)?, cancelled: Bool)>((nil, false))
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let run = configuration(
+                    issuer: issuer, clientID: clientID, loop: loop, clientSecret: clientSecret,
+                    requestTimeout: requestTimeout, maximumAnswerSize: maximumAnswerSize
+                ) { result in
+                    continuation.resume(returning: result)
+                }
+                let cancelled = running.withLockedValue { state -> Bool in
+                    state.run = run
+                    return state.cancelled
+                }
+                if cancelled { run.cancel() }
             }
+        } onCancel: {
+            running.withLockedValue { state -> (any SignInCancellable)? in
+                state.cancelled = true
+                return state.run
+            }?.cancel()
         }
         return try result.get()
     }
@@ -188,6 +213,8 @@ public struct OAuthDiscoveryError: Error, Sendable, Equatable, CustomStringConve
         case http
         /// No answer: network failure, timeout, the loop shutting down. Worth retrying.
         case network
+        /// `cancel()` (or the calling Task's cancellation) ended it.
+        case cancelled
     }
 
     public let kind: Kind
@@ -203,8 +230,18 @@ public struct OAuthDiscoveryError: Error, Sendable, Equatable, CustomStringConve
     public var description: String { message }
 }
 
-/// One discovery: the RFC 8414 request, then perhaps the OIDC one. Loop-confined once started.
-private final class DiscoveryRun: @unchecked Sendable {
+private struct NothingToCancel: SignInCancellable {
+    func cancel() {}
+}
+
+/// One discovery: the RFC 8414 request, then perhaps the OIDC one. Loop-confined once started;
+/// `cancel()` from any thread.
+private final class DiscoveryRun: SignInCancellable, @unchecked Sendable {
+    private let cancelRequested = Atomic<Bool>(false)
+    // Loop-confined.
+    private var call: HTTPCall?
+    private var finished = false
+
     let issuer: String
     let locations: OAuthDiscovery.Locations
     let template: OAuthConfiguration
@@ -224,14 +261,29 @@ private final class DiscoveryRun: @unchecked Sendable {
         self.completion = completion
     }
 
-    /// GETs `url`; on 404, `fallback` if there is one.
+    func cancel() {
+        guard !cancelRequested.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let stop: @Sendable () -> Void = { [self] in
+            finish(.failure(OAuthDiscoveryError(.cancelled, message: "the discovery was cancelled")))
+        }
+        // On a later turn, never inside this call (the completion may call back into the host).
+        try? loop.execute(stop)
+    }
+
+    /// Loop thread. GETs `url`; on 404, `fallback` if there is one.
     func fetch(_ url: String, fallback: String?) {
+        guard !finished else { return }
+        guard !cancelRequested.load(ordering: .acquiring) else {
+            return finish(.failure(OAuthDiscoveryError(.cancelled, message: "the discovery was cancelled")))
+        }
         let request = HTTPPost(
             url: url, headers: ["Accept: application/json"], body: [], timeout: template.requestTimeout,
             maximumAnswerSize: template.maximumAnswerSize,
             allowsLoopbackHTTP: true,  // only an issuer that passed the rule reaches here
             method: .get)
-        http.post(request) { [self] result in
+        call = http.post(request) { [self] result in
+            call = nil
+            guard !finished else { return }
             switch result {
             case .success(let response) where response.status == 404 && fallback != nil:
                 fetch(fallback!, fallback: nil)
@@ -274,6 +326,12 @@ private final class DiscoveryRun: @unchecked Sendable {
 
     /// Loop thread. The client is let go of on a later loop turn, not inside its own callback.
     private func finish(_ result: Result<OAuthConfiguration, OAuthDiscoveryError>) {
+        guard !finished else { return }
+        finished = true
+        if let running = call {
+            call = nil
+            running.cancel()  // its handler sees `finished`
+        }
         let http = self.http
         try? loop.execute { withExtendedLifetime(http) {} }
         completion(result)
