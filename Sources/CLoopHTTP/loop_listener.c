@@ -3,6 +3,8 @@
 #include "loop_listener.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,11 +13,10 @@
 typedef struct ll_connection {
     uv_tcp_t tcp;
     uv_timer_t timer;
-    uv_write_t write;
     uv_shutdown_t shutdown;
     ll_listener *owner;
     struct ll_connection *prev, *next;
-    char *reply; /* the bytes being written */
+    char *reply; /* the reply's bytes */
     size_t used;
     int handles_open; /* tcp + timer until both close callbacks ran */
     int closing;
@@ -64,16 +65,6 @@ static void shutdown_done(uv_shutdown_t *request, int status) {
     connection_close(request->data);
 }
 
-static void reply_written(uv_write_t *request, int status) {
-    ll_connection *c = request->data;
-    if (status < 0 || c->closing) {
-        connection_close(c);
-        return;
-    }
-    c->shutdown.data = c;
-    if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, shutdown_done) != 0) connection_close(c);
-}
-
 static const char *reason(int status) {
     switch (status) {
     case 200: return "OK";
@@ -109,9 +100,28 @@ static void send_reply(ll_connection *c, const ll_reply *reply) {
     }
     memcpy(c->reply, header, (size_t)header_length);
     if (body_length) memcpy(c->reply + header_length, reply->body, body_length);
-    uv_buf_t buffer = uv_buf_init(c->reply, (unsigned int)((size_t)header_length + body_length));
-    c->write.data = c;
-    if (uv_write(&c->write, (uv_stream_t *)&c->tcp, &buffer, 1, reply_written) != 0) connection_close(c);
+    /* send(MSG_NOSIGNAL), not uv_write: a write to a connection the browser has reset must not
+     * raise SIGPIPE in a host that does not ignore it. The reply is small and the connection
+     * fresh, so it fits the socket's buffer; one that does not (or an error) is dropped — the
+     * page is lost, nothing else (the flow has taken the request already). */
+    uv_os_fd_t fd;
+    size_t total = (size_t)header_length + body_length, sent = 0;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0) {
+        connection_close(c);
+        return;
+    }
+    while (sent < total) {
+        ssize_t n = send(fd, c->reply + sent, total - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        sent += (size_t)n;
+    }
+    if (sent < total) {
+        connection_close(c);
+        return;
+    }
+    c->shutdown.data = c;
+    if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, shutdown_done) != 0) connection_close(c);
 }
 
 void ll_reply_set(ll_reply *reply, int status, const char *body, size_t body_length) {

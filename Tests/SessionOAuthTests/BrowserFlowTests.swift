@@ -346,6 +346,45 @@ struct BrowserFlowTests {
         try loop.shutdown()
     }
 
+    @Test func aBrowserThatResetsTheConnectionBeforeTheReplyCostsNothing() async throws {
+        // A write to a reset connection raises SIGPIPE, which kills a process that does not
+        // ignore it (most do not): the listener must never write that way.
+        let loop = try EventLoop(name: "listener-reset")
+        let made = LockedBox<LoopbackListener?>(nil)
+        let calls = LockedBox(0)
+        try loop.execute {
+            made.withLockedValue {
+                $0 = try? LoopbackListener(loop: loop) { _, _ in
+                    calls.withLockedValue { $0 += 1 }
+                    usleep(300_000)  // the client resets meanwhile
+                    return .init(status: 200, page: String(repeating: "x", count: 200_000))
+                }
+            }
+        }
+        #expect(await eventually(timeout: .seconds(5)) { made.withLockedValue { $0 != nil } })
+        let port = try #require(made.withLockedValue { $0?.port })
+        for _ in 0..<3 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            var address = BrowserFlowTests.loopback(port)
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            #expect(connected == 0)
+            let head = Array("GET /callback HTTP/1.1\r\nHost: x\r\n\r\n".utf8)
+            _ = head.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            try await Task.sleep(for: .milliseconds(100))
+            var linger = Glibc.linger(l_onoff: 1, l_linger: 0)  // close with RST
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+            close(fd)
+            try await Task.sleep(for: .milliseconds(400))
+        }
+        // Still here, and still answering.
+        #expect(calls.withLockedValue { $0 } == 3)
+        try loop.execute { made.withLockedValue { $0?.close() } }
+        try loop.execute { made.withLockedValue { $0 = nil } }
+        try loop.shutdown()
+    }
+
     // MARK: - Helpers
 
     static func query(_ url: URL) -> [String: String] {

@@ -52,7 +52,7 @@ int ll_listen(struct uv_loop_s *loop, ll_request_fn on_request, void *userdata, 
 
 /* Loop thread. Stops listening within this call (the listening socket is closed: the port is
  * free when it returns) and never calls `on_request` again. Connections still sending their
- * head are closed; a reply being written is finished (within its deadline), then closed. The
+ * head are closed; one whose reply was sent is shut down, then closed. The
  * listener frees itself when its last handle has closed (keep running the loop). Must be
  * called exactly once. */
 void ll_close(ll_listener *listener);
