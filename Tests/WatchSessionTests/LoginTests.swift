@@ -396,6 +396,12 @@ struct WatchSessionLoginTests {
             accessToken: Secret(tokens.access), refreshToken: Secret(tokens.refresh),
             accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice"))
 
+        // login leaves a store with someone signed in alone.
+        let busy = try watchSession(login(server, store: directory))
+        #expect(busy.status == 1, "\(busy)")
+        #expect(busy.stderr.contains("already signed in as alice"), "\(busy.stderr)")
+        #expect(try await server.deviceStats()["device_requests"] == 0)
+
         let run = try watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
         #expect(run.status == 0, "\(run)")
         #expect(run.stdout.contains("signed out alice: the session is wiped from the store"), "\(run.stdout)")
@@ -406,7 +412,7 @@ struct WatchSessionLoginTests {
         #expect(revocations.contains { ($0["form"] as? [String: String])?["token"] == tokens.refresh })
         #expect((try await server.stats()["revocations"] ?? 0) >= 1)
         #expect(try await server.refreshError(tokens.refresh) == "invalid_grant")
-        #expect(clean(run.stdout + run.stderr, of: [tokens.access, tokens.refresh]))
+        #expect(clean(run.stdout + run.stderr + busy.stdout + busy.stderr, of: [tokens.access, tokens.refresh]))
 
         // Again: nothing to sign out, exit 0.
         let again = try watchSession(["logout", "--store", directory, "--json"])
