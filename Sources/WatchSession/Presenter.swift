@@ -185,6 +185,26 @@ final class Presenter: @unchecked Sendable {
         for line in lines { write(line) }
     }
 
+    /// The browser flow's prompt: the authorization URL (alone at the end of its line), opened
+    /// with xdg-open or to be opened by hand, and how long the listener waits.
+    func browserPrompt(_ prompt: BrowserPrompt, opening: Bool) {
+        let url = Self.printable(prompt.authorizationURL.absoluteString)
+        let seconds = Int(prompt.timeout.timeInterval.rounded())
+        startCountdown(flow: "browser", label: "waiting for the browser; gives up in", lifetime: prompt.timeout)
+        if json {
+            emitJSON([
+                "kind": "sign_in", "event": "sign_in_prompt", "flow": "browser", "authorization_url": url,
+                "redirect_uri": Self.printable(prompt.redirectURI.absoluteString), "expires_in": seconds, "opened": opening,
+            ])
+            return
+        }
+        write(opening
+            ? "Opening \(url) in your browser… If it does not open, visit the URL yourself."
+            : "To sign in, open this URL in your browser: \(url)")
+        write("Waiting for the browser to come back to \(Self.printable(prompt.redirectURI.absoluteString)) "
+            + "(for \(Self.minutes(seconds)); Ctrl-C cancels)")
+    }
+
     /// The sign-in waiting for the user ended: the countdown goes; in JSON, the outcome.
     func signInEnded(_ outcome: Result<Void, SessionError>) {
         let ended = lock.withLock { () -> Pending? in

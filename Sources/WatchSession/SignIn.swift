@@ -36,10 +36,14 @@ struct SignInPlan: Sendable {
     enum Flow: String, Sendable, EnumerableFlag {
         /// The device authorization grant (RFC 8628): a code to enter on another device.
         case device
+        /// The authorization code grant with PKCE on a loopback redirect: a browser on this machine.
+        case browser
 
         static func help(for value: Flow) -> ArgumentHelp? {
             switch value {
             case .device: "Sign in with the device flow (RFC 8628): enter a code in a browser anywhere (the default)."
+            case .browser:
+                "Sign in in a browser on this machine (authorization code with PKCE; it comes back to a loopback listener)."
             }
         }
     }
@@ -86,6 +90,16 @@ struct SignInPlan: Sendable {
             make = {
                 try DeviceAuthorization(configuration, scope: scope) { prompt in presenter.devicePrompt(prompt) }
             }
+        case .browser:
+            let open = openBrowser
+            make = {
+                try BrowserAuthorization(configuration, scope: scope) { prompt in
+                    // Looked up each time: PATH is the user's, and xdg-open may come and go.
+                    let opener = open ? BrowserOpener.find() : nil
+                    presenter.browserPrompt(prompt, opening: opener != nil)
+                    if let opener { BrowserOpener.open(prompt.authorizationURL, with: opener) }
+                }
+            }
         }
         do {
             _ = try make()
@@ -117,7 +131,9 @@ struct Login: AsyncParsableCommand {
         discussion: """
             The endpoints come from the issuer's metadata (RFC 8414, else OpenID Connect \
             Discovery). The device flow shows where to go and the code to enter, with the time \
-            the code has left; approve it in any browser. Once signed in, the session is stored \
+            the code has left; approve it in any browser. --browser opens the authorization page \
+            with xdg-open (when it is on PATH; --no-open: never) and prints its URL, and waits \
+            (5 minutes at most) for the browser to come back to a listener on 127.0.0.1. Once signed in, the session is stored \
             in --store (where every other mode and process finds it) and watched as \
             `watch-session --store DIR` does; when it expires, s signs in again the same way.
 
@@ -127,6 +143,7 @@ struct Login: AsyncParsableCommand {
             Examples:
               watch-session login --issuer https://auth.example.com --client-id my-app --store DIR
               watch-session login --issuer https://auth.example.com --client-id my-app --store DIR --json
+              watch-session login --browser --issuer https://auth.example.com --client-id my-app --store DIR
             """)
 
     @Option(help: "The authorization server's issuer URL (its metadata tells the endpoints).")
@@ -151,6 +168,9 @@ struct Login: AsyncParsableCommand {
     @Option(help: "The scope to ask for (space-separated).")
     var scope: String?
 
+    @Flag(name: .customLong("no-open"), help: "With --browser: print the URL to open, do not run xdg-open.")
+    var noOpen = false
+
     @Flag(help: "Print one JSON object per line (NDJSON): the prompt, the outcome, then the session's events.")
     var json = false
 
@@ -158,6 +178,7 @@ struct Login: AsyncParsableCommand {
         try Watch.validateStore(store, keyFile: keyFile)
         _ = try issuerURL()
         guard !clientID.isEmpty else { throw ValidationError("--client-id is empty") }
+        if noOpen && flow != .browser { throw ValidationError("--no-open goes with --browser") }
     }
 
     func issuerURL() throws -> URL {
@@ -172,7 +193,7 @@ struct Login: AsyncParsableCommand {
 
     func run() async throws {
         let presenter = Presenter(json: json)
-        let plan = SignInPlan(issuer: try issuerURL(), clientID: clientID, flow: flow, scope: scope, openBrowser: false)
+        let plan = SignInPlan(issuer: try issuerURL(), clientID: clientID, flow: flow, scope: scope, openBrowser: !noOpen)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         var watch = LiveWatch(
             storeDirectory: store, account: nil, storeKey: try Watch.storeKey(store: store, keyFile: keyFile),
@@ -414,5 +435,52 @@ final class RevocationWitness: SessionAuthority, @unchecked Sendable {
         guard started.withLockedValue({ $0 }) else { return nil }
         for await answer in answers.stream { return answer }
         return nil
+    }
+}
+
+/// Runs `xdg-open URL` as a child of its own (stdin, stdout and stderr on /dev/null, its own
+/// process group so a Ctrl-C on the terminal does not reach it, default signal handling), never
+/// blocking the loop: a detached thread waits for it.
+enum BrowserOpener {
+    /// `xdg-open` on PATH, if it is there and executable.
+    static func find() -> String? {
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? ""
+        for directory in path.split(separator: ":") where !directory.isEmpty {
+            let candidate = "\(directory)/xdg-open"
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+        }
+        return nil
+    }
+
+    static func open(_ url: URL, with opener: String) {
+        let arguments = [opener, url.absoluteString]
+        Thread.detachNewThread {
+            var actions = posix_spawn_file_actions_t()
+            posix_spawn_file_actions_init(&actions)
+            defer { posix_spawn_file_actions_destroy(&actions) }
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+            posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+            posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+            var attributes = posix_spawnattr_t()
+            posix_spawnattr_init(&attributes)
+            defer { posix_spawnattr_destroy(&attributes) }
+            var defaults = sigset_t()
+            sigemptyset(&defaults)
+            sigaddset(&defaults, SIGINT)
+            sigaddset(&defaults, SIGTERM)
+            posix_spawnattr_setsigdefault(&attributes, &defaults)
+            var none = sigset_t()
+            sigemptyset(&none)
+            posix_spawnattr_setsigmask(&attributes, &none)
+            posix_spawnattr_setpgroup(&attributes, 0)
+            posix_spawnattr_setflags(
+                &attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
+            let argv = arguments.map { strdup($0) } + [nil]
+            defer { for argument in argv { free(argument) } }
+            var pid: pid_t = 0
+            guard posix_spawn(&pid, opener, &actions, &attributes, argv, environ) == 0 else { return }
+            var status: Int32 = 0
+            while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        }
     }
 }

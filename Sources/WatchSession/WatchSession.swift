@@ -12,7 +12,7 @@ struct WatchSession: AsyncParsableCommand {
         abstract: "Shows a session live: its state, its refreshes, its failures. Signs in and out.",
         usage: """
             watch-session [--speed <n>] [--scenario <s>] [--json] [--store <dir>] [--account <key>] [--key-file <file>] [--token-endpoint <url> --client-id <id> [--refresh-token-file <file>]]
-              watch-session login --issuer <url> --client-id <id> [--device] --store <dir> [--key-file <file>] [--scope <s>] [--json]
+              watch-session login --issuer <url> --client-id <id> [--device | --browser [--no-open]] --store <dir> [--key-file <file>] [--scope <s>] [--json]
               watch-session logout --store <dir> [--issuer <url> --client-id <id>] [--account <key>] [--key-file <file>] [--json]
               (every option of each: watch-session help watch|login|logout)
             """,
@@ -37,6 +37,8 @@ struct WatchSession: AsyncParsableCommand {
                                                open a store sealed with a key of your own
               watch-session login --issuer https://auth.example.com --client-id my-app --store DIR
                                                sign in (device flow), then watch the session
+              watch-session login --browser --issuer https://auth.example.com --client-id my-app --store DIR
+                                               sign in in this machine's browser (xdg-open; --no-open: print the URL)
               watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
                                                sign out: revoke the refresh token, wipe the store
 

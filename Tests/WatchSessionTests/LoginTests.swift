@@ -110,6 +110,56 @@ final class AuthServer: @unchecked Sendable {
     }
 }
 
+/// The fixture's consent form, played as a browser would (see oauth_server.py): the page at the
+/// authorization URL, its form submitted, the redirect followed to the CLI's loopback listener.
+extension AuthServer {
+    static func pathAndQuery(_ url: URL) -> String {
+        let components = URLComponents(url: url, resolvingAgainstBaseURL: false)
+        return (components?.percentEncodedPath ?? "/") + (components?.percentEncodedQuery.map { "?" + $0 } ?? "")
+    }
+
+    /// Submits the consent form of `authorizationURL`; then follows the redirect to the
+    /// listener and returns the page the browser would show.
+    func browse(_ authorizationURL: URL, allow: Bool) async throws -> LoopbackHTTP.Response {
+        guard authorizationURL.port == port else { throw TestFailure("not this server's URL: \(authorizationURL)") }
+        let page = try await call("GET", String(Self.pathAndQuery(authorizationURL).dropFirst()))
+        guard page.status == 200 else { throw TestFailure("the authorization page: HTTP \(page.status) \(page.text)") }
+        var fields = page.text.matches(of: #/<input type="hidden" name="([^"]*)" value="([^"]*)">/#).map { match in
+            (String(match.output.1), String(match.output.2)
+                .replacingOccurrences(of: "&quot;", with: "\"").replacingOccurrences(of: "&#x27;", with: "'")
+                .replacingOccurrences(of: "&lt;", with: "<").replacingOccurrences(of: "&gt;", with: ">")
+                .replacingOccurrences(of: "&amp;", with: "&"))
+        }
+        fields += [("user", "alice"), ("consent", allow ? "allow" : "deny")]
+        let answer = try await LoopbackHTTP.perform(
+            port: port, method: "POST", path: "/oauth/authorize",
+            headers: [("Content-Type", "application/x-www-form-urlencoded")], body: LoopbackHTTP.form(fields))
+        guard answer.status == 302, let location = answer.header("Location").flatMap(URL.init(string:)),
+              location.host == "127.0.0.1", let listener = location.port
+        else {
+            throw TestFailure("the consent form: HTTP \(answer.status) \(answer.text)")
+        }
+        return try await LoopbackHTTP.perform(port: listener, method: "GET", path: Self.pathAndQuery(location))
+    }
+
+    func authorizeStats() async throws -> [String: Int] {
+        (try await call("GET", "__authorize/stats").json() as? [String: Int]) ?? [:]
+    }
+}
+
+/// A directory with an `xdg-open` that only writes down what it was asked to open (in
+/// `opened` beside it): put first on PATH, it stands for the desktop's browser launcher.
+func fakeXDGOpen() throws -> (directory: String, opened: String) {
+    let directory = temporaryStore()
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    let opened = directory + "/opened"
+    let script = "#!/bin/sh\nprintf '%s\\n' \"$@\" >> '\(opened)'\n"
+    guard FileManager.default.createFile(atPath: directory + "/xdg-open", contents: Data(script.utf8), attributes: [.posixPermissions: 0o755]) else {
+        throw TestFailure("cannot write the stand-in xdg-open")
+    }
+    return (directory, opened)
+}
+
 struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
@@ -383,6 +433,82 @@ struct WatchSessionLoginTests {
 
         let usage = try watchSession(["login", "--issuer", "ftp://x", "--client-id", "c", "--store", directory])
         #expect(usage.status == 64 && usage.stderr.contains("--issuer"), "\(usage.stderr)")
+    }
+
+    /// --browser: xdg-open (a stand-in on PATH) is run on the authorization URL, which is also
+    /// printed; the test plays the browser (consent form, redirect to the loopback listener)
+    /// and the session is signed in and stored. No token in the output.
+    @Test func loginWithTheBrowserOpensTheURLAndSignsInWhenTheBrowserComesBack() async throws {
+        let server = try AuthServer()
+        let directory = temporaryStore()
+        let opener = try fakeXDGOpen()
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: opener.directory)
+        }
+        let path = opener.directory + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        let cli = try Running(login(server, store: directory, ["--browser"]), terminal: false, environment: ["PATH": path])
+        let shown = await cli.wait(match: #"Opening (\S+) in your browser… If it does not open, visit the URL yourself\."#)
+        let url = try #require(shown.flatMap(URL.init(string:)), "\(cli.screen)")
+        #expect(url.absoluteString.hasPrefix("\(server.issuer)/oauth/authorize?"))
+        #expect(url.absoluteString.contains("code_challenge_method=S256"))
+        #expect(cli.stdout.text.contains("Waiting for the browser to come back to http://127.0.0.1:"), "\(cli.screen)")
+        // xdg-open was given exactly that URL.
+        #expect(await eventually(timeout: .seconds(10), every: .milliseconds(20)) {
+            (try? String(contentsOfFile: opener.opened, encoding: .utf8)) == url.absoluteString + "\n"
+        }, "\((try? String(contentsOfFile: opener.opened, encoding: .utf8)) ?? "xdg-open was not run")")
+
+        let page = try await server.browse(url, allow: true)
+        #expect(page.status == 200, "\(page.text)")
+        #expect(await cli.wait(for: "STATE → loggedIn"), "\(cli.screen)")
+        #expect(await cli.wait(for: "signed in as alice"), "\(cli.screen)")
+        kill(cli.process.processIdentifier, SIGINT)
+        #expect(await cli.exit() == 130, "\(cli.screen)")
+        guard case .present(let stored) = FileCredentialStore(directory: directory).read() else {
+            Issue.record("nothing stored: \(cli.screen)")
+            return
+        }
+        #expect(stored.memberID == "alice")
+        #expect(try await server.authorizeStats()["code_exchanges"] == 1)
+        let secrets = storedTokens(directory)
+        #expect(secrets.count == 2)
+        #expect(clean(cli.screen, of: secrets))
+        // The PKCE verifier and the code stay inside too.
+        let exchange = try await server.requests().first { ($0["form"] as? [String: String])?["grant_type"] == "authorization_code" }
+        let form = exchange?["form"] as? [String: String] ?? [:]
+        #expect(clean(cli.screen, of: [form["code_verifier"] ?? "", form["code"] ?? ""]), "\(form.keys.sorted())")
+    }
+
+    /// --browser --no-open --json: the prompt is one NDJSON line (the URL, the redirect URI, the
+    /// wait), xdg-open is not run; a refused consent ends with exit 3 and a plain message.
+    @Test func loginWithTheBrowserInJSONWithoutOpeningAndADenialExitsThree() async throws {
+        let server = try AuthServer()
+        let directory = temporaryStore()
+        let opener = try fakeXDGOpen()
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: opener.directory)
+        }
+        let path = opener.directory + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        let cli = try Running(
+            login(server, store: directory, ["--browser", "--no-open", "--json"]), terminal: false, environment: ["PATH": path])
+        #expect(await cli.wait(for: "sign_in_prompt"), "\(cli.screen)")
+        let prompt = try #require(try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_prompt" })
+        #expect(prompt["flow"] as? String == "browser")
+        #expect(prompt["opened"] as? Bool == false)
+        #expect(prompt["expires_in"] as? Int == 300)
+        let redirect = try #require(prompt["redirect_uri"] as? String)
+        #expect(redirect.wholeMatch(of: #/http:\/\/127\.0\.0\.1:\d+\/callback/#) != nil, "\(redirect)")
+        let url = try #require((prompt["authorization_url"] as? String).flatMap(URL.init(string:)))
+        let page = try await server.browse(url, allow: false)
+        #expect(page.status == 200 || page.status == 400, "\(page.status)")
+        #expect(await cli.exit() == 3, "\(cli.screen)")
+        #expect(cli.stderr.text.hasPrefix("watch-session: sign-in denied"), "\(cli.stderr.text)")
+        #expect(try objects(cli.stdout.text).contains { $0["event"] as? String == "sign_in_failed" && $0["reason"] as? String == "accessDenied" })
+        #expect(!FileManager.default.fileExists(atPath: opener.opened))
+        #expect(FileCredentialStore(directory: directory).read() == .absent)
+        let usage = try watchSession(login(server, store: directory, ["--no-open"]))
+        #expect(usage.status == 64 && usage.stderr.contains("--no-open goes with --browser"), "\(usage.stderr)")
     }
 
     /// logout: the refresh token revoked at the endpoint discovery named, the store wiped,
