@@ -221,7 +221,7 @@ struct LiveWatch {
                 break loop
             case .signedIn(let outcome):
                 signingIn = nil
-                presenter.signInEnded(outcome)
+                presenter.signInEnded(outcome, flow: login?.flow.rawValue)
                 switch outcome {
                 case .success:
                     if firstSignIn, keys { presenter.note(keyHelp) }
@@ -246,7 +246,7 @@ struct LiveWatch {
             // Ends the flow (its request, its timers) before the loop goes; nothing is signed in.
             signingIn.cancel()
             await signingIn.value
-            presenter.signInEnded(.failure(SessionError(.cancelled, "the sign-in was cancelled")))
+            presenter.signInEnded(.failure(SessionError(.cancelled, "the sign-in was cancelled")), flow: login?.flow.rawValue)
         }
         keyboard?.stop()
         ticker.cancel()

@@ -206,17 +206,16 @@ final class Presenter: @unchecked Sendable {
     }
 
     /// The sign-in waiting for the user ended: the countdown goes; in JSON, the outcome.
-    func signInEnded(_ outcome: Result<Void, SessionError>) {
-        let ended = lock.withLock { () -> Pending? in
-            defer { pending = nil }
+    func signInEnded(_ outcome: Result<Void, SessionError>, flow: String?) {
+        lock.withLock {
+            pending = nil
             if statusShown, terminal, !json {
                 FileHandle.standardOutput.write(Data("\r\u{1B}[2K".utf8))
                 statusShown = false
             }
-            return pending
         }
         guard json else { return }
-        var fields: [String: Any] = ["kind": "sign_in", "flow": ended?.flow ?? NSNull()]
+        var fields: [String: Any] = ["kind": "sign_in", "flow": flow ?? NSNull()]
         switch outcome {
         case .success:
             fields["event"] = "sign_in_succeeded"

@@ -348,27 +348,29 @@ struct SignOut {
             outcome.code = ExitCodes.failed
             return outcome
         }
-        if let account {
-            do {
-                try await manager.switchAccount(to: account)
-            } catch {
-                let known = manager.accounts.map { Presenter.printable($0.key) }
-                try await close()
-                outcome.failure = "no account \"\(Presenter.printable(account))\" in the store ("
-                    + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"
-                outcome.code = ExitCodes.failed
-                return outcome
-            }
+        // The account named (left where it is: the active one stays active), else the active one.
+        let named = account.flatMap { key in manager.accounts.first { $0.key == key } }
+        if let account, named == nil {
+            let known = manager.accounts.map { Presenter.printable($0.key) }
+            try await close()
+            outcome.failure = "no account \"\(Presenter.printable(account))\" in the store ("
+                + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"
+            outcome.code = ExitCodes.failed
+            return outcome
         }
-        outcome.previousState = manager.state.value
+        outcome.previousState = named?.state ?? manager.state.value
         guard outcome.previousState != .loggedOut else {
             try await close()
             return outcome
         }
-        outcome.member = manager.memberID
-        outcome.account = manager.accounts.first(where: \.isActive)?.key
+        outcome.member = named?.memberID ?? manager.memberID
+        outcome.account = named?.key ?? manager.accounts.first(where: \.isActive)?.key
         do {
-            try await manager.logout()
+            if let named {
+                try await manager.logout(account: named.key)
+            } else {
+                try await manager.logout()
+            }
         } catch {
             try await close()
             outcome.failure = "the sign-out failed: \(error.message)"

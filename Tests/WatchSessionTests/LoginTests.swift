@@ -547,6 +547,38 @@ struct WatchSessionLoginTests {
         #expect(outcome?["kind"] as? String == "logout" && outcome?["signed_out"] as? Bool == false, "\(again.stdout)")
     }
 
+    /// logout --account: that account's refresh token revoked and its record removed; the
+    /// other account stays signed in, and the output says so.
+    @Test func logoutOfOneAccountLeavesTheOtherSignedIn() async throws {
+        let server = try AuthServer()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = FileCredentialStore(directory: directory)
+        var refreshTokens: [String: String] = [:]
+        var secrets: [String] = []
+        for user in ["alice", "bob"] {
+            let tokens = try await server.passwordSignIn(user)
+            refreshTokens[user] = tokens.refresh
+            secrets += [tokens.access, tokens.refresh]
+            try store.account(user, isActive: false).write(StoredSession(
+                accessToken: Secret(tokens.access), refreshToken: Secret(tokens.refresh),
+                accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: user))
+        }
+        try store.setActiveAccount("alice")
+        let run = try watchSession([
+            "logout", "--store", directory, "--account", "bob", "--issuer", server.issuer, "--client-id", "sessionflow-public",
+        ])
+        #expect(run.status == 0, "\(run)")
+        #expect(run.stdout.contains("signed out bob"), "\(run.stdout)")
+        #expect(run.stdout.contains("still signed in: alice"), "\(run.stdout)")
+        #expect(store.readAccounts() == .present(StoredAccounts(keys: ["alice"], active: "alice")))
+        #expect(try await server.refreshError(refreshTokens["bob"]!) == "invalid_grant")
+        #expect(try await server.refreshError(refreshTokens["alice"]!) == nil)
+        #expect(clean(run.stdout + run.stderr, of: secrets))
+        let unknown = try watchSession(["logout", "--store", directory, "--account", "carol"])
+        #expect(unknown.status == 1 && unknown.stderr.contains("no account \"carol\" in the store (accounts: alice)"), "\(unknown)")
+    }
+
     /// Without --issuer: wiped here only, and the output says the token was not revoked; a
     /// refused discovery changes nothing (exit 2).
     @Test func logoutWithoutAnIssuerWipesLocallyAndSaysSo() async throws {
