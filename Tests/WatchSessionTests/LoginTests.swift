@@ -579,6 +579,26 @@ struct WatchSessionLoginTests {
         #expect(unknown.status == 1 && unknown.stderr.contains("no account \"carol\" in the store (accounts: alice)"), "\(unknown)")
     }
 
+    /// A revocation the server refuses: signed out here all the same, said plainly, exit 6.
+    @Test func aRefusedRevocationStillSignsOutAndExitsSix() async throws {
+        let server = try AuthServer()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let tokens = try await server.passwordSignIn()
+        try FileCredentialStore(directory: directory).write(StoredSession(
+            accessToken: Secret(tokens.access), refreshToken: Secret(tokens.refresh),
+            accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice"))
+        let fault = try await server.call("POST", "__fault", form: ["mode": "status:503", "endpoint": "revoke", "count": "5"])
+        #expect(fault.status == 200)
+        let run = try watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
+        #expect(run.status == 6, "\(run)")
+        #expect(run.stdout.contains("signed out alice"), "\(run.stdout)")
+        #expect(run.stderr.contains("watch-session: signed out here, but the revocation failed"), "\(run.stderr)")
+        #expect(FileCredentialStore(directory: directory).read() == .absent)
+        #expect((try await server.stats()["revoke_requests"] ?? 0) >= 1)
+        #expect(clean(run.stdout + run.stderr, of: [tokens.access, tokens.refresh]))
+    }
+
     /// Without --issuer: wiped here only, and the output says the token was not revoked; a
     /// refused discovery changes nothing (exit 2).
     @Test func logoutWithoutAnIssuerWipesLocallyAndSaysSo() async throws {
