@@ -5,7 +5,8 @@ import SessionFileStore
 import SessionOAuth
 
 /// Watching a real session: a file store other processes use, and/or a real OAuth 2.0
-/// server. Runs until `q`, Ctrl-C (exit 130) or SIGTERM.
+/// server. Runs until `q`, Ctrl-C (exit 130) or SIGTERM. With `login`, it first discovers the
+/// issuer's endpoints and signs in with a flow (`watch-session login`).
 struct LiveWatch {
     let storeDirectory: String?
     /// The account to follow (nil: the store's active one).
@@ -15,11 +16,21 @@ struct LiveWatch {
     let refreshToken: Secret?
     let presenter: Presenter
     let keys: Bool
+    /// Sign in with a flow first (`watch-session login`); `s` signs in again the same way.
+    var login: SignInPlan? = nil
 
     enum Ending: Sendable {
         case quit
         case interrupted
-        case failed(String)
+        /// A message for standard error and the exit code.
+        case failed(String, code: Int32 = 1)
+    }
+
+    /// What wakes the watch up.
+    private enum Wake: Sendable {
+        case end(Ending)
+        case signedIn(Result<Void, SessionError>)
+        case signInAgain
     }
 
     /// Refreshes fail as a configuration matter: this process only watches.
@@ -30,6 +41,11 @@ struct LiveWatch {
     }
 
     func run() async throws -> Ending {
+        // Ctrl-C and SIGTERM are heard from the start (a signal before the watch loop waits is
+        // kept in the stream, not lost: it never kills the process half-way).
+        let wake = AsyncStream<Wake>.makeStream()
+        let signals = Signals { wake.continuation.yield(.end(.interrupted)) }
+        defer { signals.stop() }
         // A store that cannot be read is watched all the same: `STORE → unavailable` says so
         // (the state says loggedOut, but the stored session is not known), and the session is
         // restored when the store can be read again.
@@ -39,6 +55,19 @@ struct LiveWatch {
         let settings = configuration
         let presenter = self.presenter
         let loop = try EventLoop(name: "watch-session")
+        // `login`: the endpoints come from the issuer's metadata, before anything else.
+        var oauth = self.oauth
+        var flowMaker: (@Sendable () throws -> any SignInFlow)?
+        if let login {
+            do throws(SignInPlan.Failure) {
+                let discovered = try await login.discover(on: loop)
+                oauth = discovered
+                flowMaker = try login.flowMaker(discovered, presenter: presenter)
+            } catch {
+                try loop.shutdown()
+                return .failed(error.message, code: error.code)
+            }
+        }
         let authority: any SessionAuthority = try oauth.map { configuration throws in
             try OAuthAuthority(configuration, loop: loop)
         } ?? WatchOnly()
@@ -47,22 +76,47 @@ struct LiveWatch {
         var manual = settings
         manual.startsAutomatically = false
         let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: manual)
+        let canSignInAgain = flowMaker != nil && keys
         let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
             let storeStatus = try manager.storeStatus.subscribe(onState: { presenter.store($0) })
-            let events = try manager.events.subscribe(onEvent: { presenter.event($0) })
+            let events = try manager.events.subscribe(onEvent: { event in
+                presenter.event(event)
+                if canSignInAgain, case .sessionExpired = event {
+                    presenter.note("the session expired: press s to sign in again")
+                }
+            })
             return [states, storeStatus, events]
         }
         try manager.start()
+        func close() async throws {
+            for subscription in subscriptions { subscription.close() }
+            await manager.close()  // writes a store that fell behind
+            try loop.shutdown()
+        }
         if let account {
             do {
                 try await manager.switchAccount(to: account)
             } catch {
                 let known = manager.accounts.map { Presenter.printable($0.key) }
-                await manager.close()
-                try loop.shutdown()
+                try await close()
                 return .failed("no account \"\(Presenter.printable(account))\" in the store ("
                     + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")")
+            }
+        }
+        // `login`: the stored session must be known first (a sign-in would replace it), and
+        // nobody may be signed in already.
+        if flowMaker != nil {
+            await manager.storeRead()
+            if case .unavailable(let error) = manager.storeStatus.value {
+                try await close()
+                return .failed("the store cannot be read, so the stored session is not known: \(error.message)")
+            }
+            if manager.state.value == .loggedIn {
+                let who = manager.memberID.map { " as \(Presenter.printable($0))" } ?? ""
+                try await close()
+                return .failed("already signed in\(who) in \(storeDirectory ?? "the store"): "
+                    + "sign out first (watch-session logout --store DIR)")
             }
         }
         // The accounts, shown at start and whenever the list changes.
@@ -94,11 +148,10 @@ struct LiveWatch {
             }
         }
 
-        let ending = AsyncStream<Ending>.makeStream()
-        let signals = Signals { ending.continuation.yield(.interrupted) }
         let keyboard = keys ? Keyboard { key in
             switch key {
-            case "q": ending.continuation.yield(.quit)
+            case "q": wake.continuation.yield(.end(.quit))
+            case "s" where canSignInAgain: wake.continuation.yield(.signInAgain)
             case "l":
                 Task { do { try await manager.logout() } catch { presenter.note("logout: \(error)") } }
             case "r":
@@ -124,19 +177,80 @@ struct LiveWatch {
             default: break
             }
         } : nil
-        if keys { presenter.note("keys: l logout · r refresh now · u simulate a 401 · a next account · q quit") }
+        let keyHelp = "keys: " + (canSignInAgain ? "s sign in again · " : "")
+            + "l logout · r refresh now · u simulate a 401 · a next account · q quit"
+
+        // A sign-in with the flow runs in a task of its own; cancelling it cancels the flow.
+        var signingIn: Task<Void, Never>?
+        var firstSignIn = flowMaker != nil
+        func startSignIn() {
+            guard let flowMaker else { return }
+            let flow: any SignInFlow
+            do {
+                flow = try flowMaker()
+            } catch {
+                wake.continuation.yield(.signedIn(.failure(SessionError(.configuration, "\(error)"))))
+                return
+            }
+            signingIn = Task {
+                let result: Result<Void, SessionError>
+                do throws(SessionError) {
+                    try await manager.signIn(with: flow)
+                    result = .success(())
+                } catch {
+                    result = .failure(error)
+                }
+                wake.continuation.yield(.signedIn(result))
+            }
+        }
+        if firstSignIn {
+            startSignIn()
+        } else if keys {
+            presenter.note(keyHelp)
+        }
 
         var result = Ending.quit
-        for await reason in ending.stream {
-            result = reason
-            break
+        loop: for await reason in wake.stream {
+            switch reason {
+            case .end(let ending):
+                result = ending
+                if firstSignIn {
+                    // Ctrl-C or q while the first sign-in waits: cancelled, nothing signed in.
+                    result = .failed("the sign-in was cancelled: nothing was signed in", code: ExitCodes.interrupted)
+                }
+                break loop
+            case .signedIn(let outcome):
+                signingIn = nil
+                presenter.signInEnded(outcome, flow: login?.flow.rawValue)
+                switch outcome {
+                case .success:
+                    if firstSignIn, keys { presenter.note(keyHelp) }
+                    firstSignIn = false
+                case .failure(let error) where firstSignIn:
+                    result = .failed(SignInPlan.explain(error), code: ExitCodes.code(for: error))
+                    break loop
+                case .failure(let error):
+                    presenter.note(SignInPlan.explain(error))
+                }
+            case .signInAgain:
+                if signingIn != nil {
+                    presenter.note("a sign-in is in progress already")
+                } else if manager.state.value == .loggedIn {
+                    presenter.note("signed in already (l logs out)")
+                } else {
+                    startSignIn()
+                }
+            }
+        }
+        if let signingIn {
+            // Ends the flow (its request, its timers) before the loop goes; nothing is signed in.
+            signingIn.cancel()
+            await signingIn.value
+            presenter.signInEnded(.failure(SessionError(.cancelled, "the sign-in was cancelled")), flow: login?.flow.rawValue)
         }
         keyboard?.stop()
-        signals.stop()
         ticker.cancel()
-        for subscription in subscriptions { subscription.close() }
-        await manager.close()  // writes a store that fell behind
-        try loop.shutdown()
+        try await close()
         return result
     }
 

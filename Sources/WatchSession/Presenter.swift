@@ -1,5 +1,6 @@
 import Foundation
 import SessionCore
+import SessionOAuth
 
 /// Prints what happens: one line per event with local time (colour on a terminal unless
 /// NO_COLOR), or one JSON object per line (NDJSON). Never a token.
@@ -9,6 +10,19 @@ final class Presenter: @unchecked Sendable {
     let terminal: Bool
     private let lock = NSLock()
     private var statusShown = false
+    /// A sign-in waiting for the user: what the countdown says, until when.
+    private var pending: Pending?
+
+    private struct Pending {
+        let flow: String
+        /// "code ABCD-EFGH expires in", "waiting for the browser; gives up in"...
+        let label: String
+        let deadline: ContinuousClock.Instant
+        /// What the terminal shows now (drawn again only when it changes).
+        var shown: String?
+        /// Not a terminal: a plain line each 30 s step of the time left.
+        var step: Int?
+    }
 
     init(json: Bool) {
         self.json = json
@@ -129,9 +143,13 @@ final class Presenter: @unchecked Sendable {
         }
     }
 
-    /// The status line (terminal only): countdowns to expiry and to the next refresh.
+    /// The status line (terminal only): countdowns to expiry and to the next refresh — or,
+    /// while a sign-in waits for the user, the time its code (or wait) has left: in place on a
+    /// terminal, a plain line every 30 s otherwise.
     func status(expiresIn: Duration?, nextRefreshIn: Duration?) {
-        guard terminal, !json else { return }
+        guard !json else { return }
+        if countdown() { return }
+        guard terminal else { return }
         var parts: [String] = []
         if let expiresIn { parts.append("token expires in \(Self.seconds(expiresIn))") }
         if let nextRefreshIn { parts.append("next refresh in \(Self.seconds(nextRefreshIn))") }
@@ -141,6 +159,151 @@ final class Presenter: @unchecked Sendable {
             FileHandle.standardOutput.write(Data("\r\u{1B}[2K  \(paint(parts.joined(separator: " · "), "2"))".utf8))
         }
     }
+
+    // MARK: - Signing in and out
+
+    /// The device flow's prompt (RFC 8628 §3.3): where to go, the code to enter (last on its
+    /// line, so it is easy to copy), the link with the code filled in if the server gave one.
+    /// Never the device code: the prompt does not hold it.
+    func devicePrompt(_ prompt: DevicePrompt) {
+        let uri = Self.printable(prompt.verificationURI.absoluteString)
+        let complete = prompt.verificationURIComplete.map { Self.printable($0.absoluteString) }
+        let code = Self.printable(prompt.userCode)
+        let seconds = Int(prompt.expiresIn.timeInterval.rounded())
+        startCountdown(flow: "device", label: "code \(code) expires in", lifetime: prompt.expiresIn)
+        if json {
+            emitJSON([
+                "kind": "sign_in", "event": "sign_in_prompt", "flow": "device", "user_code": code,
+                "verification_uri": uri, "verification_uri_complete": complete ?? NSNull(),
+                "expires_in": seconds, "interval": Int(prompt.interval.timeInterval.rounded()),
+            ])
+            return
+        }
+        var lines = ["To sign in, open \(uri) and enter \(paint(code, "1"))"]
+        if let complete { lines.append("or open \(complete) (the code is filled in)") }
+        lines.append("The code expires in \(Self.minutes(seconds)). Waiting for the approval… (Ctrl-C cancels)")
+        for line in lines { write(line) }
+    }
+
+    /// The browser flow's prompt: the authorization URL (alone at the end of its line), opened
+    /// with xdg-open or to be opened by hand, and how long the listener waits.
+    func browserPrompt(_ prompt: BrowserPrompt, opening: Bool) {
+        let url = Self.printable(prompt.authorizationURL.absoluteString)
+        let seconds = Int(prompt.timeout.timeInterval.rounded())
+        startCountdown(flow: "browser", label: "waiting for the browser; gives up in", lifetime: prompt.timeout)
+        if json {
+            emitJSON([
+                "kind": "sign_in", "event": "sign_in_prompt", "flow": "browser", "authorization_url": url,
+                "redirect_uri": Self.printable(prompt.redirectURI.absoluteString), "expires_in": seconds, "opened": opening,
+            ])
+            return
+        }
+        write(opening
+            ? "Opening \(url) in your browser… If it does not open, visit the URL yourself."
+            : "To sign in, open this URL in your browser: \(url)")
+        write("Waiting for the browser to come back to \(Self.printable(prompt.redirectURI.absoluteString)) "
+            + "(for \(Self.minutes(seconds)); Ctrl-C cancels)")
+    }
+
+    /// The sign-in waiting for the user ended: the countdown goes; in JSON, the outcome.
+    func signInEnded(_ outcome: Result<Void, SessionError>, flow: String?) {
+        lock.withLock {
+            pending = nil
+            if statusShown, terminal, !json {
+                FileHandle.standardOutput.write(Data("\r\u{1B}[2K".utf8))
+                statusShown = false
+            }
+        }
+        guard json else { return }
+        var fields: [String: Any] = ["kind": "sign_in", "flow": flow ?? NSNull()]
+        switch outcome {
+        case .success:
+            fields["event"] = "sign_in_succeeded"
+        case .failure(let error):
+            fields["event"] = "sign_in_failed"
+            fields["reason"] = error.code.name
+            fields["message"] = SignInPlan.explain(error)
+        }
+        emitJSON(fields)
+    }
+
+    private func startCountdown(flow: String, label: String, lifetime: Duration) {
+        lock.withLock {
+            pending = Pending(flow: flow, label: label, deadline: .now + lifetime)
+        }
+    }
+
+    /// Draws the countdown of a waiting sign-in; false when none waits.
+    private func countdown() -> Bool {
+        lock.withLock {
+            guard var waiting = pending else { return false }
+            let left = max(Int((waiting.deadline - .now).timeInterval.rounded(.up)), 0)
+            if terminal {
+                let text = "\(waiting.label) \(Self.minutes(left)) · Ctrl-C cancels"
+                if text != waiting.shown {
+                    waiting.shown = text
+                    statusShown = true
+                    FileHandle.standardOutput.write(Data("\r\u{1B}[2K  \(paint(text, "2"))".utf8))
+                }
+            } else {
+                let step = (left + 29) / 30
+                if let last = waiting.step, step < last {
+                    FileHandle.standardOutput.write(Data("\(Self.clockTime())  \(waiting.label) \(Self.minutes(left))\n".utf8))
+                }
+                waiting.step = step
+            }
+            pending = waiting
+            return true
+        }
+    }
+
+    /// What `watch-session logout` did.
+    func signOut(_ outcome: SignOut.Outcome) {
+        if json {
+            emitJSON([
+                "kind": "logout", "signed_out": outcome.wasSignedIn, "member": outcome.member ?? NSNull(),
+                "previous_state": outcome.previousState.rawValue,
+                "revocation_endpoint": outcome.revocationEndpoint ?? NSNull(),
+                "revoked": outcome.revoked.map { $0 as Any } ?? NSNull(),
+                "error": outcome.failure ?? NSNull(),
+                "remaining_accounts": outcome.remainingAccounts,
+            ])
+            return
+        }
+        guard outcome.failure == nil || outcome.wasSignedIn else { return }  // said on standard error
+        guard outcome.wasSignedIn else {
+            write("nothing to sign out: the store holds no session")
+            return
+        }
+        let who = outcome.member.map { " \(Self.printable($0))" } ?? ""
+        let state = outcome.previousState == .sessionExpired ? " (the session had expired)" : ""
+        write("signed out\(who)\(state): the session is wiped from the store")
+        switch outcome.revoked {
+        case true?:
+            write("the refresh token was revoked at \(Self.printable(outcome.revocationEndpoint ?? "the server"))")
+        case false?:
+            break  // the failure goes to standard error
+        case nil:
+            if outcome.previousState == .sessionExpired {
+                write("nothing to revoke: the server had refused the refresh token already")
+            } else {
+                let why = outcome.issuerGiven ? "the issuer's metadata names no revocation_endpoint" : "no --issuer given"
+                write("not revoked at the server (\(why)): the refresh token stays valid there until it expires")
+            }
+        }
+        if !outcome.remainingAccounts.isEmpty {
+            write("still signed in: \(outcome.remainingAccounts.map(Self.printable).joined(separator: ", "))")
+        }
+    }
+
+    /// `m:ss` (or `h:mm:ss`).
+    static func minutes(_ seconds: Int) -> String {
+        seconds >= 3600
+            ? String(format: "%d:%02d:%02d", seconds / 3600, seconds / 60 % 60, seconds % 60)
+            : String(format: "%d:%02d", seconds / 60, seconds % 60)
+    }
+
+    private static func clockTime() -> String { clock.string(from: Date()) }
 
     static func seconds(_ duration: Duration) -> String {
         let value = max(duration.timeInterval, 0)

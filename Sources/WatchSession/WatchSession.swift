@@ -9,7 +9,13 @@ import SessionOAuth
 struct WatchSession: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch-session",
-        abstract: "Shows a session live: its state, its refreshes, its failures.",
+        abstract: "Shows a session live: its state, its refreshes, its failures. Signs in and out.",
+        usage: """
+            watch-session [--speed <n>] [--scenario <s>] [--json] [--store <dir>] [--account <key>] [--key-file <file>] [--token-endpoint <url> --client-id <id> [--refresh-token-file <file>]]
+              watch-session login --issuer <url> --client-id <id> [--device | --browser [--no-open]] --store <dir> [--key-file <file>] [--scope <s>] [--json]
+              watch-session logout --store <dir> [--issuer <url> --client-id <id>] [--account <key>] [--key-file <file>] [--json]
+              (every option of each: watch-session help watch|login|logout)
+            """,
         discussion: """
             With no options it plays an embedded demo: a session signs in, refreshes before its \
             tokens expire, rides out a struggling server with backoff, and ends when its refresh \
@@ -29,6 +35,12 @@ struct WatchSession: AsyncParsableCommand {
                                                drive a real OAuth 2.0 server (token from a file or '-' for stdin)
               watch-session --store DIR --key-file ~/.config/app/store.key
                                                open a store sealed with a key of your own
+              watch-session login --issuer https://auth.example.com --client-id my-app --store DIR
+                                               sign in (device flow), then watch the session
+              watch-session login --browser --issuer https://auth.example.com --client-id my-app --store DIR
+                                               sign in in this machine's browser (xdg-open; --no-open: print the URL)
+              watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
+                                               sign out: revoke the refresh token, wipe the store
 
             The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
             (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
@@ -41,9 +53,66 @@ struct WatchSession: AsyncParsableCommand {
             loggedOut with the store unavailable means "the stored session cannot be read yet", \
             not "signed out"; it is restored when the store can be read again.
 
-            Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit. \
-            Ctrl-C exits (130).
-            """)
+            Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit \
+            (after login also: s sign in again). Ctrl-C exits (130).
+
+            Exit codes: 0 done, 1 failed, 2 discovery failed, 3 sign-in denied, 4 sign-in code or \
+            wait expired, 5 sign-in failed otherwise, 6 signed out here but the revocation failed, \
+            64 bad usage, 130 interrupted (Ctrl-C; a sign-in in progress is cancelled).
+            """,
+        subcommands: [Watch.self, Login.self, Logout.self],
+        defaultSubcommand: Watch.self)
+}
+
+/// The live watch and the demo: what `watch-session` does without a subcommand.
+struct Watch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "watch",
+        abstract: "Shows a session live: its state, its refreshes, its failures (the default: `watch-session [options]`).",
+        discussion: """
+            With no options it plays an embedded demo: a session signs in, refreshes before its \
+            tokens expire, rides out a struggling server with backoff, and ends when its refresh \
+            token is revoked.
+
+            Examples:
+              watch-session                    the demo, in about a minute
+              watch-session --speed 10         the demo, ten times faster
+              watch-session --json             one JSON object per event (NDJSON), for scripts
+              watch-session --scenario offline-start
+              watch-session --store ~/.config/app/session
+                                               follow the session other processes keep there
+              watch-session --store DIR --account bob
+                                               follow the account bob of several (the list is shown)
+              watch-session --store DIR --token-endpoint https://auth.example.com/oauth/token \\
+                            --client-id my-app --refresh-token-file token.txt
+                                               drive a real OAuth 2.0 server (token from a file or '-' for stdin)
+              watch-session --store DIR --key-file ~/.config/app/store.key
+                                               open a store sealed with a key of your own
+              watch-session login --issuer https://auth.example.com --client-id my-app --store DIR
+                                               sign in (device flow), then watch the session
+              watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
+                                               sign out: revoke the refresh token, wipe the store
+
+            The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
+            (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
+            only you can write; without one, the desktop Secret Service when a session bus and \
+            the service answer, else a key file beside the store (SESSIONFLOW_SECRET_SERVICE=off: \
+            never the Secret Service). A store is always opened with the source that sealed it.
+
+            Beside the state it shows whether the store could be read (STORE → available, \
+            reading, or unavailable: why; in --json {"kind":"store","status":…,"reason":…}): \
+            loggedOut with the store unavailable means "the stored session cannot be read yet", \
+            not "signed out"; it is restored when the store can be read again.
+
+            Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit \
+            (after login also: s sign in again). Ctrl-C exits (130).
+
+            Exit codes: 0 done, 1 failed, 2 discovery failed, 3 sign-in denied, 4 sign-in code or \
+            wait expired, 5 sign-in failed otherwise, 6 signed out here but the revocation failed, \
+            64 bad usage, 130 interrupted (Ctrl-C; a sign-in in progress is cancelled).
+            """,
+    )
+
 
     @Option(help: "Compress time by this factor (the demo's clock runs N times faster).")
     var speed: Double = 1
@@ -97,10 +166,15 @@ struct WatchSession: AsyncParsableCommand {
         if refreshTokenFile != nil && tokenEndpoint == nil {
             throw ValidationError("--refresh-token-file needs --token-endpoint")
         }
+        try Self.validateStore(store, keyFile: keyFile)
+    }
+
+    /// The checks every mode makes of `--store` and `--key-file`.
+    static func validateStore(_ store: String?, keyFile: String?) throws {
         if keyFile != nil && store == nil {
             throw ValidationError("--key-file needs --store")
         }
-        _ = try storeKey()  // a key file that cannot be used: exit 64, naming it and why
+        _ = try storeKey(store: store, keyFile: keyFile)  // a key file that cannot be used: exit 64, naming it and why
         if let store {
             var isDirectory: ObjCBool = false
             if FileManager.default.fileExists(atPath: store, isDirectory: &isDirectory), !isDirectory.boolValue {
@@ -120,7 +194,7 @@ struct WatchSession: AsyncParsableCommand {
         let refreshToken = try refreshTokenFile.map(readRefreshToken)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         let ending = try await LiveWatch(
-            storeDirectory: store, account: account, storeKey: try storeKey(), oauth: oauth, refreshToken: refreshToken,
+            storeDirectory: store, account: account, storeKey: try Self.storeKey(store: store, keyFile: keyFile), oauth: oauth, refreshToken: refreshToken,
             presenter: presenter, keys: keys
         ).run()
         switch ending {
@@ -128,16 +202,16 @@ struct WatchSession: AsyncParsableCommand {
             return
         case .interrupted:
             throw ExitCode(130)
-        case .failed(let message):
+        case .failed(let message, let code):
             FileHandle.standardError.write(Data("watch-session: \(message)\n".utf8))
-            throw ExitCode(1)
+            throw ExitCode(code)
         }
     }
 
     /// The store's key: --key-file, else $SESSIONFLOW_KEY_FILE (checked like the store's own
     /// files), else `.automatic`. A key file that cannot be used is a usage error (exit 64)
     /// naming the file and why, never its content.
-    private func storeKey() throws -> FileCredentialStore.Key {
+    static func storeKey(store: String?, keyFile: String?) throws -> FileCredentialStore.Key {
         let environment = ProcessInfo.processInfo.environment["SESSIONFLOW_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
         guard store != nil, let path = keyFile ?? environment else { return .automatic }
         let origin = keyFile != nil ? "--key-file" : "SESSIONFLOW_KEY_FILE"
