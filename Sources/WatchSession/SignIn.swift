@@ -141,7 +141,7 @@ struct Login: AsyncParsableCommand {
             session already signed in in the store is left alone (exit 1: log out first).
 
             Examples:
-              watch-session login --issuer https://auth.example.com --client-id my-app --store DIR
+              watch-session login --issuer https://auth.example.com --client-id my-app [--store DIR]
               watch-session login --issuer https://auth.example.com --client-id my-app --store DIR --json
               watch-session login --browser --issuer https://auth.example.com --client-id my-app --store DIR
             """)
@@ -155,8 +155,13 @@ struct Login: AsyncParsableCommand {
     @Flag(help: "How to sign in.")
     var flow: SignInPlan.Flow = .device
 
-    @Option(help: "The encrypted file store to keep the session in (the one `watch-session --store DIR` watches).")
-    var store: String
+    @Option(help: ArgumentHelp(
+        "The encrypted file store to keep the session in (the one `watch-session --store DIR` watches).",
+        discussion: "Default: $XDG_STATE_HOME/watch-session (~/.local/state/watch-session)."))
+    var store: String?
+
+    /// `--store`, or the default one.
+    var storeDirectory: String { store ?? Watch.defaultStoreDirectory() }
 
     @Option(
         name: .customLong("key-file"),
@@ -175,7 +180,7 @@ struct Login: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        try Watch.validateStore(store, keyFile: keyFile)
+        try Watch.validateStore(storeDirectory, keyFile: keyFile)
         _ = try issuerURL()
         guard !clientID.isEmpty else { throw ValidationError("--client-id is empty") }
         if noOpen && flow != .browser { throw ValidationError("--no-open goes with --browser") }
@@ -195,6 +200,8 @@ struct Login: AsyncParsableCommand {
         let presenter = Presenter(json: json)
         let plan = SignInPlan(issuer: try issuerURL(), clientID: clientID, flow: flow, scope: scope, openBrowser: !noOpen)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
+        let store = storeDirectory
+        if self.store == nil { try Watch.prepareDefaultStore(store) }
         var watch = LiveWatch(
             storeDirectory: store, account: nil, storeKey: try Watch.storeKey(store: store, keyFile: keyFile),
             oauth: nil, refreshToken: nil, presenter: presenter, keys: keys)
@@ -227,8 +234,13 @@ struct Logout: AsyncParsableCommand {
             did not confirm the revocation.
             """)
 
-    @Option(help: "The encrypted file store that holds the session.")
-    var store: String
+    @Option(help: ArgumentHelp(
+        "The encrypted file store that holds the session.",
+        discussion: "Default: $XDG_STATE_HOME/watch-session (~/.local/state/watch-session), where login keeps it."))
+    var store: String?
+
+    /// `--store`, or the default one.
+    var storeDirectory: String { store ?? Watch.defaultStoreDirectory() }
 
     @Option(
         name: .customLong("key-file"),
@@ -250,7 +262,7 @@ struct Logout: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        try Watch.validateStore(store, keyFile: keyFile)
+        try Watch.validateStore(storeDirectory, keyFile: keyFile)
         if (issuer == nil) != (clientID == nil) {
             throw ValidationError(issuer == nil ? "--client-id needs --issuer" : "--issuer needs --client-id")
         }
@@ -271,6 +283,7 @@ struct Logout: AsyncParsableCommand {
 
     func run() async throws {
         let presenter = Presenter(json: json)
+        let store = storeDirectory
         let outcome = try await SignOut(
             storeDirectory: store, storeKey: try Watch.storeKey(store: store, keyFile: keyFile), account: account,
             issuer: try issuerURL(), clientID: clientID

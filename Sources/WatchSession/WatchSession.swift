@@ -169,6 +169,26 @@ struct Watch: AsyncParsableCommand {
         try Self.validateStore(store, keyFile: keyFile)
     }
 
+    /// Where `login` and `logout` keep the session without `--store`:
+    /// `$XDG_STATE_HOME/watch-session` (default `~/.local/state/watch-session`).
+    static func defaultStoreDirectory(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/watch-session" }
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+        return home + "/.local/state/watch-session"
+    }
+
+    /// Makes the default store's parent directories (0700 each, as `mkdir -p -m 700`), so the
+    /// store can create its own directory; an explicit `--store` gets no such help.
+    static func prepareDefaultStore(_ directory: String) throws {
+        let parent = (directory as NSString).deletingLastPathComponent
+        do {
+            try FileManager.default.createDirectory(
+                atPath: parent, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw ValidationError("cannot create \(parent) for the default store: \(error.localizedDescription)")
+        }
+    }
+
     /// The checks every mode makes of `--store` and `--key-file`.
     static func validateStore(_ store: String?, keyFile: String?) throws {
         if keyFile != nil && store == nil {

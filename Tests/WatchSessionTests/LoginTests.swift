@@ -373,6 +373,37 @@ struct WatchSessionLoginTests {
         #expect(try await server.deviceStats()["denied"] == 1)
     }
 
+    /// Without --store, login and logout use $XDG_STATE_HOME/watch-session (its parents made
+    /// 0700), and a second process finds the session there.
+    @Test func withoutStoreTheSessionLivesInTheStateDirectory() async throws {
+        let server = try AuthServer()
+        try await server.device(["interval": "1", "expires_in": "300"])
+        let root = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let state = root + "/state/deeper"  // nothing of it exists yet
+        let environment = ["XDG_STATE_HOME": state]
+        let cli = try Running(
+            ["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--json"], terminal: false,
+            environment: environment)
+        #expect(await cli.wait(for: "sign_in_prompt"), "\(cli.screen)")
+        let prompt = try #require(try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_prompt" })
+        try await server.decide(try #require(prompt["user_code"] as? String), approve: true)
+        #expect(await cli.wait(for: #""state":"loggedIn""#), "\(cli.screen)")
+        kill(cli.process.processIdentifier, SIGINT)
+        #expect(await cli.exit() == 130)
+        let store = state + "/watch-session"
+        guard case .present(let stored) = FileCredentialStore(directory: store).read() else {
+            Issue.record("nothing stored in \(store): \(cli.screen)")
+            return
+        }
+        #expect(stored.memberID == "alice")
+        let mode = (try FileManager.default.attributesOfItem(atPath: state)[.posixPermissions] as? NSNumber)?.intValue
+        #expect(mode == 0o700)
+        let run = try watchSession(["logout"], environment: environment)
+        #expect(run.status == 0, "\(run)")
+        #expect(FileCredentialStore(directory: store).read() == .absent)
+    }
+
     /// A code that runs out before anyone approves it: exit 4, said plainly.
     @Test func anExpiredCodeExitsFour() async throws {
         let server = try AuthServer()

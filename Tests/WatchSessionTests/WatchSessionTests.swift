@@ -3,13 +3,16 @@ import SessionFlowTestSupport
 import Testing
 
 /// Runs the built watch-session binary (beside this test binary) and returns its output.
-func watchSession(_ arguments: [String]) throws -> (status: Int32, stdout: String, stderr: String) {
+func watchSession(
+    _ arguments: [String], environment extra: [String: String] = [:]
+) throws -> (status: Int32, stdout: String, stderr: String) {
     let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
     let process = Process()
     process.executableURL = URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("watch-session")
     process.arguments = arguments
     var environment = ProcessInfo.processInfo.environment
     environment["NO_COLOR"] = "1"
+    environment.merge(extra) { $1 }
     process.environment = environment
     let out = Pipe()
     let err = Pipe()
