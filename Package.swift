@@ -72,7 +72,11 @@ let package = Package(
         // on the loop's HTTP client.
         .target(
             name: "SessionOAuth",
-            dependencies: ["SessionCore", "LoopFlow", "CLoopHTTP"]
+            dependencies: [
+                "SessionCore", "LoopFlow", "CLoopHTTP",
+                // SHA-256 for the PKCE code challenge (RFC 7636 S256).
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
         ),
         // The C header, seen from Swift.
         .systemLibrary(name: "CSessionFlow"),
@@ -133,6 +137,7 @@ let package = Package(
                 "SessionOAuth", "SessionFileStore", "SessionCore", "LoopFlow",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
         .testTarget(

@@ -39,8 +39,9 @@ public struct DevicePrompt: Sendable, Equatable, CustomStringConvertible {
 ///    429) keep polling within the lifetime; other errors (`invalid_client`...) end with
 ///    `configuration`.
 /// 4. On tokens: the member id is the answer's `member_id` / `user_id` / `sub` if it has one,
-///    else, when an introspection endpoint is configured, the introspection's `sub` or
-///    `username` (an introspection that fails leaves it unset: the sign-in goes on).
+///    else the introspection's `sub` / `username`, else the userinfo endpoint's `sub` /
+///    `preferred_username` (each when configured; a lookup that fails leaves it unset: the
+///    sign-in goes on).
 ///
 /// Everything runs on the loop's HTTP client (libcurl on libuv); `cancel()` ends the request in
 /// flight, disarms the timers and completes with `cancelled`. Server-given numbers are clamped
@@ -85,17 +86,10 @@ public final class DeviceAuthorization: SignInFlow {
 }
 
 /// One run of the device flow. Loop-confined state; `cancel()` from any thread.
-final class DevicePolling: SignInCancellable, @unchecked Sendable {
+final class DevicePolling: SignInRun, @unchecked Sendable {
     private let flow: DeviceAuthorization
-    private let loop: EventLoop
-    private let completion: @Sendable (Result<SessionTokens, SessionError>) -> Void
-    /// Set by `cancel()` on any thread: checked before every request, so none starts after it.
-    private let cancelRequested = Atomic<Bool>(false)
 
     // Loop-confined.
-    private var authority: OAuthAuthority?
-    private var finished = false
-    private var call: HTTPCall?
     private var pollTimer: LoopTimer?
     private var expiryTimer: LoopTimer?
     private var deviceCode: Secret?
@@ -103,38 +97,21 @@ final class DevicePolling: SignInCancellable, @unchecked Sendable {
 
     init(flow: DeviceAuthorization, loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void) {
         self.flow = flow
-        self.loop = loop
-        self.completion = completion
-    }
-
-    func cancel() {
-        guard !cancelRequested.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        if loop.inEventLoop {
-            finish(.failure(SessionError(.cancelled, "the sign-in was cancelled")))
-        } else {
-            try? loop.execute { [self] in finish(.failure(SessionError(.cancelled, "the sign-in was cancelled"))) }
-        }
+        super.init(loop: loop, configuration: flow.configuration, completion: completion)
     }
 
     // MARK: - Steps (loop thread)
 
     func begin() {
         loop.assertInEventLoop()
-        do {
-            authority = try OAuthAuthority(flow.configuration, loop: loop)
-        } catch {
-            return finish(.failure(SessionError(.configuration, "\(error)")))
-        }
-        guard let authority, let endpoint = flow.configuration.deviceAuthorizationEndpoint else { return }
+        guard makeAuthority(), let endpoint = configuration.deviceAuthorizationEndpoint else { return }
         var form: [(String, String)] = []
         if let scope = flow.scope { form.append(("scope", scope)) }
-        send(authority.post(endpoint, form: form, secrets: []) { [self] outcome in authorized(outcome) })
+        post(endpoint, form: form, secrets: []) { [self] outcome in authorized(outcome) }
     }
 
     /// The device authorization endpoint answered.
     private func authorized(_ outcome: Result<HTTPAnswer, AuthorityError>) {
-        call = nil
-        guard !finished else { return }
         let answer: HTTPAnswer
         switch outcome {
         case .failure(let error): return finish(.failure(Self.failure(error, at: "the device authorization endpoint")))
@@ -177,26 +154,13 @@ final class DevicePolling: SignInCancellable, @unchecked Sendable {
     }
 
     private func poll() {
-        guard !finished, !cancelRequested.load(ordering: .acquiring), let authority, let deviceCode else { return }
+        guard !finished, !isCancelled, let deviceCode else { return }
         let form = [("grant_type", DeviceAuthorization.grantType), ("device_code", deviceCode.reveal())]
-        send(authority.post(flow.configuration.tokenEndpoint, form: form, secrets: [deviceCode]) { [self] outcome in
-            polled(outcome)
-        })
-    }
-
-    /// Starts `call` unless cancelled meanwhile (then it is ended at once).
-    private func send(_ started: HTTPCall) {
-        call = started
-        if cancelRequested.load(ordering: .acquiring) || finished {
-            call = nil
-            started.cancel()
-        }
+        post(configuration.tokenEndpoint, form: form, secrets: [deviceCode]) { [self] outcome in polled(outcome) }
     }
 
     /// The token endpoint answered a poll.
     private func polled(_ outcome: Result<HTTPAnswer, AuthorityError>) {
-        call = nil
-        guard !finished else { return }
         let answer: HTTPAnswer
         switch outcome {
         case .failure(let error) where error.kind == .transient:
@@ -207,9 +171,12 @@ final class DevicePolling: SignInCancellable, @unchecked Sendable {
             answer = value
         }
         if answer.status == 200 {
-            switch TokenResponse.grant(from: answer, defaultLifetime: flow.configuration.defaultLifetime) {
+            switch TokenResponse.grant(from: answer, defaultLifetime: configuration.defaultLifetime) {
             case .success(let grant):
-                return granted(grant, memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]))
+                // Tokens: the code's lifetime no longer matters.
+                expiryTimer?.cancel()
+                expiryTimer = nil
+                return granted(grant, answer: answer)
             case .failure(let error) where error.kind == .transient:
                 return schedulePoll(after: retryDelay(error.retryAfter))
             case .failure(let error):
@@ -242,72 +209,15 @@ final class DevicePolling: SignInCancellable, @unchecked Sendable {
         min(max(interval, retryAfter ?? .zero), DeviceAuthorization.intervalRange.upperBound)
     }
 
-    /// Tokens: the code's lifetime no longer matters; the member id is looked up if needed.
-    private func granted(_ grant: TokenGrant, memberID: String?) {
-        expiryTimer?.cancel()
-        expiryTimer = nil
-        let receivedAt = loop.now
-        let tokens = SessionTokens(
-            accessToken: grant.accessToken, refreshToken: grant.refreshToken, expiresIn: grant.expiresIn,
-            memberID: memberID)
-        guard memberID == nil, let authority, let endpoint = flow.configuration.introspectionEndpoint else {
-            return finish(.success(tokens))
-        }
-        let secrets = [grant.accessToken] + [grant.refreshToken].compactMap { $0 }
-        let form = [("token", grant.accessToken.reveal()), ("token_type_hint", "access_token")]
-        send(authority.post(endpoint, form: form, secrets: secrets) { [self] outcome in
-            call = nil
-            guard !finished else { return }
-            var signedIn = tokens
-            if case .success(let answer) = outcome, answer.status == 200 {
-                signedIn.memberID = Self.memberID(in: answer.json, keys: ["sub", "username"])
-            }
-            // The lifetime counts from when the tokens arrived.
-            signedIn.expiresIn = max(signedIn.expiresIn - (loop.now - receivedAt), .zero)
-            finish(.success(signedIn))
-        })
-    }
-
-    /// Ends the run once: timers disarmed, the request in flight ended; the completion runs on a
-    /// later loop turn (never inside `start` or `cancel`).
-    private func finish(_ result: Result<SessionTokens, SessionError>) {
-        loop.assertInEventLoop()
-        guard !finished else { return }
-        finished = true
+    override func cleanUp() {
         pollTimer?.cancel()
         pollTimer = nil
         expiryTimer?.cancel()
         expiryTimer = nil
         deviceCode = nil
-        if let running = call {
-            call = nil
-            running.cancel()  // its answer handler sees `finished` and does nothing
-        }
-        // The HTTP client is let go once the ended request's handler has run.
-        let outcome = cancelRequested.load(ordering: .acquiring)
-            ? .failure(SessionError(.cancelled, "the sign-in was cancelled")) : result
-        let completion = completion
-        do {
-            try loop.execute { [self] in
-                authority = nil
-                completion(outcome)
-            }
-        } catch {
-            authority = nil
-            completion(outcome)
-        }
     }
 
     // MARK: - Parsing
-
-    /// An error of a request or answer as the session sees it (never a secret: the messages
-    /// come from `TokenResponse.error` / the HTTP layer, which scrub them).
-    static func failure(_ error: AuthorityError, at endpoint: String) -> SessionError {
-        switch error.kind {
-        case .transient: SessionError(.transient, "\(endpoint): \(error.message)", retryAfter: error.retryAfter)
-        case .terminal, .configuration: SessionError(.configuration, "\(endpoint): \(error.message)")
-        }
-    }
 
     /// The device authorization answer (RFC 8628 §3.2), bounded.
     static func parse(_ answer: HTTPAnswer) -> Result<(DevicePrompt, Secret), SessionError> {
@@ -366,16 +276,5 @@ final class DevicePolling: SignInCancellable, @unchecked Sendable {
         let low = range.lowerBound.seconds
         let high = range.upperBound.seconds
         return .milliseconds(Int64(min(max(seconds, low), high) * 1000))
-    }
-
-    /// The first of `keys` that is a plausible member id (a short printable string).
-    static func memberID(in object: [String: JSONMember]?, keys: [String]) -> String? {
-        for key in keys {
-            guard let value = object?[key]?.string, !value.isEmpty, value.utf8.count <= 256,
-                  value.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
-            else { continue }
-            return value
-        }
-        return nil
     }
 }

@@ -210,6 +210,34 @@ public final class OAuthAuthority: SessionAuthority {
         }
     }
 
+    /// One GET with `Authorization: Bearer` (the userinfo endpoint); the same rules as `post`.
+    func get(
+        _ url: URL, bearer: Secret, secrets: [Secret],
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+    ) -> HTTPCall {
+        let redactions = secrets + [bearer]
+        let timeout = configuration.requestTimeout
+        let limit = configuration.maximumAnswerSize
+        let request = HTTPPost(
+            url: url.absoluteString, headers: ["Authorization: Bearer \(bearer.reveal())", "Accept: application/json"],
+            body: [], timeout: timeout, maximumAnswerSize: limit,
+            allowsLoopbackHTTP: true,  // only a URL that passed `validate` reaches here
+            method: .get)
+        return http.post(request) { result in
+            switch result {
+            case .success(let response) where (300...399).contains(response.status):
+                done(.failure(.configuration(
+                    "redirect", "HTTP \(response.status): the server redirects elsewhere; redirects are not followed")))
+            case .success(let response):
+                done(.success(HTTPAnswer(
+                    status: response.status, retryAfter: RetryAfter.parse(response.retryAfter),
+                    body: Data(response.body), redactions: redactions)))
+            case .failure(let failure):
+                done(.failure(Self.error(for: failure, timeout: timeout, limit: limit, redactions: redactions)))
+            }
+        }
+    }
+
     /// A request that produced no answer, in words (never a token).
     static func error(for failure: HTTPFailure, timeout: Duration, limit: Int, redactions: [Secret]) -> AuthorityError {
         switch failure {

@@ -91,6 +91,22 @@ grant_type=urn:ietf:params:oauth:grant-type:device_code. The user's side, as a b
   GET  /__device/stats     {"device_requests", "polls", "slow_downs", "pending", "denied",
                            "expired", "granted"}; each poll is also in /__requests (with "time").
 
+Authorization code grant with PKCE (RFC 6749 §4.1, RFC 7636; Authlib's AuthorizationCodeGrant with
+CodeChallenge(required=True), so the public client must send an S256 or plain code_challenge and
+then the matching code_verifier). Redirect URIs: http to 127.0.0.1 or [::1], any port (RFC 8252
+§7.3), path /callback. As a browser would:
+  GET  /oauth/authorize?response_type=code&client_id=..&redirect_uri=..&state=..&code_challenge=..
+                           &code_challenge_method=S256[&scope=..]
+                           200: an HTML consent form (<form method="post" action="/oauth/authorize">
+                           with every query parameter as <input type="hidden" name=.. value=..>, an
+                           <input name="user" value="alice">, and buttons consent=allow / consent=deny).
+                           A bad client or redirect_uri: a 400 error page, no redirect.
+  POST /oauth/authorize    those fields plus consent=allow|deny [user=bob]: 302 to
+                           redirect_uri?code=..&state=.. (allow) or ?error=access_denied&state=..
+  GET  /__authorize/stats  {"authorize_pages", "consents", "denials", "codes_issued", "code_exchanges",
+                           "codes_refused"}; a code is good for one exchange (5 minutes).
+The token endpoint takes grant_type=authorization_code (code, redirect_uri, code_verifier, client_id).
+
 Other hooks:
   GET /__stats          counters (all integers): grants, requests, revocations, introspections,
                         and the counters of the faults above
@@ -106,6 +122,7 @@ Other hooks:
 """
 import argparse
 import base64
+import html
 import collections
 import json
 import os
@@ -124,6 +141,7 @@ from authlib.integrations.flask_oauth2 import AuthorizationServer, ResourceProte
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6750 import BearerTokenValidator
 from authlib.oauth2.rfc7009 import RevocationEndpoint
+from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc7662 import IntrospectionEndpoint
 from authlib.oauth2.rfc8628 import DEVICE_CODE_GRANT_TYPE, DeviceAuthorizationEndpoint, DeviceCodeGrant
 from authlib.oauth2.rfc8628 import DeviceCredentialDict
@@ -176,13 +194,18 @@ class Client(ClientMixin):
         return self.client_id
 
     def get_default_redirect_uri(self):
-        return None
+        return None  # a redirect_uri is required (the loopback one of the request)
 
     def get_allowed_scope(self, scope):
         return scope or ""
 
     def check_redirect_uri(self, redirect_uri):
-        return False
+        # RFC 8252 §7.3: a native client's loopback redirect is registered without a port and
+        # accepted on any port, http only, to 127.0.0.1 or [::1]; the path must be /callback.
+        parts = urllib.parse.urlsplit(redirect_uri)
+        return (parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1") and parts.port is not None
+                and parts.path == "/callback" and not parts.query and not parts.fragment
+                and parts.username is None)
 
     def check_client_secret(self, client_secret):
         return self.client_secret is not None and client_secret == self.client_secret
@@ -191,10 +214,10 @@ class Client(ClientMixin):
         return method in self.auth_methods
 
     def check_response_type(self, response_type):
-        return False
+        return response_type == "code"
 
     def check_grant_type(self, grant_type):
-        return grant_type in ("password", "refresh_token", DEVICE_CODE_GRANT_TYPE)
+        return grant_type in ("password", "refresh_token", DEVICE_CODE_GRANT_TYPE, "authorization_code")
 
 
 CLIENTS = {
@@ -395,6 +418,64 @@ class Introspection(IntrospectionEndpoint):
         return True
 
 
+AUTH_CODES = {}  # code -> AuthorizationCode
+authorize_stats = {"authorize_pages": 0, "consents": 0, "denials": 0, "codes_issued": 0, "code_exchanges": 0,
+                   "codes_refused": 0}
+
+
+class AuthorizationCode:
+    def __init__(self, code, client_id, redirect_uri, scope, user_id, challenge, method):
+        self.code = code
+        self.client_id = client_id
+        self.redirect_uri = redirect_uri
+        self.scope = scope
+        self.user_id = user_id
+        self.code_challenge = challenge
+        self.code_challenge_method = method
+        self.expires_at = time.time() + 300
+
+    def get_redirect_uri(self):
+        return self.redirect_uri
+
+    def get_scope(self):
+        return self.scope
+
+    def get_auth_time(self):
+        return None
+
+    def get_nonce(self):
+        return None
+
+
+class CodeGrant(grants.AuthorizationCodeGrant):
+    """RFC 6749 §4.1 with PKCE (RFC 7636, required for the public client: CodeChallenge(required=True))."""
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none", "client_secret_post", "client_secret_basic"]
+
+    def save_authorization_code(self, code, req):
+        data = req.payload.data
+        with lock:
+            authorize_stats["codes_issued"] += 1
+            AUTH_CODES[code] = AuthorizationCode(
+                code, req.client.get_client_id(), req.payload.redirect_uri, req.payload.scope or "",
+                req.user.get_user_id(), data.get("code_challenge"), data.get("code_challenge_method"))
+
+    def query_authorization_code(self, code, client):
+        with lock:
+            authorize_stats["code_exchanges"] += 1
+            found = AUTH_CODES.get(code)
+            if found is None or found.client_id != client.get_client_id() or time.time() > found.expires_at:
+                authorize_stats["codes_refused"] += 1
+                return None
+            return found
+
+    def delete_authorization_code(self, authorization_code):
+        with lock:
+            AUTH_CODES.pop(authorization_code.code, None)  # a code is good for one exchange
+
+    def authenticate_user(self, authorization_code):
+        return USERS.get(authorization_code.user_id)
+
+
 DEVICE_DEFAULTS = {"interval": 5, "expires_in": 1800, "lifetime": None, "slow_down": 0}
 device_settings = dict(DEVICE_DEFAULTS)
 device_stats = {"device_requests": 0, "polls": 0, "slow_downs": 0, "pending": 0, "denied": 0, "expired": 0,
@@ -477,7 +558,7 @@ class Validator(BearerTokenValidator):
 def create_app(expires_in):
     app = Flask(__name__)
     app.config["OAUTH2_TOKEN_EXPIRES_IN"] = {"password": expires_in, "refresh_token": expires_in,
-                                             DEVICE_CODE_GRANT_TYPE: expires_in}
+                                             DEVICE_CODE_GRANT_TYPE: expires_in, "authorization_code": expires_in}
     app.config["OAUTH2_REFRESH_TOKEN_GENERATOR"] = True
     server = AuthorizationServer(app, query_client=query_client, save_token=save_token)
     server.register_grant(PasswordGrant)
@@ -486,6 +567,7 @@ def create_app(expires_in):
     server.register_endpoint(Introspection)
     server.register_grant(DeviceGrant)
     server.register_endpoint(DeviceAuthorization)
+    server.register_grant(CodeGrant, [CodeChallenge(required=True)])
     protect = ResourceProtector()
     protect.register_token_validator(Validator())
 
@@ -494,7 +576,7 @@ def create_app(expires_in):
         if request.path.startswith("/oauth/") or "/.well-known/" in request.path:
             entry = {
                 "time": time.time(), "method": request.method, "path": request.path,
-                "headers": dict(request.headers.items()), "form": request.form.to_dict(), "fault": None,
+                "headers": dict(request.headers.items()), "form": request.form.to_dict(), "args": request.args.to_dict(), "fault": None,
             }
             with lock:
                 requests_seen.append(entry)
@@ -561,7 +643,8 @@ def create_app(expires_in):
             "introspection_endpoint": f"{base}/oauth/introspect",
             "device_authorization_endpoint": f"{base}/oauth/device_authorization",
             "authorization_endpoint": f"{base}/oauth/authorize",
-            "grant_types_supported": ["password", "refresh_token"],
+            "grant_types_supported": ["password", "refresh_token", "authorization_code", DEVICE_CODE_GRANT_TYPE],
+            "code_challenge_methods_supported": ["S256"],
             "response_types_supported": ["code"],
             "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
             "revocation_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
@@ -593,7 +676,8 @@ def create_app(expires_in):
     @protect()
     def me():
         from authlib.integrations.flask_oauth2 import current_token
-        return jsonify(user=current_token.user_id)
+        # Also the OpenID Connect userinfo endpoint: `sub` is the user.
+        return jsonify(user=current_token.user_id, sub=current_token.user_id)
 
     @app.route("/oauth/device_authorization", methods=["POST"])
     def device_authorization():
@@ -608,6 +692,46 @@ def create_app(expires_in):
                 return jsonify(ok=False, error="unknown user code or user"), 404
             USER_GRANTS[user_code] = (user, approved)
         return jsonify(ok=True)
+
+    @app.route("/oauth/authorize", methods=["GET"])
+    def authorize_page():
+        """The consent page a browser shows: a form that posts the request back with the user's
+        choice. A request the server refuses before it trusts the redirect URI (unknown client,
+        a redirect_uri that is not loopback /callback) is an error page, never a redirect."""
+        from authlib.oauth2 import OAuth2Error
+        with lock:
+            authorize_stats["authorize_pages"] += 1
+        try:
+            server.get_consent_grant(end_user=None)
+        except OAuth2Error as error:
+            return server.handle_error_response(None, error)
+        hidden = "".join(f'<input type="hidden" name="{html.escape(k)}" value="{html.escape(v)}">'
+                         for k, v in request.args.items(multi=True))
+        page = ("<!doctype html><title>Sign in</title><form method=\"post\" action=\"/oauth/authorize\">"
+                + hidden + '<input name="user" value="alice">'
+                + '<button name="consent" value="allow">Allow</button>'
+                + '<button name="consent" value="deny">Deny</button></form>')
+        return Response(page, status=200, mimetype="text/html")
+
+    @app.route("/oauth/authorize", methods=["POST"])
+    def authorize_decide():
+        """The consent form submitted: a redirect to the client's loopback redirect URI with a code
+        (consent=allow) or error=access_denied (anything else), and the request's state."""
+        from authlib.oauth2 import OAuth2Error
+        try:
+            grant = server.get_consent_grant(end_user=None)
+        except OAuth2Error as error:
+            return server.handle_error_response(None, error)
+        allowed = request.form.get("consent") == "allow"
+        user = USERS.get(request.form.get("user", "alice")) if allowed else None
+        with lock:
+            authorize_stats["consents" if allowed else "denials"] += 1
+        return server.create_authorization_response(grant_user=user, grant=grant)
+
+    @app.route("/__authorize/stats")
+    def authorize_stats_view():
+        with lock:
+            return jsonify(authorize_stats)
 
     @app.route("/__device/approve", methods=["POST"])
     def device_approve():

@@ -3,9 +3,9 @@
 # redirect:<code>, rotate-late:<s> (overlap = reuse, cancel = rollback, delivered then replayed =
 # reuse, --strict-reuse), stream-huge[-chunked]:<MiB>, gzip-bomb, echo, echo-200, and the hooks
 # /__last_request, /__requests, /__redirect_hits, the metadata documents (RFC 8414, OpenID Connect)
-# with set:/set-json:/drop:/status:/redirect: faults on them. About 20 s (inflating the gzip bomb is most).
-# /__last_request, /__requests, /__redirect_hits, and the device grant (RFC 8628) with its
-# /__device/* hooks. About 20 s (inflating the gzip bomb is most).
+# with set:/set-json:/drop:/status:/redirect: faults on them, the device grant (RFC 8628) with its
+# /__device/* hooks, and the authorization code grant with PKCE (consent form, loopback redirect,
+# S256 verifier). About 20 s (inflating the gzip bomb is most).
 # Usage: bash Tests/Fixtures/verify_oauth_server.sh       (needs python3 with authlib and flask, curl, gzip)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -245,6 +245,31 @@ check "a code past its lifetime: expired_token" "expired_token" "$(poll "$dc" | 
 check "/__device/stats: requests, slow_downs, pending, denied, expired, granted" "3 2 1 1 1 1" \
     "$(curl -s "$B/__device/stats" | json "d['device_requests'], d['slow_downs'], d['pending'], d['denied'], d['expired'], d['granted']" | tr -d "(),'")"
 curl -s "$B/__device/config" -d reset=1 >/dev/null
+
+echo "== authorization code + PKCE (RFC 6749 §4.1, RFC 7636), loopback redirect (RFC 8252 §7.3)"
+verifier=$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))')
+challenge=$(printf %s "$verifier" | python3 -c 'import sys,hashlib,base64; print(base64.urlsafe_b64encode(hashlib.sha256(sys.stdin.read().encode()).digest()).rstrip(b"=").decode())')
+cb="http://127.0.0.1:45678/callback"
+authorize() { curl -s -G "$B/oauth/authorize" -d response_type=code -d client_id=sessionflow-public --data-urlencode "redirect_uri=$1" -d state=st8 -d code_challenge="$challenge" -d code_challenge_method=S256 -d scope=profile; }
+page=$(authorize "$cb")
+check "the consent page carries the request as hidden fields" "True True" \
+    "$(python3 -c 'import sys; p=sys.stdin.read(); print("name=\"state\" value=\"st8\"" in p, "value=\"allow\"" in p)' <<<"$page")"
+form=$(python3 -c 'import re,sys,urllib.parse; print(urllib.parse.urlencode(re.findall(r"<input type=\"hidden\" name=\"([^\"]*)\" value=\"([^\"]*)\">", sys.stdin.read())))' <<<"$page")
+location=$(curl -s -o /dev/null -w '%{redirect_url}' "$B/oauth/authorize" -d "$form" -d consent=allow)
+check "allow: a redirect to the loopback URI with the code and the state" "http://127.0.0.1:45678/callback st8 True" \
+    "$(python3 -c 'import sys,urllib.parse as u; s=u.urlsplit(sys.argv[1]); q=u.parse_qs(s.query); print(s.scheme+"://"+s.netloc+s.path, q["state"][0], len(q["code"][0]) > 20)' "$location")"
+code=$(python3 -c 'import sys,urllib.parse as u; print(u.parse_qs(u.urlsplit(sys.argv[1]).query)["code"][0])' "$location")
+exchange() { curl -s "$B/oauth/token" -d grant_type=authorization_code -d client_id=sessionflow-public -d code="$code" --data-urlencode "redirect_uri=$cb" -d code_verifier="$1"; }
+check "a wrong verifier: invalid_grant" "invalid_grant" "$(exchange "${verifier}x" | json "d['error']")"
+check "the right verifier: tokens" "Bearer True" "$(exchange "$verifier" | json "d['token_type'], bool(d['refresh_token'])" | tr -d "(),'")"
+check "a code is good once" "invalid_grant" "$(exchange "$verifier" | json "d['error']")"
+location=$(curl -s -o /dev/null -w '%{redirect_url}' "$B/oauth/authorize" -d "$form" -d consent=deny)
+check "deny: error=access_denied with the state" "access_denied st8" \
+    "$(python3 -c 'import sys,urllib.parse as u; q=u.parse_qs(u.urlsplit(sys.argv[1]).query); print(q["error"][0], q["state"][0])' "$location")"
+check "a redirect URI that is not loopback: 400, no redirect" "400 " \
+    "$(curl -s -o /dev/null -w '%{http_code} %{redirect_url}' -G "$B/oauth/authorize" -d response_type=code -d client_id=sessionflow-public --data-urlencode "redirect_uri=http://evil.example:45678/callback" -d state=s -d code_challenge="$challenge" -d code_challenge_method=S256)"
+check "/__authorize/stats: pages, consents, denials, issued, exchanges, refused" "2 1 1 1 3 1" \
+    "$(curl -s "$B/__authorize/stats" | json "d['authorize_pages'], d['consents'], d['denials'], d['codes_issued'], d['code_exchanges'], d['codes_refused']" | tr -d "(),'")"
 
 echo "== --strict-reuse: any rotated refresh token replayed revokes the grant"
 start strict --strict-reuse

@@ -1,0 +1,335 @@
+import Crypto
+import FoundationEssentials
+import LoopFlow
+import SessionCore
+
+/// What the host does to sign in through a browser: open `authorizationURL` (the CLI runs
+/// `xdg-open`, or prints it). The browser comes back to `redirectURI`, the loopback listener,
+/// which must answer within `timeout`. Nothing secret is in it: the PKCE verifier stays inside
+/// the flow, and the `state` in the URL is only good for this run.
+public struct BrowserPrompt: Sendable, Equatable, CustomStringConvertible {
+    /// The authorization request (RFC 6749 §4.1.1 with `state`, `code_challenge`,
+    /// `code_challenge_method=S256`, `redirect_uri`).
+    public let authorizationURL: URL
+    /// `http://127.0.0.1:<port>/callback`: the one-shot listener on the loop.
+    public let redirectURI: URL
+    /// The flow ends with `signInExpired` when no usable redirect came within it.
+    public let timeout: Duration
+
+    public var description: String {
+        "BrowserPrompt(authorizationURL: \(authorizationURL.absoluteString), redirectURI: "
+            + "\(redirectURI.absoluteString), timeout: \(timeout))"
+    }
+}
+
+/// The authorization code grant with PKCE on a loopback redirect (RFC 6749 §4.1, RFC 7636 S256,
+/// RFC 8252 §7.3) as a `SignInFlow`: `SessionManager.signIn(with: BrowserAuthorization(...))`.
+///
+/// 1. Listens on 127.0.0.1 at an ephemeral port, on the loop (no thread): the redirect URI is
+///    `http://127.0.0.1:<port>/callback`.
+/// 2. Makes a code verifier (32 random bytes, base64url) and a `state` (16 random bytes), and
+///    hands the host the authorization URL (`onPrompt`, on the loop thread) to open.
+/// 3. Takes the redirect: a GET of `/callback` whose `state` matches. Then `code` is exchanged
+///    at the token endpoint with the verifier; `error=access_denied` ends with `accessDenied`,
+///    another `error` with `configuration` (its code and description, printable ASCII only).
+///    Anything else — another path or method, a wrong or missing `state`, a callback with
+///    neither code nor error, a second redirect after the first — is answered 400 (404 for
+///    another path) and ignored: the flow goes on waiting.
+/// 4. The page the browser shows says in plain words that the user can close it.
+/// 5. The listener is closed whatever happens (the redirect taken, an error, `cancel()`, the
+///    timeout, the loop's end). No usable redirect within `timeout`: `signInExpired`.
+/// 6. On tokens, the member id as `DeviceAuthorization` finds it (token answer, introspection,
+///    userinfo).
+public final class BrowserAuthorization: SignInFlow {
+    public let configuration: OAuthConfiguration
+    /// Requested in the authorization request (default: the configuration's `scope`).
+    public let scope: String?
+    public let timeout: Duration
+    let onPrompt: @Sendable (BrowserPrompt) -> Void
+
+    /// The path of the redirect URI on the loopback listener.
+    public static let callbackPath = "/callback"
+
+    /// - Parameters:
+    ///   - timeout: how long the browser has to come back (at least 1 s).
+    ///   - onPrompt: runs once on the loop thread when the listener listens (open the URL).
+    ///     Calling `cancel()` from inside it is fine.
+    /// - Throws: `OAuthConfigurationError` for a configuration without an authorization
+    ///   endpoint, or one `OAuthAuthority` would refuse.
+    public init(
+        _ configuration: OAuthConfiguration, scope: String? = nil, timeout: Duration = .seconds(300),
+        onPrompt: @escaping @Sendable (BrowserPrompt) -> Void
+    ) throws(OAuthConfigurationError) {
+        try configuration.validate()
+        guard configuration.authorizationEndpoint != nil else {
+            throw OAuthConfigurationError(field: "authorization endpoint", reason: "is not set")
+        }
+        self.configuration = configuration
+        self.scope = scope ?? configuration.scope
+        self.timeout = max(timeout, .seconds(1))
+        self.onPrompt = onPrompt
+    }
+
+    public func start(
+        on loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void
+    ) -> any SignInCancellable {
+        let run = BrowserRedirect(flow: self, loop: loop, completion: completion)
+        run.begin()
+        return run
+    }
+
+    // MARK: - PKCE (RFC 7636)
+
+    /// base64url without padding (RFC 7636 Appendix A).
+    static func base64URL<Bytes: Sequence>(_ bytes: Bytes) -> String where Bytes.Element == UInt8 {
+        String(Data(bytes).base64EncodedString().compactMap { character -> Character? in
+            switch character {
+            case "+": "-"
+            case "/": "_"
+            case "=": nil
+            default: character
+            }
+        })
+    }
+
+    /// `count` bytes from the system's random source, base64url.
+    static func randomToken(bytes count: Int) -> String {
+        var generator = SystemRandomNumberGenerator()
+        return base64URL((0..<count).map { _ in UInt8.random(in: .min ... .max, using: &generator) })
+    }
+
+    /// The S256 challenge of `verifier`: BASE64URL(SHA256(ASCII(verifier))).
+    static func challenge(of verifier: String) -> String {
+        base64URL(SHA256.hash(data: Array(verifier.utf8)))
+    }
+
+    /// The authorization request URL: the endpoint with its own query kept, plus ours.
+    static func authorizationURL(
+        endpoint: URL, clientID: String, redirectURI: String, scope: String?, state: String, challenge: String
+    ) -> URL? {
+        var fields = [
+            ("response_type", "code"), ("client_id", clientID), ("redirect_uri", redirectURI),
+            ("state", state), ("code_challenge", challenge), ("code_challenge_method", "S256"),
+        ]
+        if let scope { fields.append(("scope", scope)) }
+        var text = endpoint.absoluteString
+        if let hash = text.firstIndex(of: "#") { text = String(text[..<hash]) }
+        let separator = text.contains("?") ? (text.hasSuffix("?") || text.hasSuffix("&") ? "" : "&") : "?"
+        return URL(string: text + separator + FormEncoding.encode(fields))
+    }
+}
+
+/// One run of the browser flow. Loop-confined state; `cancel()` from any thread.
+final class BrowserRedirect: SignInRun, @unchecked Sendable {
+    private let flow: BrowserAuthorization
+
+    // Loop-confined.
+    private var listener: LoopbackListener?
+    private var timer: LoopTimer?
+    private var verifier: Secret?
+    private var state = ""
+    private var redirectURI = ""
+    /// The redirect was taken (a code or an error): later ones are refused.
+    private var taken = false
+
+    init(flow: BrowserAuthorization, loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void) {
+        self.flow = flow
+        super.init(loop: loop, configuration: flow.configuration, completion: completion)
+    }
+
+    func begin() {
+        loop.assertInEventLoop()
+        guard makeAuthority(), let endpoint = configuration.authorizationEndpoint else { return }
+        do throws(SessionError) {
+            listener = try LoopbackListener(loop: loop) { [self] method, target in request(method, target) }
+        } catch {
+            return finish(.failure(error))
+        }
+        guard let listener else { return }
+        let verifier = BrowserAuthorization.randomToken(bytes: 32)  // 43 characters (RFC 7636 §4.1)
+        self.verifier = Secret(verifier)
+        state = BrowserAuthorization.randomToken(bytes: 16)
+        redirectURI = "http://127.0.0.1:\(listener.port)\(BrowserAuthorization.callbackPath)"
+        guard let redirect = URL(string: redirectURI),
+              let url = BrowserAuthorization.authorizationURL(
+                  endpoint: endpoint, clientID: configuration.clientID, redirectURI: redirectURI, scope: flow.scope,
+                  state: state, challenge: BrowserAuthorization.challenge(of: verifier))
+        else {
+            return finish(.failure(SessionError(.configuration, "the authorization URL could not be made")))
+        }
+        let timeout = flow.timeout
+        do {
+            timer = try loop.scheduleTimer(after: timeout) { [self] in
+                timer = nil
+                finish(.failure(SessionError(
+                    .signInExpired, "no sign-in came back from the browser within \(timeout)")))
+            }
+        } catch {
+            return finish(.failure(SessionError(.shutDown, "the event loop is shut down")))
+        }
+        flow.onPrompt(BrowserPrompt(authorizationURL: url, redirectURI: redirect, timeout: timeout))
+    }
+
+    // MARK: - The redirect (loop thread, from the listener)
+
+    static let closePage = page(
+        "Signed in", "The sign-in reached the application. You can close this window and go back to it.")
+    static let stalePage = page(
+        "Already done", "This sign-in has already been completed or has ended. You can close this window.")
+    static let mismatchPage = page(
+        "Not accepted",
+        "This answer does not belong to the sign-in in progress, so it was ignored. You can close this window.")
+    static let notFoundPage = page("Not found", "There is nothing here. You can close this window.")
+
+    static func page(_ title: String, _ text: String) -> String {
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>\(title)</title></head>"
+            + "<body><h1>\(title)</h1><p>\(text)</p></body></html>"
+    }
+
+    private func request(_ method: String, _ target: String) -> LoopbackListener.Reply {
+        let (path, query) = Self.split(target)
+        guard path == BrowserAuthorization.callbackPath else { return .init(status: 404, page: Self.notFoundPage) }
+        guard !taken, !finished else { return .init(status: 400, page: Self.stalePage) }
+        guard method == "GET", let fields = query.map(Self.parseQuery),
+              fields.filter({ $0.0 == "state" }).count == 1,
+              fields.first(where: { $0.0 == "state" })?.1 == state
+        else {
+            return .init(status: 400, page: Self.mismatchPage)
+        }
+        let codes = fields.filter { $0.0 == "code" }
+        let errors = fields.filter { $0.0 == "error" }
+        if errors.count == 1, codes.isEmpty {
+            taken = true
+            let code = Self.printable(errors[0].1, limit: 64)
+            let description = fields.first(where: { $0.0 == "error_description" }).map { Self.printable($0.1, limit: 200) }
+            let said = description.map { "\(code): \($0)" } ?? code
+            let error = code == "access_denied"
+                ? SessionError(.accessDenied, "the sign-in was denied in the browser (\(said))")
+                : SessionError(.configuration, "the authorization server refused the sign-in (\(said))")
+            finish(.failure(error))
+            return .init(status: 200, page: Self.page(
+                "Not signed in", "The sign-in did not complete (\(Self.html(said))). You can close this window."))
+        }
+        guard codes.count == 1, errors.isEmpty, !codes[0].1.isEmpty, codes[0].1.utf8.count <= 2048 else {
+            return .init(status: 400, page: Self.mismatchPage)
+        }
+        taken = true
+        exchange(Secret(codes[0].1))
+        return .init(status: 200, page: Self.closePage)
+    }
+
+    /// The code for tokens (RFC 6749 §4.1.3 with the verifier, RFC 7636 §4.5). The listener is
+    /// closed first: the browser has its page, nothing else is taken.
+    private func exchange(_ code: Secret) {
+        closeListener()
+        guard let verifier else { return }
+        let form = [
+            ("grant_type", "authorization_code"), ("code", code.reveal()), ("redirect_uri", redirectURI),
+            ("code_verifier", verifier.reveal()),
+        ]
+        post(configuration.tokenEndpoint, form: form, secrets: [code, verifier]) { [self] outcome in
+            let answer: HTTPAnswer
+            switch outcome {
+            case .failure(let error): return finish(.failure(Self.failure(error, at: "the token endpoint")))
+            case .success(let value): answer = value
+            }
+            guard answer.status == 200 else {
+                return finish(.failure(Self.failure(TokenResponse.error(from: answer), at: "the token endpoint")))
+            }
+            switch TokenResponse.grant(from: answer, defaultLifetime: configuration.defaultLifetime) {
+            case .success(let grant):
+                timer?.cancel()
+                timer = nil
+                granted(grant, answer: answer)
+            case .failure(let error):
+                finish(.failure(Self.failure(error, at: "the token endpoint")))
+            }
+        }
+    }
+
+    private func closeListener() {
+        listener?.close()
+        listener = nil
+    }
+
+    override func cleanUp() {
+        closeListener()
+        timer?.cancel()
+        timer = nil
+        verifier = nil
+    }
+
+    /// Loop thread: the listener's port while it listens (tests).
+    var listeningPort: Int? { listener?.port }
+
+    // MARK: - Parsing
+
+    static func split(_ target: String) -> (path: String, query: String?) {
+        guard let mark = target.firstIndex(of: "?") else { return (target, nil) }
+        return (String(target[..<mark]), String(target[target.index(after: mark)...]))
+    }
+
+    /// `application/x-www-form-urlencoded` pairs ('+' is a space, %XX decoded); a pair that does
+    /// not decode to UTF-8 is dropped.
+    static func parseQuery(_ query: String) -> [(String, String)] {
+        query.split(separator: "&", omittingEmptySubsequences: true).compactMap { pair in
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            guard let name = decode(parts[0]), let value = decode(parts.count > 1 ? parts[1] : "") else { return nil }
+            return (name, value)
+        }
+    }
+
+    static func decode(_ text: Substring) -> String? {
+        var bytes: [UInt8] = []
+        var index = text.utf8.startIndex
+        let utf8 = text.utf8
+        while index < utf8.endIndex {
+            let byte = utf8[index]
+            if byte == UInt8(ascii: "+") {
+                bytes.append(UInt8(ascii: " "))
+            } else if byte == UInt8(ascii: "%") {
+                let high = utf8.index(after: index)
+                guard high < utf8.endIndex, utf8.index(after: high) < utf8.endIndex,
+                      let h = hex(utf8[high]), let l = hex(utf8[utf8.index(after: high)])
+                else { return nil }
+                bytes.append(h << 4 | l)
+                index = utf8.index(after: high)
+            } else {
+                bytes.append(byte)
+            }
+            index = utf8.index(after: index)
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    private static func hex(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+
+    /// Server-given text for a message: printable ASCII only (others become '?'), bounded.
+    static func printable(_ text: String, limit: Int) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.prefix(limit).map {
+            (0x20...0x7E).contains($0.value) ? $0 : "?"
+        }))
+    }
+
+    static func html(_ text: String) -> String {
+        var out = ""
+        for character in text {
+            switch character {
+            case "&": out += "&amp;"
+            case "<": out += "&lt;"
+            case ">": out += "&gt;"
+            case "\"": out += "&quot;"
+            case "'": out += "&#39;"
+            default: out.append(character)
+            }
+        }
+        return out
+    }
+}

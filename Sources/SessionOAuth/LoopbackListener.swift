@@ -1,0 +1,88 @@
+import CLibUV
+import CLoopHTTP
+import LoopFlow
+import SessionCore
+
+/// A one-shot HTTP listener on 127.0.0.1 at an ephemeral port, served by the loop (no thread
+/// of its own): the loopback redirect of a browser sign-in (RFC 8252 §7.3). Each request's
+/// method and target go to `onRequest`, whose reply (a status and an HTML page) is written
+/// back with `Connection: close`. Sources/CLoopHTTP/loop_listener.c holds the limits (head
+/// size, connections, deadline).
+///
+/// Loop-confined: made, used and closed on the loop thread. `close()` frees the port within
+/// the call; the loop's teardown closes it too.
+final class LoopbackListener: @unchecked Sendable {
+    struct Reply {
+        var status: Int
+        var page: String
+    }
+
+    let port: Int
+    private let loop: EventLoop
+    // Loop-confined.
+    private var listener: OpaquePointer?
+    private var handler: Unmanaged<LoopbackHandler>?
+
+    /// Loop thread. Listens at once.
+    /// - Throws: `SessionError(.configuration)` when no loopback port can be had (libuv's reason).
+    init(loop: EventLoop, onRequest: @escaping (_ method: String, _ target: String) -> Reply) throws(SessionError) {
+        loop.assertInEventLoop()
+        self.loop = loop
+        let handler = Unmanaged.passRetained(LoopbackHandler(onRequest))
+        var listener: OpaquePointer?
+        var port: Int32 = 0
+        let rc = ll_listen(loop.uvLoop, loopbackRequest, handler.toOpaque(), &listener, &port)
+        guard rc == 0, let listener else {
+            handler.release()
+            throw SessionError(.configuration, "cannot listen on 127.0.0.1 for the redirect: \(String(cString: uv_strerror(rc)))")
+        }
+        self.port = Int(port)
+        self.listener = listener
+        self.handler = handler
+        if !loop.addTeardownHook({ [weak self] in self?.close() }) { close() }
+    }
+
+    /// Whether it still listens (loop thread).
+    var isListening: Bool { listener != nil }
+
+    /// Connections open (loop thread; a reply being written keeps one open after `close()`).
+    var connections: Int { listener.map { ll_connections($0) } ?? 0 }
+
+    /// Loop thread, any number of times: the port is closed when it returns; no request is
+    /// handed on afterwards (a reply being written is finished).
+    func close() {
+        guard let listener else { return }
+        self.listener = nil
+        ll_close(listener)
+        handler?.release()
+        handler = nil
+    }
+
+    deinit {
+        // Made and dropped on the loop thread (its owner is loop-confined).
+        if let listener {
+            ll_close(listener)
+            handler?.release()
+        }
+    }
+}
+
+/// Holds `onRequest` for the C callback (retained while the listener listens).
+private final class LoopbackHandler {
+    let onRequest: (_ method: String, _ target: String) -> LoopbackListener.Reply
+    init(_ onRequest: @escaping (String, String) -> LoopbackListener.Reply) { self.onRequest = onRequest }
+}
+
+private func loopbackRequest(
+    _ method: UnsafePointer<CChar>?, _ target: UnsafePointer<CChar>?, _ reply: UnsafeMutablePointer<ll_reply>?,
+    _ userdata: UnsafeMutableRawPointer?
+) {
+    guard let method, let target, let reply, let userdata else { return }
+    // Borrowed: the listener keeps the handler retained while it may call back.
+    let handler = Unmanaged<LoopbackHandler>.fromOpaque(userdata).takeUnretainedValue()
+    let answer = handler.onRequest(String(cString: method), String(cString: target))
+    var page = Array(answer.page.utf8)
+    page.withUnsafeMutableBytes { bytes in
+        ll_reply_set(reply, Int32(answer.status), bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
+    }
+}

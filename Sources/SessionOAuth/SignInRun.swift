@@ -1,0 +1,175 @@
+import FoundationEssentials
+import LoopFlow
+import SessionCore
+import Synchronization
+
+/// What the sign-in flows (`DeviceAuthorization`, `BrowserAuthorization`) share: one run's
+/// request in flight, its cancellation from any thread, the member id lookup after the tokens,
+/// and the single completion on a later loop turn. Loop-confined state; `cancel()` from any
+/// thread. Subclasses disarm their own timers and listeners in `cleanUp()`.
+class SignInRun: SignInCancellable, @unchecked Sendable {
+    let loop: EventLoop
+    let configuration: OAuthConfiguration
+    private let completion: @Sendable (Result<SessionTokens, SessionError>) -> Void
+    /// Set by `cancel()` on any thread: checked before every request, so none starts after it.
+    private let cancelRequested = Atomic<Bool>(false)
+
+    // Loop-confined.
+    var authority: OAuthAuthority?
+    private(set) var finished = false
+    private var call: HTTPCall?
+
+    init(
+        loop: EventLoop, configuration: OAuthConfiguration,
+        completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void
+    ) {
+        self.loop = loop
+        self.configuration = configuration
+        self.completion = completion
+    }
+
+    final func cancel() {
+        guard !cancelRequested.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        if loop.inEventLoop {
+            finish(.failure(Self.cancelled))
+        } else {
+            try? loop.execute { [self] in finish(.failure(Self.cancelled)) }
+        }
+    }
+
+    static var cancelled: SessionError { SessionError(.cancelled, "the sign-in was cancelled") }
+
+    /// Whether `cancel()` was called (any thread).
+    final var isCancelled: Bool { cancelRequested.load(ordering: .acquiring) }
+
+    /// Loop thread: the authority for the run's requests (false: the run has finished with the error).
+    final func makeAuthority() -> Bool {
+        do {
+            authority = try OAuthAuthority(configuration, loop: loop)
+            return true
+        } catch {
+            finish(.failure(SessionError(.configuration, "\(error)")))
+            return false
+        }
+    }
+
+    /// Loop thread: POSTs `form` to `url` (client id and secret added) as the run's one request
+    /// in flight, ended at once if the run was cancelled meanwhile. `done` runs unless the run
+    /// has finished by then.
+    final func post(
+        _ url: URL, form: [(String, String)], secrets: [Secret],
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+    ) {
+        guard let authority, !finished, !isCancelled else { return }
+        send(authority.post(url, form: form, secrets: secrets) { [self] outcome in
+            call = nil
+            guard !finished else { return }
+            done(outcome)
+        })
+    }
+
+    /// Loop thread: a GET with a bearer token (the userinfo endpoint), as `post`.
+    final func get(
+        _ url: URL, bearer: Secret, secrets: [Secret],
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+    ) {
+        guard let authority, !finished, !isCancelled else { return }
+        send(authority.get(url, bearer: bearer, secrets: secrets) { [self] outcome in
+            call = nil
+            guard !finished else { return }
+            done(outcome)
+        })
+    }
+
+    private func send(_ started: HTTPCall) {
+        call = started
+        if isCancelled || finished {
+            call = nil
+            started.cancel()
+        }
+    }
+
+    /// Loop thread: the tokens arrived (`answer`: the token endpoint's answer). The member id is
+    /// the answer's `member_id` / `user_id` / `sub`; else the introspection's `sub` / `username`
+    /// (when an introspection endpoint is configured); else the userinfo endpoint's `sub` /
+    /// `preferred_username` (when one is configured). A lookup that fails leaves it unset: the
+    /// sign-in goes on. The lifetime counts from when the tokens arrived.
+    final func granted(_ grant: TokenGrant, answer: HTTPAnswer) {
+        let receivedAt = loop.now
+        let tokens = SessionTokens(
+            accessToken: grant.accessToken, refreshToken: grant.refreshToken, expiresIn: grant.expiresIn,
+            memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]))
+        let secrets = [grant.accessToken] + [grant.refreshToken].compactMap { $0 }
+        let done: @Sendable (String?) -> Void = { [self] memberID in
+            var signedIn = tokens
+            signedIn.memberID = memberID
+            signedIn.expiresIn = max(tokens.expiresIn - (loop.now - receivedAt), .zero)
+            finish(.success(signedIn))
+        }
+        let userinfo: @Sendable () -> Void = { [self] in
+            guard let endpoint = configuration.userinfoEndpoint else { return done(nil) }
+            get(endpoint, bearer: grant.accessToken, secrets: secrets) { outcome in
+                guard case .success(let answer) = outcome, answer.status == 200 else { return done(nil) }
+                done(Self.memberID(in: answer.json, keys: ["sub", "preferred_username", "username"]))
+            }
+        }
+        guard tokens.memberID == nil else { return finish(.success(tokens)) }
+        guard let endpoint = configuration.introspectionEndpoint else { return userinfo() }
+        let form = [("token", grant.accessToken.reveal()), ("token_type_hint", "access_token")]
+        post(endpoint, form: form, secrets: secrets) { outcome in
+            if case .success(let answer) = outcome, answer.status == 200,
+               let memberID = Self.memberID(in: answer.json, keys: ["sub", "username"]) {
+                return done(memberID)
+            }
+            userinfo()
+        }
+    }
+
+    /// Subclasses: disarm timers, close listeners (loop thread, once, inside `finish`).
+    func cleanUp() {}
+
+    /// Ends the run once: `cleanUp()`, the request in flight ended; the completion runs on a
+    /// later loop turn (never inside `start` or `cancel`). After a cancel it says `cancelled`.
+    final func finish(_ result: Result<SessionTokens, SessionError>) {
+        loop.assertInEventLoop()
+        guard !finished else { return }
+        finished = true
+        cleanUp()
+        if let running = call {
+            call = nil
+            running.cancel()  // its answer handler sees `finished` and does nothing
+        }
+        let outcome = isCancelled ? .failure(Self.cancelled) : result
+        let completion = completion
+        // The HTTP client is let go once the ended request's handler has run.
+        do {
+            try loop.execute { [self] in
+                authority = nil
+                completion(outcome)
+            }
+        } catch {
+            authority = nil
+            completion(outcome)
+        }
+    }
+
+    /// An error of a request or answer as the session sees it (never a secret: the messages
+    /// come from `TokenResponse.error` / the HTTP layer, which scrub them).
+    static func failure(_ error: AuthorityError, at endpoint: String) -> SessionError {
+        switch error.kind {
+        case .transient: SessionError(.transient, "\(endpoint): \(error.message)", retryAfter: error.retryAfter)
+        case .terminal, .configuration: SessionError(.configuration, "\(endpoint): \(error.message)")
+        }
+    }
+
+    /// The first of `keys` that is a plausible member id (a short printable string).
+    static func memberID(in object: [String: JSONMember]?, keys: [String]) -> String? {
+        for key in keys {
+            guard let value = object?[key]?.string, !value.isEmpty, value.utf8.count <= 256,
+                  value.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
+            else { continue }
+            return value
+        }
+        return nil
+    }
+}
