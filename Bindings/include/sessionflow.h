@@ -526,7 +526,8 @@ typedef struct sf_sign_in_options {
     const char *authorization_endpoint;        /* RFC 6749 (browser flow; replaces the metadata's) */
     const char *scope;                         /* requested scope; NULL: sf_options.scope */
     int64_t timeout_ms;                        /* browser flow: give up after this (SF_EEXPIRED;
-                                                  default 300000, at most one day); the device
+                                                  default and 0: 300000; below 1000 counts as
+                                                  1000; at most 86400000, one day); the device
                                                   flow ends when its code expires */
     int replace_unreadable_store;              /* 1: as sf_session_sign_in_replacing_store;
                                                   0 (default): as sf_session_sign_in */
@@ -594,9 +595,12 @@ int sf_session_sign_in_device(sf_runtime *runtime, const sf_sign_in_options *opt
  * section 7.3): opens a listener on 127.0.0.1 (a free port), hands on_prompt the
  * authorization URL to open in a browser and the redirect URI, and waits for the browser
  * to come back (at most timeout_ms: then SF_EEXPIRED); then redeems the code and signs in.
- * A refusal in the browser (error=access_denied) is SF_EDENIED. Ownership, returns
- * (SF_EINVAL also for no issuer and no authorization_endpoint, or a timeout_ms below 0)
- * and threads: as sf_session_sign_in_device. */
+ * A refusal in the browser (error=access_denied) is SF_EDENIED; another error the
+ * authorization server redirects with is SF_ECONFIG. Redirects that do not belong to this
+ * flow (another path, a wrong or missing state) are answered 400 or 404 and ignored. The
+ * listener is closed on every outcome. Ownership, returns (SF_EINVAL also for no issuer and
+ * no authorization_endpoint, or timeout_ms out of range) and threads: as
+ * sf_session_sign_in_device. */
 int sf_session_sign_in_browser(sf_runtime *runtime, const sf_sign_in_options *options,
                                const sf_sign_in_observer *observer, sf_sign_in *out);
 

@@ -60,7 +60,12 @@
     XX(sign_in_device_cancelled_mid_poll_sends_nothing_more)         \
     XX(sign_in_cancel_inside_on_prompt_and_before_the_start)         \
     XX(sign_in_discovery_refused_is_econfig_naming_the_member)       \
-    XX(sign_in_destroy_with_a_sign_in_running)
+    XX(sign_in_destroy_with_a_sign_in_running)                       \
+    XX(sign_in_browser_approved_through_discovery)                   \
+    XX(sign_in_browser_denied_is_edenied)                            \
+    XX(sign_in_browser_timeout_is_eexpired)                          \
+    XX(sign_in_browser_cancelled_closes_the_listener)                \
+    XX(sign_in_browser_bad_input_and_destroy)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

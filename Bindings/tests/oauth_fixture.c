@@ -166,3 +166,68 @@ void form_encode(const char *text, char *out, size_t length) {
     }
     out[used] = 0;
 }
+
+/* Copies the HTML attribute value starting at `value` (after the opening quote) into `out`,
+ * undoing html.escape (&amp; &lt; &gt; &quot; &#x27; &#39;). */
+static const char *html_value(const char *value, char *out, size_t length) {
+    size_t used = 0;
+    while (*value && *value != '"') {
+        char c = *value++;
+        if (c == '&') {
+            static const struct { const char *entity; char c; } entities[] = {
+                {"amp;", '&'}, {"lt;", '<'}, {"gt;", '>'}, {"quot;", '"'}, {"#x27;", '\''}, {"#39;", '\''}};
+            for (size_t i = 0; i < sizeof entities / sizeof entities[0]; i++) {
+                size_t n = strlen(entities[i].entity);
+                if (strncmp(value, entities[i].entity, n) == 0) {
+                    c = entities[i].c;
+                    value += n;
+                    break;
+                }
+            }
+        }
+        if (used + 1 < length) out[used++] = c;
+    }
+    out[used] = 0;
+    return value;
+}
+
+int play_browser(const char *authorization_url, const char *consent, char *page, size_t page_length) {
+    if (page && page_length) page[0] = 0;
+    const char *base = oauth_server();
+    if (!base) return -1;
+    size_t size = 1 << 16;
+    char *html = malloc(size);
+    int status = http_request(authorization_url, NULL, html, size, NULL, 0);
+    if (status != 200) {
+        fprintf(stderr, "    play_browser: the authorization page answered %d: %.200s\n", status, html);
+        free(html);
+        return -1;
+    }
+    /* Every hidden input, then the user and the decision, as the form would post them. */
+    char *form = malloc(size);
+    size_t used = 0;
+    form[0] = 0;
+    char name[512], value[4096], encoded_name[1600], encoded_value[12300];
+    for (const char *at = strstr(html, "<input type=\"hidden\" name=\""); at;
+         at = strstr(at, "<input type=\"hidden\" name=\"")) {
+        at = html_value(at + strlen("<input type=\"hidden\" name=\""), name, sizeof name);
+        const char *v = strstr(at, "value=\"");
+        if (!v) break;
+        at = html_value(v + strlen("value=\""), value, sizeof value);
+        form_encode(name, encoded_name, sizeof encoded_name);
+        form_encode(value, encoded_value, sizeof encoded_value);
+        used += (size_t)snprintf(form + used, size - used, "%s%s=%s", used ? "&" : "", encoded_name, encoded_value);
+    }
+    snprintf(form + used, size - used, "%suser=alice&consent=%s", used ? "&" : "", consent);
+    char url[512], location[4096];
+    snprintf(url, sizeof url, "%s/oauth/authorize", base);
+    status = http_request(url, form, NULL, 0, location, sizeof location);
+    free(form);
+    free(html);
+    if (status != 302 || !location[0]) {
+        fprintf(stderr, "    play_browser: the consent answered %d (no redirect)\n", status);
+        return -1;
+    }
+    /* The redirect to the library's loopback listener. */
+    return http_request(location, NULL, page, page_length, NULL, 0);
+}

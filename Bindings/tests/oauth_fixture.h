@@ -25,4 +25,10 @@ long oauth_stat(const char *path, const char *name);
 /* Percent-encodes `text` for a form value. */
 void form_encode(const char *text, char *out, size_t length);
 
+/* Plays the user's browser: GETs `authorization_url` (the server's consent form), submits it
+ * with consent=allow or deny as alice, and follows the 302 to the redirect URI (the library's
+ * loopback listener). Returns that last request's status (-1 if a step failed) and its body
+ * in `page` (may be NULL). */
+int play_browser(const char *authorization_url, const char *consent, char *page, size_t page_length);
+
 #endif

@@ -100,6 +100,20 @@ final class SignInRecord: Sendable {
         }
     }
 
+    func prompt(_ browser: BrowserPrompt) {
+        var c = sf_sign_in_prompt()
+        c.size = MemoryLayout<sf_sign_in_prompt>.size
+        c.expires_in_ms = milliseconds(browser.timeout)
+        c.interval_ms = -1
+        browser.authorizationURL.absoluteString.withCString { authorization in
+            browser.redirectURI.absoluteString.withCString { redirect in
+                c.authorization_url = authorization
+                c.redirect_uri = redirect
+                withUnsafePointer(to: c) { prompt($0) }
+            }
+        }
+    }
+
     /// Loop thread, the first time only: the handle goes, then on_done, then release.
     func finish(_ code: Int32, _ message: String) {
         let first = progress.withLockedValue { progress -> Bool in
@@ -290,6 +304,14 @@ struct SignInOptionError: Error {
     let reason: String
 }
 
+/// The browser flow's timeout: 0 is the default (5 minutes).
+func browserTimeout(_ options: sf_sign_in_options) -> Duration {
+    .milliseconds(options.timeout_ms == 0 ? 300_000 : options.timeout_ms)
+}
+
+/// The longest `timeout_ms` taken (a day).
+let maximumBrowserTimeout: Int64 = 86_400_000
+
 /// Where the flow's configuration comes from, checked before anything starts.
 func configurationSource(
     _ kind: SignInKind, _ options: sf_sign_in_options, _ base: SignInBase
@@ -303,6 +325,10 @@ func configurationSource(
         let field = error.field.replacing(" ", with: "_")
         let local = ["issuer", "device_authorization_endpoint", "authorization_endpoint"].contains(field)
         return SignInOptionError(field: (local ? "sf_sign_in_options." : "sf_options.") + field, reason: error.reason)
+    }
+    if kind == .browser, options.timeout_ms < 0 || options.timeout_ms > maximumBrowserTimeout {
+        throw SignInOptionError(
+            field: "sf_sign_in_options.timeout_ms", reason: "is \(options.timeout_ms), not 0 (the default) ... \(maximumBrowserTimeout)")
     }
     let device = try url(options.device_authorization_endpoint, "sf_sign_in_options.device_authorization_endpoint")
     let authorization = try url(options.authorization_endpoint, "sf_sign_in_options.authorization_endpoint")
@@ -362,8 +388,11 @@ func flowMaker(
             try DeviceAuthorization(configuration, scope: scope ?? configuration.scope) { prompt in record.prompt(prompt) }
         }
     case .browser:
-        return { _ throws(OAuthConfigurationError) in
-            throw OAuthConfigurationError(field: "authorization endpoint", reason: "flow is not available in this build")
+        let timeout = browserTimeout(options)
+        return { configuration throws(OAuthConfigurationError) in
+            try BrowserAuthorization(configuration, scope: scope ?? configuration.scope, timeout: timeout) { prompt in
+                record.prompt(prompt)
+            }
         }
     }
 }

@@ -153,3 +153,80 @@ def test_destroy_ends_a_running_sign_in(server):
         sign_in.wait(0)
     assert error.value.name == "SF_ESHUTDOWN"
     assert not sign_in.cancel()
+
+
+# ---- The browser flow (authorization code + PKCE on a loopback redirect) ------------------
+
+import html.parser
+
+
+class _ConsentForm(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.fields = {}
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "input" and attrs.get("type") == "hidden":
+            self.fields[attrs["name"]] = attrs.get("value", "")
+
+
+def play_browser(authorization_url, consent):
+    """Follows the authorization URL, submits the consent form as alice and follows the redirect
+    to the library's loopback listener (urllib follows the 302). Returns that page's status."""
+    with urllib.request.urlopen(authorization_url) as response:
+        form = _ConsentForm()
+        form.feed(response.read().decode())
+    fields = dict(form.fields, user="alice", consent=consent)
+    base = authorization_url.split("/oauth/authorize")[0]
+    try:
+        with urllib.request.urlopen(f"{base}/oauth/authorize", urllib.parse.urlencode(fields).encode()) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_browser_sign_in_approved_through_discovery(server):
+    prompts = []
+    with runtime_for(server) as runtime:
+        sign_in = runtime.sign_in_browser(server, on_prompt=prompts.append)
+        assert wait_for(lambda: prompts)
+        prompt = prompts[0]
+        assert prompt.authorization_url.startswith(f"{server}/oauth/authorize?")
+        assert prompt.redirect_uri.startswith("http://127.0.0.1:") and prompt.redirect_uri.endswith("/callback")
+        assert prompt.user_code is None and prompt.interval_ms == -1 and prompt.expires_in_ms == 300000
+        assert play_browser(prompt.authorization_url, "allow") == 200
+        sign_in.wait(10)
+        assert runtime.state == sf.State.LOGGED_IN
+        assert runtime.member_id() == "alice"
+
+
+def test_browser_sign_in_denied_timeout_and_cancel(server):
+    with runtime_for(server) as runtime:
+        denied = runtime.sign_in_browser(server)
+        assert wait_for(lambda: denied.prompt is not None)
+        play_browser(denied.prompt.authorization_url, "deny")
+        with pytest.raises(sf.SessionFlowError) as error:
+            denied.wait(10)
+        assert error.value.name == "SF_EDENIED"
+
+        late = runtime.sign_in_browser(server, timeout_ms=800)
+        with pytest.raises(sf.SessionFlowError) as error:
+            late.wait(10)
+        assert error.value.name == "SF_EEXPIRED"
+
+        cancelled = runtime.sign_in_browser(server)
+        assert wait_for(lambda: cancelled.prompt is not None)
+        exchanges = call(f"{server}/__authorize/stats")["code_exchanges"]
+        assert cancelled.cancel()
+        with pytest.raises(sf.SessionFlowError) as error:
+            cancelled.wait(10)
+        assert error.value.name == "SF_ECANCELLED"
+        with pytest.raises(Exception):  # the listener is closed: the redirect finds no one
+            play_browser(cancelled.prompt.authorization_url, "allow")
+        assert call(f"{server}/__authorize/stats")["code_exchanges"] == exchanges
+        assert runtime.state == sf.State.LOGGED_OUT
+
+        with pytest.raises(sf.SessionFlowError) as error:
+            runtime.sign_in_browser(server, timeout_ms=-1)
+        assert error.value.name == "SF_EINVAL"
