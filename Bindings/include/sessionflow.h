@@ -333,7 +333,8 @@ int sf_runtime_start(sf_runtime *runtime);
  * Borrowed: the loop's thread only (SF_ETHREAD). The teardown runs in the host's next
  * loop iteration, never inside this call, on the loop thread, in this order: the work
  * accepted before this call (it may deliver states and events, but never calls
- * `refresh`), the pending token answers (SF_ESHUTDOWN), `refresh_release`, then
+ * `refresh`), the pending token answers (SF_ESHUTDOWN), the running sign-ins (on_done
+ * SF_ESHUTDOWN, then release), `refresh_release`, then
  * on_complete and release of each open subscription. After that teardown nothing of the
  * host's is called again (no timer, no refresher). Keep running the loop until uv_run
  * returns: the runtime keeps it alive until its teardown is done, then uv_run returns

@@ -61,6 +61,7 @@
     XX(sign_in_cancel_inside_on_prompt_and_before_the_start)         \
     XX(sign_in_discovery_refused_is_econfig_naming_the_member)       \
     XX(sign_in_destroy_with_a_sign_in_running)                       \
+    XX(sign_in_on_a_borrowed_loop_and_its_teardown)                  \
     XX(sign_in_browser_approved_through_discovery)                   \
     XX(sign_in_browser_denied_is_edenied)                            \
     XX(sign_in_browser_timeout_is_eexpired)                          \

@@ -8,6 +8,7 @@
 #include "oauth_fixture.h"
 
 #include <stdlib.h>
+#include <uv.h>
 
 typedef struct probe {
     atomic_int prompts;
@@ -23,6 +24,7 @@ typedef struct probe {
     atomic_int cancel_in_done_result;
     _Atomic(sf_sign_in) handle;
     pthread_t main_thread;
+    pthread_t done_thread;
     char user_code[128];
     char verification_uri[512];
     int64_t expires_in_ms;
@@ -57,6 +59,7 @@ static void on_done(int result, const char *message, void *userdata) {
     probe *p = userdata;
     note(p);
     snprintf(p->message, sizeof p->message, "%s", message ? message : "(null)");
+    p->done_thread = pthread_self();
     atomic_store(&p->result, result);
     /* The handle is finished already: cancelling it now is SF_ECLOSED. */
     atomic_store(&p->cancel_in_done_result, sf_sign_in_cancel(atomic_load(&p->handle)));
@@ -387,4 +390,100 @@ void test_sign_in_destroy_with_a_sign_in_running(void) {
     CHECK_EQ_INT(atomic_load(&q.releases), 1);
     CHECK(atomic_load(&q.result) == SF_ESHUTDOWN || atomic_load(&q.result) == SF_ECANCELLED);
     check_finished_once(&q);
+}
+
+/* ---- Borrowed loop: the host's thread runs the loop; the sign-in lives on it ---------- */
+
+typedef struct sign_in_host {
+    uv_loop_t loop;
+    uv_timer_t script;
+    sf_runtime *runtime;
+    const char *base;
+    pthread_t test_thread;
+    pthread_t thread;
+    probe first, second;
+    int step;
+    int start_first, logout_result, start_second, destroy_result;
+    int dones_inside_destroy;
+    int run_returned, close_result;
+    atomic_int started_first; /* the first probe is set up: the test thread may read it */
+} sign_in_host;
+
+static void sign_in_script(uv_timer_t *timer) {
+    sign_in_host *h = timer->data;
+    switch (h->step) {
+    case 0: /* on the loop thread: start; the test thread plays the user */
+        h->start_first = start_device(h->runtime, h->base, &h->first);
+        h->first.main_thread = h->test_thread;
+        atomic_store(&h->started_first, 1);
+        h->step = 1;
+        break;
+    case 1: /* signed in: log out, start again */
+        if (atomic_load(&h->first.releases) == 1) {
+            h->logout_result = sf_session_logout(h->runtime);
+            h->start_second = start_device(h->runtime, h->base, &h->second);
+            h->second.main_thread = h->test_thread;
+            h->step = 2;
+        }
+        break;
+    case 2: /* waiting for the user: destroy; its teardown runs on a later iteration */
+        if (atomic_load(&h->second.prompts) == 1) {
+            h->destroy_result = sf_runtime_destroy(h->runtime);
+            h->dones_inside_destroy = atomic_load(&h->second.dones) + atomic_load(&h->second.releases);
+            uv_close((uv_handle_t *)&h->script, NULL);
+            h->step = 3;
+        }
+        break;
+    }
+}
+
+static void *sign_in_host_thread(void *arg) {
+    sign_in_host *h = arg;
+    uv_loop_init(&h->loop);
+    uv_timer_init(&h->loop, &h->script);
+    h->script.data = h;
+    uv_timer_start(&h->script, sign_in_script, 5, 5);
+    sf_options options;
+    sf_options_init(&options);
+    char token[256], introspect[256];
+    snprintf(token, sizeof token, "%s/oauth/token", h->base);
+    snprintf(introspect, sizeof introspect, "%s/oauth/introspect", h->base);
+    options.token_endpoint = token;
+    options.introspection_endpoint = introspect;
+    options.client_id = "sessionflow-public";
+    CHECK_CODE(sf_runtime_create_on_loop(&h->loop, &options, &h->runtime), SF_OK);
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    h->run_returned = 1;
+    h->close_result = uv_loop_close(&h->loop);
+    return NULL;
+}
+
+void test_sign_in_on_a_borrowed_loop_and_its_teardown(void) {
+    NEED_SERVER(base);
+    device_config(1, 60);
+    sign_in_host *h = calloc(1, sizeof *h);
+    h->base = base;
+    h->test_thread = pthread_self();
+    pthread_create(&h->thread, NULL, sign_in_host_thread, h);
+    WAIT_FOR(atomic_load(&h->started_first));
+    WAIT_FOR(atomic_load(&h->first.prompts) == 1);
+    CHECK_EQ_INT(atomic_load(&h->first.prompts), 1);
+    user_decides("/__device/approve", h->first.user_code);
+    pthread_join(h->thread, NULL);
+    CHECK_CODE(h->start_first, SF_OK);
+    CHECK_EQ_INT(atomic_load(&h->first.result), SF_OK);
+    CHECK(pthread_equal(h->first.done_thread, h->thread));
+    CHECK_CODE(h->logout_result, SF_OK);
+    CHECK_CODE(h->start_second, SF_OK);
+    CHECK_CODE(h->destroy_result, SF_OK);
+    CHECK_EQ_INT(h->dones_inside_destroy, 0); /* never inside the destroy call */
+    CHECK_EQ_INT(atomic_load(&h->second.dones), 1); /* but before uv_run returned */
+    CHECK_EQ_INT(atomic_load(&h->second.releases), 1);
+    CHECK_EQ_INT(atomic_load(&h->second.result), SF_ESHUTDOWN);
+    CHECK(pthread_equal(h->second.done_thread, h->thread));
+    CHECK(h->run_returned);
+    CHECK_EQ_INT(h->close_result, 0);
+    check_finished_once(&h->first);
+    check_finished_once(&h->second);
+    free(h);
 }

@@ -42,6 +42,8 @@ final class SignInRecord: Sendable {
     private let callbacks: SignInCallbacks
 
     private struct Progress {
+        /// The starting call's job ran on the loop: the sign-in is the runtime's to end.
+        var started = false
         var cancelled = false
         var done = false
         var handle: SignInHandle?
@@ -64,6 +66,11 @@ final class SignInRecord: Sendable {
         }
         handle?.cancel()
         return first
+    }
+
+    /// Loop thread, first thing in the starting call's job.
+    func markStarted() {
+        progress.withLockedValue { $0.started = true }
     }
 
     /// Loop thread: the session's handle of this sign-in (cancelled at once if the host
@@ -137,8 +144,11 @@ final class SignInRecord: Sendable {
     }
 
     /// Loop thread, at the runtime's teardown: ends the sign-in (SF_ESHUTDOWN) and its flow.
+    /// One whose job never ran is not touched: every job the loop accepted has run before the
+    /// teardown hooks, so its starting call was refused (SF_ESHUTDOWN, nothing called).
     func end() {
-        let handle = progress.withLockedValue { $0.handle }
+        let (started, handle) = progress.withLockedValue { ($0.started, $0.handle) }
+        guard started else { return }
         finish(SF_ESHUTDOWN.code, "the runtime was destroyed before the sign-in finished")
         handle?.cancel()
     }
@@ -424,6 +434,7 @@ private func startSignIn(
         do {
             // On the loop, so that a refusal (the loop shutting down) is known here and calls nothing.
             try runtime.loop.execute {
+                record.markStarted()
                 let handle = session.signIn(with: flow, replacingUnreadableStore: replacing) { result in
                     record.finish(result)
                 }
