@@ -555,7 +555,8 @@ typedef struct sf_sign_in_prompt {
  * outcome is then only seen in the state and the events). */
 typedef struct sf_sign_in_observer {
     /* At most once, on the loop thread, when the authority has issued what the user needs
-     * (before on_done). Never called once sf_sign_in_cancel has returned. */
+     * (before on_done). Not started once sf_sign_in_cancel has returned (a call already
+     * running when another thread cancels finishes). */
     void (*on_prompt)(const sf_sign_in_prompt *prompt, void *userdata);
     /* Exactly once, on the loop thread, never inside the starting call, after on_prompt:
      * SF_OK when signed in (SF_LOGGED_IN, tokens stored: the store answered its write) or
