@@ -7,9 +7,9 @@
  * C/FFI hosts observe through callbacks on one libuv loop thread.
  *
  * THREADING (the whole contract; every function also says where it may be called)
- *  1. Every callback (state, event, error, complete, release, token, refresh) runs on the
- *     runtime's loop thread — never inside the call that caused it, never while a
- *     library lock is held. A callback may call any function of this API, except
+ *  1. Every callback (state, event, error, complete, release, token, refresh, prompt, done)
+ *     runs on the runtime's loop thread — never inside the call that caused it, never
+ *     while a library lock is held. A callback may call any function of this API, except
  *     sf_runtime_destroy on an owned runtime (SF_EBUSY).
  *  2. A new state subscriber first receives the current state, then each change
  *     (conflated: a slow observer skips intermediate states but always ends on the
@@ -63,21 +63,24 @@ const char *sf_version_string(void);
 
 /* ---- Errors ------------------------------------------------------------------- */
 
-#define SF_ERRNO_MAP(XX)                                                              \
-    XX(EINVAL, -1, "invalid argument")                                                \
-    XX(ECLOSED, -2, "unknown, closed or already completed handle")                    \
-    XX(EBUSY, -3, "would wait for itself: called on the loop thread it waits for")    \
-    XX(ETHREAD, -4, "must be called on the thread that runs the borrowed loop")       \
-    XX(ESTATE, -5, "not allowed in the current session state")                        \
-    XX(ESTORE, -6, "credential store failure")                                        \
-    XX(EAUTH, -7, "the authority refused for good: the session has expired")          \
-    XX(ENETWORK, -8, "transient failure (network, timeout, 5xx, 429): retried later") \
-    XX(ERANGE, -9, "buffer too small")                                                \
-    XX(ESHUTDOWN, -10, "the runtime is shutting down or shut down")                   \
-    XX(ECONFIG, -11, "the authority rejected the client configuration")               \
-    XX(ENOTLOGGEDIN, -12, "no one is signed in")                                      \
-    XX(EUNAUTHORIZED, -13, "a freshly refreshed token was refused again")             \
-    XX(ESESSIONENDED, -14, "the session ended (logout or new sign-in) before the answer")
+#define SF_ERRNO_MAP(XX)                                                                  \
+    XX(EINVAL, -1, "invalid argument")                                                    \
+    XX(ECLOSED, -2, "unknown, closed or already completed handle")                        \
+    XX(EBUSY, -3, "would wait for itself: called on the loop thread it waits for")        \
+    XX(ETHREAD, -4, "must be called on the thread that runs the borrowed loop")           \
+    XX(ESTATE, -5, "not allowed in the current session state")                            \
+    XX(ESTORE, -6, "credential store failure")                                            \
+    XX(EAUTH, -7, "the authority refused for good: the session has expired")              \
+    XX(ENETWORK, -8, "transient failure (network, timeout, 5xx, 429): retried later")     \
+    XX(ERANGE, -9, "buffer too small")                                                    \
+    XX(ESHUTDOWN, -10, "the runtime is shutting down or shut down")                       \
+    XX(ECONFIG, -11, "the authority rejected the client configuration")                   \
+    XX(ENOTLOGGEDIN, -12, "no one is signed in")                                          \
+    XX(EUNAUTHORIZED, -13, "a freshly refreshed token was refused again")                 \
+    XX(ESESSIONENDED, -14, "the session ended (logout or new sign-in) before the answer") \
+    XX(ECANCELLED, -15, "the sign-in was cancelled")                                      \
+    XX(EDENIED, -16, "the user or the authority refused the sign-in")                     \
+    XX(EEXPIRED, -17, "the sign-in took too long: start it again")
 
 typedef enum sf_error {
     SF_OK = 0,
@@ -315,6 +318,7 @@ int sf_runtime_create_on_loop(struct uv_loop_s *loop, const sf_options *options,
 int sf_runtime_start(sf_runtime *runtime);
 
 /* Destroys the runtime: completes every open subscription (on_complete, then release),
+ * ends every running sign-in (its flow stopped; on_done SF_ESHUTDOWN, then release),
  * answers every pending token request with SF_ESHUTDOWN, stops every timer, closes the
  * host's refresher and runs `refresh_release`. The session stays in the store. NULL is a
  * no-op (SF_OK). A destroyed runtime yields SF_ECLOSED (so does destroying it twice).
@@ -329,7 +333,8 @@ int sf_runtime_start(sf_runtime *runtime);
  * Borrowed: the loop's thread only (SF_ETHREAD). The teardown runs in the host's next
  * loop iteration, never inside this call, on the loop thread, in this order: the work
  * accepted before this call (it may deliver states and events, but never calls
- * `refresh`), the pending token answers (SF_ESHUTDOWN), `refresh_release`, then
+ * `refresh`), the pending token answers (SF_ESHUTDOWN), the running sign-ins (on_done
+ * SF_ESHUTDOWN, then release), `refresh_release`, then
  * on_complete and release of each open subscription. After that teardown nothing of the
  * host's is called again (no timer, no refresher). Keep running the loop until uv_run
  * returns: the runtime keeps it alive until its teardown is done, then uv_run returns
@@ -488,6 +493,127 @@ int sf_session_notify_unauthorized(sf_runtime *runtime, const char *access_token
  * refresh if due; coalesced with one already due). Returns SF_OK, SF_ECLOSED,
  * SF_ESHUTDOWN. Any thread. */
 int sf_session_resume(sf_runtime *runtime);
+
+/* ---- Sign-in flows ---------------------------------------------------------------- */
+/* The library signs the user in itself, with the OAuth 2.0 authority's own user-facing
+ * flows, and ends like sf_session_sign_in (SF_LOGGED_IN, SF_EVENT_SIGNED_IN, stored):
+ *  - the device authorization grant (RFC 8628, sf_session_sign_in_device): the host shows
+ *    a user code and a verification URI; the user approves on another device while the
+ *    library polls the token endpoint;
+ *  - the authorization code grant with PKCE on a loopback redirect (RFC 7636, RFC 8252,
+ *    sf_session_sign_in_browser): the host opens an authorization URL in a browser; the
+ *    library listens on 127.0.0.1 for the redirect and redeems the code.
+ * Where the endpoints come from: with sf_sign_in_options.issuer, from the issuer's metadata
+ * (RFC 8414, OpenID Connect Discovery as the fallback), fetched on the loop first, with
+ * sf_options.client_id (and client_secret) as the client; without it, from the runtime's
+ * sf_options (token_endpoint, client_id, client_secret, scope, introspection_endpoint...)
+ * plus the endpoint fields of sf_sign_in_options. An endpoint field set next to an issuer
+ * replaces the one the metadata names.
+ * The session keeps refreshing the tokens with the runtime's authority, as for
+ * sf_session_sign_in: the built-in one (sf_options.token_endpoint: name the same server's
+ * token endpoint there) or the host's refresher.
+ * Nothing a flow reports carries a secret: no device code, code verifier or token reaches
+ * a callback, a message or the log. */
+
+/* A sign-in flow in progress. 0 is "none"; handles are never reused within a process: a
+ * finished, cancelled or unknown handle yields SF_ECLOSED, never a crash. */
+typedef uint64_t sf_sign_in;
+
+/* How a sign-in runs. Strings are copied by the starting call; NULL means "not set". */
+typedef struct sf_sign_in_options {
+    size_t size;                               /* set by sf_sign_in_options_init */
+    const char *issuer;                        /* discovery (RFC 8414 / OIDC) from this issuer URL */
+    const char *device_authorization_endpoint; /* RFC 8628 (device flow; replaces the metadata's) */
+    const char *authorization_endpoint;        /* RFC 6749 (browser flow; replaces the metadata's) */
+    const char *scope;                         /* requested scope; NULL: sf_options.scope */
+    int64_t timeout_ms;                        /* browser flow: give up after this (SF_EEXPIRED;
+                                                  default and 0: 300000; below 1000 counts as
+                                                  1000; at most 86400000, one day); the device
+                                                  flow ends when its code expires */
+    int replace_unreadable_store;              /* 1: as sf_session_sign_in_replacing_store;
+                                                  0 (default): as sf_session_sign_in */
+} sf_sign_in_options;
+
+/* What the host shows the user. Every string is borrowed for the call of on_prompt; NULL
+ * when it does not apply to the flow. */
+typedef struct sf_sign_in_prompt {
+    size_t size;                           /* sizeof(sf_sign_in_prompt) of the library */
+    /* Device flow: "go to verification_uri and enter user_code" (or open
+     * verification_uri_complete, e.g. as a QR code; NULL when the server gave none). */
+    const char *user_code;
+    const char *verification_uri;
+    const char *verification_uri_complete;
+    int64_t expires_in_ms;                 /* the code (device) or the flow (browser) ends after this */
+    int64_t interval_ms;                   /* device: how often the token endpoint is asked; browser: -1 */
+    /* Browser flow: open authorization_url in the user's browser; it comes back to
+     * redirect_uri (http://127.0.0.1:<port>/callback, the library's loopback listener). */
+    const char *authorization_url;
+    const char *redirect_uri;
+} sf_sign_in_prompt;
+
+/* The host's side of one sign-in. on_prompt and release may be NULL; on_done may too (the
+ * outcome is then only seen in the state and the events). */
+typedef struct sf_sign_in_observer {
+    /* At most once, on the loop thread, when the authority has issued what the user needs
+     * (before on_done). Not started once sf_sign_in_cancel has returned (a call already
+     * running when another thread cancels finishes). */
+    void (*on_prompt)(const sf_sign_in_prompt *prompt, void *userdata);
+    /* Exactly once, on the loop thread, never inside the starting call, after on_prompt:
+     * SF_OK when signed in (SF_LOGGED_IN, tokens stored: the store answered its write) or
+     * why not — SF_EDENIED (the user refused: access_denied), SF_EEXPIRED (the code expired,
+     * or the browser flow's timeout ran out), SF_ECANCELLED (sf_sign_in_cancel),
+     * SF_ECONFIG (the authority refused the client or request, the metadata was refused —
+     * the message names the member — or the flow's endpoint is not in it), SF_ENETWORK (the
+     * authority could not be reached at a step that is not retried), SF_ESTATE (someone
+     * signed in meanwhile), SF_ESTORE (the stored session is not known yet: see
+     * sf_session_sign_in), SF_ESHUTDOWN (the runtime was destroyed). `message` (borrowed
+     * for the call, never NULL) says why in plain words ("" for SF_OK). */
+    void (*on_done)(int result, const char *message, void *userdata);
+    /* Exactly once for every sign-in started (SF_OK), on the loop thread, right after
+     * on_done: nothing of this observer is called after it. */
+    void (*release)(void *userdata);
+    void *userdata;
+} sf_sign_in_observer;
+
+/* Fills `options` with the defaults (and its size). Any thread. NULL is ignored. */
+void sf_sign_in_options_init(sf_sign_in_options *options);
+
+/* Starts the device authorization grant (RFC 8628): asks the device authorization endpoint
+ * for codes, hands them to on_prompt, then polls the token endpoint (every interval;
+ * slow_down honoured) until the user approves, refuses or the code expires; then signs in.
+ * `options`: where the endpoints come from (see above); NULL means the defaults, which
+ * name no device authorization endpoint. The observer is copied; its userdata belongs to
+ * the sign-in until `release`.
+ * Returns SF_OK and *out (the flow runs on the loop; on_done will be called), or — calling
+ * nothing, taking no ownership — SF_EINVAL (NULL runtime, observer or out; no issuer and
+ * no device_authorization_endpoint, or no sf_options.token_endpoint; no sf_options.client_id;
+ * an endpoint that is not https or http to loopback: named in the log), SF_ESTATE (someone
+ * is signed in: log out first), SF_ECLOSED, SF_ESHUTDOWN. Any thread (it only posts work,
+ * also on a borrowed runtime). */
+int sf_session_sign_in_device(sf_runtime *runtime, const sf_sign_in_options *options,
+                              const sf_sign_in_observer *observer, sf_sign_in *out);
+
+/* Starts the authorization code grant with PKCE on a loopback redirect (RFC 7636, RFC 8252
+ * section 7.3): opens a listener on 127.0.0.1 (a free port), hands on_prompt the
+ * authorization URL to open in a browser and the redirect URI, and waits for the browser
+ * to come back (at most timeout_ms: then SF_EEXPIRED); then redeems the code and signs in.
+ * A refusal in the browser (error=access_denied) is SF_EDENIED; another error the
+ * authorization server redirects with is SF_ECONFIG. Redirects that do not belong to this
+ * flow (another path, a wrong or missing state) are answered 400 or 404 and ignored. The
+ * listener is closed on every outcome. Ownership, returns (SF_EINVAL also for no issuer and
+ * no authorization_endpoint, or timeout_ms out of range) and threads: as
+ * sf_session_sign_in_device. */
+int sf_session_sign_in_browser(sf_runtime *runtime, const sf_sign_in_options *options,
+                               const sf_sign_in_observer *observer, sf_sign_in *out);
+
+/* Cancels a sign-in: its request in flight is ended, no further request is sent, no timer is
+ * left, the browser flow's listener is closed, on_prompt is not called any more, and
+ * nothing is signed in by it — unless its outcome was already decided (the tokens were
+ * being signed in): on_done then reports that outcome. Otherwise on_done says
+ * SF_ECANCELLED. on_done and release still follow, on the loop thread, never inside this
+ * call. Returns SF_OK the first time, SF_ECLOSED for 0, an unknown handle, one already
+ * cancelled, or one whose on_done has been called. Any thread, also inside on_prompt. */
+int sf_sign_in_cancel(sf_sign_in sign_in);
 
 /* ---- Host-supplied refresher ---------------------------------------------------- */
 

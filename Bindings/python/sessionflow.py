@@ -135,6 +135,44 @@ class _Options(ctypes.Structure):
     ]
 
 
+class _SignInOptions(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("issuer", ctypes.c_char_p),
+        ("device_authorization_endpoint", ctypes.c_char_p),
+        ("authorization_endpoint", ctypes.c_char_p),
+        ("scope", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_int64),
+        ("replace_unreadable_store", ctypes.c_int),
+    ]
+
+
+class _SignInPrompt(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("user_code", ctypes.c_char_p),
+        ("verification_uri", ctypes.c_char_p),
+        ("verification_uri_complete", ctypes.c_char_p),
+        ("expires_in_ms", ctypes.c_int64),
+        ("interval_ms", ctypes.c_int64),
+        ("authorization_url", ctypes.c_char_p),
+        ("redirect_uri", ctypes.c_char_p),
+    ]
+
+
+_PROMPT_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(_SignInPrompt), ctypes.c_void_p)
+_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+class _SignInObserver(ctypes.Structure):
+    _fields_ = [
+        ("on_prompt", _PROMPT_FN),
+        ("on_done", _DONE_FN),
+        ("release", _VOID_FN),
+        ("userdata", ctypes.c_void_p),
+    ]
+
+
 class _StoreObserver(ctypes.Structure):
     _fields_ = [
         ("on_status", _STORE_FN),
@@ -185,6 +223,14 @@ _switch_account = _declare("sf_session_switch_account", ctypes.c_int, ctypes.c_v
 _add_account = _declare("sf_session_add_account", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
 _logout_account = _declare("sf_session_logout_account", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
 _logout_all = _declare("sf_session_logout_all", ctypes.c_int, ctypes.c_void_p)
+_sign_in_options_init = _declare("sf_sign_in_options_init", None, ctypes.POINTER(_SignInOptions))
+_sign_in_device = _declare(
+    "sf_session_sign_in_device", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_SignInOptions),
+    ctypes.POINTER(_SignInObserver), ctypes.POINTER(ctypes.c_uint64))
+_sign_in_browser = _declare(
+    "sf_session_sign_in_browser", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_SignInOptions),
+    ctypes.POINTER(_SignInObserver), ctypes.POINTER(ctypes.c_uint64))
+_sign_in_cancel = _declare("sf_sign_in_cancel", ctypes.c_int, ctypes.c_uint64)
 _succeed = _declare("sf_refresh_request_succeed", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
 _fail = _declare("sf_refresh_request_fail", ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64)
 
@@ -196,10 +242,12 @@ ERRORS = {
 class SessionFlowError(Exception):
     """A negative SF_E* code, with its name and text."""
 
-    def __init__(self, code: int, call: str):
+    def __init__(self, code: int, call: str, detail: Optional[str] = None):
         self.code = code
         self.name = _err_name(code).decode()
-        super().__init__(f"{call}: {self.name}: {_strerror(code).decode()}")
+        self.detail = detail
+        text = f"{call}: {self.name}: {_strerror(code).decode()}"
+        super().__init__(f"{text} ({detail})" if detail else text)
 
 
 def _check(code: int, call: str) -> int:
@@ -272,6 +320,59 @@ class Event:
         return f"Event({self.kind.name}, member={self.member_id}, reason={self.reason})"
 
 
+# ---- Sign-in flows -------------------------------------------------------------------
+
+class SignInPrompt:
+    """What the user is shown (sf_sign_in_prompt). Device flow: go to `verification_uri` and
+    enter `user_code` (or open `verification_uri_complete`). Browser flow: open
+    `authorization_url`; it comes back to `redirect_uri`. Fields not of the flow are None."""
+
+    def __init__(self, raw: _SignInPrompt):
+        def text(value):
+            return value.decode() if value else None
+        self.user_code = text(raw.user_code)
+        self.verification_uri = text(raw.verification_uri)
+        self.verification_uri_complete = text(raw.verification_uri_complete)
+        self.expires_in_ms = raw.expires_in_ms
+        self.interval_ms = raw.interval_ms
+        self.authorization_url = text(raw.authorization_url)
+        self.redirect_uri = text(raw.redirect_uri)
+
+    def __repr__(self):
+        if self.user_code is not None:
+            return f"SignInPrompt(user_code={self.user_code!r}, verification_uri={self.verification_uri!r})"
+        return f"SignInPrompt(authorization_url={self.authorization_url!r}, redirect_uri={self.redirect_uri!r})"
+
+
+class SignIn:
+    """A sign-in in progress. `cancel()` from any thread (also inside on_prompt); `wait()` for
+    its outcome: None when signed in, SessionFlowError (SF_EDENIED, SF_EEXPIRED,
+    SF_ECANCELLED, SF_ECONFIG...) otherwise, with the library's message as `detail`."""
+
+    def __init__(self, call: str):
+        self._call = call
+        self._done = threading.Event()
+        self.handle = 0
+        self.result: Optional[int] = None
+        self.message: Optional[str] = None
+        self.prompt: Optional[SignInPrompt] = None
+
+    def cancel(self) -> bool:
+        """True the first time while it runs; False when cancelled already or finished."""
+        return _sign_in_cancel(self.handle) == SF_OK
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Waits for the outcome; raises SessionFlowError for a failure, TimeoutError if none came."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"{self._call}: no outcome within {timeout} s")
+        if self.result != SF_OK:
+            raise SessionFlowError(self.result, self._call, self.message)
+
+
 # ---- Runtime -------------------------------------------------------------------------
 
 class RefreshRequest:
@@ -295,6 +396,7 @@ class Runtime:
                  min_refresh_interval_ms: Optional[int] = None,
                  token_endpoint: Optional[str] = None, client_id: Optional[str] = None,
                  revocation_endpoint: Optional[str] = None, store_directory: Optional[str] = None,
+                 introspection_endpoint: Optional[str] = None, scope: Optional[str] = None,
                  on_refresher_released: Optional[Callable[[], None]] = None,
                  start_manually: bool = False,
                  store_key: Optional[bytes] = None, store_key_file: Optional[str] = None):
@@ -311,8 +413,10 @@ class Runtime:
         if min_refresh_interval_ms is not None:
             options.min_refresh_interval_ms = min_refresh_interval_ms
         # ctypes keeps these bytes alive with the struct; the library copies them.
-        self._strings = [s.encode() if s else None for s in (token_endpoint, client_id, revocation_endpoint, store_directory)]
-        options.token_endpoint, options.client_id, options.revocation_endpoint, options.store_directory = self._strings
+        self._strings = [s.encode() if s else None for s in (token_endpoint, client_id, revocation_endpoint, store_directory,
+                                                             introspection_endpoint, scope)]
+        (options.token_endpoint, options.client_id, options.revocation_endpoint, options.store_directory,
+         options.introspection_endpoint, options.scope) = self._strings
         key_buffer = ctypes.create_string_buffer(store_key, len(store_key)) if store_key is not None else None
         if key_buffer is not None:
             options.store_key = ctypes.cast(key_buffer, ctypes.c_void_p)
@@ -541,3 +645,64 @@ class Runtime:
             raise TimeoutError("no token answer")
         _check(answer["result"], "sf_session_fresh_token (callback)")
         return answer["token"]
+
+    # sign-in flows
+    def sign_in_device(self, issuer: Optional[str] = None, *, scope: Optional[str] = None,
+                       device_authorization_endpoint: Optional[str] = None,
+                       on_prompt: Optional[Callable[[SignInPrompt], None]] = None,
+                       replace_unreadable_store: bool = False) -> SignIn:
+        """Starts the device authorization grant (RFC 8628): `on_prompt` (loop thread) gets the
+        user code and the verification URI; the library polls until the user approves. With
+        `issuer`, the endpoints come from its metadata (RFC 8414) and the client is the
+        runtime's client_id; else from the runtime's token endpoint and
+        `device_authorization_endpoint`. Raises SessionFlowError (SF_EINVAL, SF_ESTATE...) when
+        it cannot start; the outcome comes through the returned SignIn."""
+        return self._sign_in(_sign_in_device, "sf_session_sign_in_device", issuer, scope,
+                             device_authorization_endpoint, None, None, on_prompt, replace_unreadable_store)
+
+    def sign_in_browser(self, issuer: Optional[str] = None, *, scope: Optional[str] = None,
+                        authorization_endpoint: Optional[str] = None, timeout_ms: Optional[int] = None,
+                        on_prompt: Optional[Callable[[SignInPrompt], None]] = None,
+                        replace_unreadable_store: bool = False) -> SignIn:
+        """Starts the authorization code grant with PKCE on a loopback redirect: `on_prompt`
+        (loop thread) gets the authorization URL to open in a browser and the redirect URI the
+        library listens on. Gives up after `timeout_ms` (SF_EEXPIRED). As sign_in_device."""
+        return self._sign_in(_sign_in_browser, "sf_session_sign_in_browser", issuer, scope,
+                             None, authorization_endpoint, timeout_ms, on_prompt, replace_unreadable_store)
+
+    def _sign_in(self, function, call, issuer, scope, device_endpoint, authorization_endpoint, timeout_ms,
+                 on_prompt, replace_unreadable_store) -> SignIn:
+        options = _SignInOptions()
+        _sign_in_options_init(ctypes.byref(options))
+        # The library copies the strings during the call.
+        strings = [s.encode() if s else None for s in (issuer, device_endpoint, authorization_endpoint, scope)]
+        options.issuer, options.device_authorization_endpoint, options.authorization_endpoint, options.scope = strings
+        if timeout_ms is not None:
+            options.timeout_ms = timeout_ms
+        options.replace_unreadable_store = 1 if replace_unreadable_store else 0
+        sign_in = SignIn(call)
+        key = None
+
+        def prompt_cb(raw, _):
+            sign_in.prompt = SignInPrompt(raw.contents)
+            if on_prompt:
+                on_prompt(sign_in.prompt)
+
+        def done_cb(result, message, _):
+            sign_in.result = result
+            sign_in.message = message.decode(errors="replace") if message else ""
+
+        def release_cb(_):
+            sign_in._done.set()  # after on_done: nothing of this sign-in follows
+            _drop(key)
+
+        callbacks = (_PROMPT_FN(prompt_cb), _DONE_FN(done_cb), _VOID_FN(release_cb))
+        key = _keep(callbacks)
+        observer = _SignInObserver(*callbacks, None)
+        handle = ctypes.c_uint64()
+        code = function(self._pointer, ctypes.byref(options), ctypes.byref(observer), ctypes.byref(handle))
+        if code < 0:
+            _drop(key)  # a failed start takes no ownership: nothing will be called
+            raise SessionFlowError(code, call)
+        sign_in.handle = handle.value
+        return sign_in

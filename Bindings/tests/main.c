@@ -51,7 +51,22 @@
     XX(store_status_tells_an_unreadable_store_from_no_session)       \
     XX(store_status_sign_in_replacing_store_is_the_hosts_choice)     \
     XX(store_key_options_are_validated)                              \
-    XX(store_key_from_the_host_opens_the_store_and_no_other_key_does)
+    XX(store_key_from_the_host_opens_the_store_and_no_other_key_does) \
+    XX(sign_in_bad_input_calls_nothing)                              \
+    XX(sign_in_device_approved_through_discovery)                    \
+    XX(sign_in_device_with_the_runtimes_endpoints)                   \
+    XX(sign_in_device_denied_is_edenied)                             \
+    XX(sign_in_device_expired_is_eexpired)                           \
+    XX(sign_in_device_cancelled_mid_poll_sends_nothing_more)         \
+    XX(sign_in_cancel_inside_on_prompt_and_before_the_start)         \
+    XX(sign_in_discovery_refused_is_econfig_naming_the_member)       \
+    XX(sign_in_destroy_with_a_sign_in_running)                       \
+    XX(sign_in_on_a_borrowed_loop_and_its_teardown)                  \
+    XX(sign_in_browser_approved_through_discovery)                   \
+    XX(sign_in_browser_denied_is_edenied)                            \
+    XX(sign_in_browser_timeout_is_eexpired)                          \
+    XX(sign_in_browser_cancelled_closes_the_listener)                \
+    XX(sign_in_browser_bad_input_and_destroy)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

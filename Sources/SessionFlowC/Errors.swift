@@ -45,6 +45,9 @@ func errorCode(_ error: SessionError) -> Int32 {
     case .storeUnavailable: SF_ESTORE.code
     case .shutDown: SF_ESHUTDOWN.code
     case .invalidArgument: SF_EINVAL.code
+    case .cancelled: SF_ECANCELLED.code
+    case .accessDenied: SF_EDENIED.code
+    case .signInExpired: SF_EEXPIRED.code
     default: SF_EINVAL.code
     }
 }

@@ -21,14 +21,20 @@ final class Runtime: Sendable {
     /// The host's refresher, when it supplied one.
     let authority: HostAuthority?
     let borrowed: Bool
+    /// The client and endpoints sign-in flows start from (sf_options).
+    let signInBase: SignInBase
     private let destroyed = Atomic<Bool>(false)
 
-    init(id: UInt64, loop: EventLoop, session: SessionManager, authority: HostAuthority?, borrowed: Bool) {
+    init(
+        id: UInt64, loop: EventLoop, session: SessionManager, authority: HostAuthority?, borrowed: Bool,
+        signInBase: SignInBase
+    ) {
         self.id = id
         self.loop = loop
         self.session = session
         self.authority = authority
         self.borrowed = borrowed
+        self.signInBase = signInBase
     }
 
     /// Marks the runtime destroyed; true for the one caller that got there first.
@@ -241,8 +247,14 @@ private func makeRuntime(
     let release = RefreshRelease(function: options.refresh_release, userdata: UserData(pointer: options.refresh_userdata))
     // Registered after the session's own hook, so it runs after the session has failed its
     // waiters and stopped its timers: the host's refresher is closed for good, then released.
-    guard loop.addTeardownHook({ host?.close(); release() }) else { return SF_ESHUTDOWN.code }
-    let runtime = runtimes.insert { id in Runtime(id: id, loop: loop, session: session, authority: host, borrowed: borrowed) }
+    // Sign-ins still running end first (on_done SF_ESHUTDOWN, release), their flows stopped.
+    guard loop.addTeardownHook({ endSignIns(on: loop) }),
+        loop.addTeardownHook({ host?.close(); release() })
+    else { return SF_ESHUTDOWN.code }
+    let base = SignInBase(options)
+    let runtime = runtimes.insert { id in
+        Runtime(id: id, loop: loop, session: session, authority: host, borrowed: borrowed, signInBase: base)
+    }
     out.pointee = pointer(for: runtime.id)
     return SF_OK.code
 }

@@ -1,0 +1,232 @@
+"""Sign-in flows from Python (sf_session_sign_in_device / _browser) against the real test
+server (Tests/Fixtures/oauth_server.py: Authlib's RFC 8628 and RFC 8414 metadata)."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+import sessionflow as sf
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "Tests", "Fixtures", "oauth_server.py")
+CLIENT = "sessionflow-public"
+
+
+@pytest.fixture(scope="module")
+def server():
+    pytest.importorskip("authlib")
+    process = subprocess.Popen([sys.executable, FIXTURE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    port = int(process.stdout.readline().split()[1])
+    yield f"http://127.0.0.1:{port}"
+    process.kill()
+    process.wait()
+
+
+def call(url, form=None):
+    data = urllib.parse.urlencode(form).encode() if form is not None else None
+    try:
+        with urllib.request.urlopen(url, data) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        return json.load(error)
+
+
+def device_config(server, interval=1, expires_in=60):
+    call(f"{server}/__device/config", {"reset": "1", "interval": str(interval), "expires_in": str(expires_in)})
+
+
+def runtime_for(server):
+    return sf.Runtime(token_endpoint=f"{server}/oauth/token", introspection_endpoint=f"{server}/oauth/introspect",
+                      client_id=CLIENT)
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+def test_device_sign_in_approved_through_discovery(server):
+    device_config(server)
+    prompts = []
+    threads = []
+
+    def on_prompt(prompt):
+        threads.append(threading.current_thread())
+        prompts.append(prompt)
+
+    with runtime_for(server) as runtime:
+        sign_in = runtime.sign_in_device(server, on_prompt=on_prompt)
+        assert wait_for(lambda: prompts)
+        prompt = prompts[0]
+        assert prompt.user_code and prompt.verification_uri.startswith(server)
+        assert prompt.authorization_url is None and prompt.redirect_uri is None
+        assert prompt.interval_ms == 1000 and prompt.expires_in_ms == 60000
+        assert threads[0] is not threading.main_thread()
+        assert runtime.state == sf.State.LOGGED_OUT
+        assert call(f"{server}/__device/approve", {"user_code": prompt.user_code})["ok"]
+        sign_in.wait(10)
+        assert sign_in.result == 0 and sign_in.message == ""
+        assert runtime.state == sf.State.LOGGED_IN
+        assert runtime.member_id() == "alice"
+        assert not sign_in.cancel()  # finished: SF_ECLOSED
+        assert len(prompts) == 1
+
+
+def test_device_sign_in_denied_raises_edenied(server):
+    device_config(server)
+    with runtime_for(server) as runtime:
+        sign_in = runtime.sign_in_device(server)
+        assert wait_for(lambda: sign_in.prompt is not None)
+        call(f"{server}/__device/deny", {"user_code": sign_in.prompt.user_code})
+        with pytest.raises(sf.SessionFlowError) as error:
+            sign_in.wait(10)
+        assert error.value.name == "SF_EDENIED"
+        assert error.value.detail  # the library's message, in plain words
+        assert runtime.state == sf.State.LOGGED_OUT
+
+
+def test_device_sign_in_expired_raises_eexpired(server):
+    device_config(server, interval=1, expires_in=2)
+    with runtime_for(server) as runtime:
+        sign_in = runtime.sign_in_device(server)
+        with pytest.raises(sf.SessionFlowError) as error:
+            sign_in.wait(10)
+        assert error.value.name == "SF_EEXPIRED"
+        assert not runtime.is_logged_in()
+
+
+def test_device_sign_in_cancelled_polls_no_more(server):
+    device_config(server)
+    with runtime_for(server) as runtime:
+        before = call(f"{server}/__device/stats")["polls"]
+        sign_in = runtime.sign_in_device(device_authorization_endpoint=f"{server}/oauth/device_authorization")
+        assert wait_for(lambda: call(f"{server}/__device/stats")["polls"] > before)
+        assert sign_in.cancel()
+        assert not sign_in.cancel()  # twice: False
+        with pytest.raises(sf.SessionFlowError) as error:
+            sign_in.wait(10)
+        assert error.value.name == "SF_ECANCELLED"
+        after = call(f"{server}/__device/stats")["polls"]
+        call(f"{server}/__device/approve", {"user_code": sign_in.prompt.user_code})
+        time.sleep(2.5)
+        assert call(f"{server}/__device/stats")["polls"] == after
+        assert runtime.state == sf.State.LOGGED_OUT
+
+
+def test_sign_in_that_cannot_start_raises_and_keeps_nothing(server):
+    with sf.Runtime() as bare:
+        with pytest.raises(sf.SessionFlowError) as error:
+            bare.sign_in_device()  # no endpoints at all
+        assert error.value.name == "SF_EINVAL"
+        with pytest.raises(sf.SessionFlowError) as error:
+            bare.sign_in_device(server)  # an issuer needs the runtime's client_id
+        assert error.value.name == "SF_EINVAL"
+    with runtime_for(server) as runtime:
+        with pytest.raises(sf.SessionFlowError) as error:
+            runtime.sign_in_device("ftp://127.0.0.1/")
+        assert error.value.name == "SF_EINVAL"
+        runtime.sign_in("access", "refresh", 3600, "bob")
+        with pytest.raises(sf.SessionFlowError) as error:
+            runtime.sign_in_device(server)
+        assert error.value.name == "SF_ESTATE"
+
+
+def test_destroy_ends_a_running_sign_in(server):
+    device_config(server)
+    runtime = runtime_for(server)
+    sign_in = runtime.sign_in_device(server)
+    assert wait_for(lambda: sign_in.prompt is not None)
+    runtime.destroy()
+    assert sign_in.done  # on_done and release ran before destroy returned
+    with pytest.raises(sf.SessionFlowError) as error:
+        sign_in.wait(0)
+    assert error.value.name == "SF_ESHUTDOWN"
+    assert not sign_in.cancel()
+
+
+# ---- The browser flow (authorization code + PKCE on a loopback redirect) ------------------
+
+import html.parser
+
+
+class _ConsentForm(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.fields = {}
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "input" and attrs.get("type") == "hidden":
+            self.fields[attrs["name"]] = attrs.get("value", "")
+
+
+def play_browser(authorization_url, consent):
+    """Follows the authorization URL, submits the consent form as alice and follows the redirect
+    to the library's loopback listener (urllib follows the 302). Returns that page's status."""
+    with urllib.request.urlopen(authorization_url) as response:
+        form = _ConsentForm()
+        form.feed(response.read().decode())
+    fields = dict(form.fields, user="alice", consent=consent)
+    base = authorization_url.split("/oauth/authorize")[0]
+    try:
+        with urllib.request.urlopen(f"{base}/oauth/authorize", urllib.parse.urlencode(fields).encode()) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_browser_sign_in_approved_through_discovery(server):
+    prompts = []
+    with runtime_for(server) as runtime:
+        sign_in = runtime.sign_in_browser(server, on_prompt=prompts.append)
+        assert wait_for(lambda: prompts)
+        prompt = prompts[0]
+        assert prompt.authorization_url.startswith(f"{server}/oauth/authorize?")
+        assert prompt.redirect_uri.startswith("http://127.0.0.1:") and prompt.redirect_uri.endswith("/callback")
+        assert prompt.user_code is None and prompt.interval_ms == -1 and prompt.expires_in_ms == 300000
+        assert play_browser(prompt.authorization_url, "allow") == 200
+        sign_in.wait(10)
+        assert runtime.state == sf.State.LOGGED_IN
+        assert runtime.member_id() == "alice"
+
+
+def test_browser_sign_in_denied_timeout_and_cancel(server):
+    with runtime_for(server) as runtime:
+        denied = runtime.sign_in_browser(server)
+        assert wait_for(lambda: denied.prompt is not None)
+        play_browser(denied.prompt.authorization_url, "deny")
+        with pytest.raises(sf.SessionFlowError) as error:
+            denied.wait(10)
+        assert error.value.name == "SF_EDENIED"
+
+        late = runtime.sign_in_browser(server, timeout_ms=800)
+        with pytest.raises(sf.SessionFlowError) as error:
+            late.wait(10)
+        assert error.value.name == "SF_EEXPIRED"
+
+        cancelled = runtime.sign_in_browser(server)
+        assert wait_for(lambda: cancelled.prompt is not None)
+        exchanges = call(f"{server}/__authorize/stats")["code_exchanges"]
+        assert cancelled.cancel()
+        with pytest.raises(sf.SessionFlowError) as error:
+            cancelled.wait(10)
+        assert error.value.name == "SF_ECANCELLED"
+        with pytest.raises(Exception):  # the listener is closed: the redirect finds no one
+            play_browser(cancelled.prompt.authorization_url, "allow")
+        assert call(f"{server}/__authorize/stats")["code_exchanges"] == exchanges
+        assert runtime.state == sf.State.LOGGED_OUT
+
+        with pytest.raises(sf.SessionFlowError) as error:
+            runtime.sign_in_browser(server, timeout_ms=-1)
+        assert error.value.name == "SF_EINVAL"
