@@ -5,6 +5,52 @@ import SessionCore
 import SessionFileStore
 import SessionOAuth
 
+/// The help of `watch-session` and of its default subcommand `watch` (the same screen).
+let helpText = """
+    With no options it plays an embedded demo: a session signs in, refreshes before its \
+    tokens expire, rides out a struggling server with backoff, and ends when its refresh \
+    token is revoked.
+
+    Examples:
+      watch-session                    the demo, in about a minute
+      watch-session --speed 10         the demo, ten times faster
+      watch-session --json             one JSON object per event (NDJSON), for scripts
+      watch-session --scenario offline-start
+      watch-session --store ~/.config/app/session
+                                       follow the session other processes keep there
+      watch-session --store DIR --account bob
+                                       follow the account bob of several (the list is shown)
+      watch-session --store DIR --token-endpoint https://auth.example.com/oauth/token \\
+                    --client-id my-app --refresh-token-file token.txt
+                                       drive a real OAuth 2.0 server (token from a file or '-' for stdin)
+      watch-session --store DIR --key-file ~/.config/app/store.key
+                                       open a store sealed with a key of your own
+      watch-session login --issuer https://auth.example.com --client-id my-app [--store DIR]
+                                       sign in (device flow), then watch the session
+      watch-session login --browser --issuer https://auth.example.com --client-id my-app [--store DIR]
+                                       sign in in this machine's browser (xdg-open; --no-open: print the URL)
+      watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
+                                       sign out: revoke the refresh token, wipe the store
+
+    The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
+    (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
+    only you can write; without one, the desktop Secret Service when a session bus and \
+    the service answer, else a key file beside the store (SESSIONFLOW_SECRET_SERVICE=off: \
+    never the Secret Service). A store is always opened with the source that sealed it.
+
+    Beside the state it shows whether the store could be read (STORE → available, \
+    reading, or unavailable: why; in --json {"kind":"store","status":…,"reason":…}): \
+    loggedOut with the store unavailable means "the stored session cannot be read yet", \
+    not "signed out"; it is restored when the store can be read again.
+
+    Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit \
+    (after login also: s sign in again). Ctrl-C exits (130).
+
+    Exit codes: 0 done, 1 failed, 2 discovery failed, 3 sign-in denied, 4 sign-in code or \
+    wait expired, 5 sign-in failed otherwise, 6 signed out here but the revocation failed, \
+    64 bad usage, 130 interrupted (Ctrl-C; a sign-in in progress is cancelled).
+    """
+
 @main
 struct WatchSession: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -12,54 +58,11 @@ struct WatchSession: AsyncParsableCommand {
         abstract: "Shows a session live: its state, its refreshes, its failures. Signs in and out.",
         usage: """
             watch-session [--speed <n>] [--scenario <s>] [--json] [--store <dir>] [--account <key>] [--key-file <file>] [--token-endpoint <url> --client-id <id> [--refresh-token-file <file>]]
-              watch-session login --issuer <url> --client-id <id> [--device | --browser [--no-open]] --store <dir> [--key-file <file>] [--scope <s>] [--json]
-              watch-session logout --store <dir> [--issuer <url> --client-id <id>] [--account <key>] [--key-file <file>] [--json]
+              watch-session login --issuer <url> --client-id <id> [--device | --browser [--no-open]] [--store <dir>] [--key-file <file>] [--scope <s>] [--json]
+              watch-session logout [--store <dir>] [--issuer <url> --client-id <id>] [--account <key>] [--key-file <file>] [--json]
               (every option of each: watch-session help watch|login|logout)
             """,
-        discussion: """
-            With no options it plays an embedded demo: a session signs in, refreshes before its \
-            tokens expire, rides out a struggling server with backoff, and ends when its refresh \
-            token is revoked.
-
-            Examples:
-              watch-session                    the demo, in about a minute
-              watch-session --speed 10         the demo, ten times faster
-              watch-session --json             one JSON object per event (NDJSON), for scripts
-              watch-session --scenario offline-start
-              watch-session --store ~/.config/app/session
-                                               follow the session other processes keep there
-              watch-session --store DIR --account bob
-                                               follow the account bob of several (the list is shown)
-              watch-session --store DIR --token-endpoint https://auth.example.com/oauth/token \\
-                            --client-id my-app --refresh-token-file token.txt
-                                               drive a real OAuth 2.0 server (token from a file or '-' for stdin)
-              watch-session --store DIR --key-file ~/.config/app/store.key
-                                               open a store sealed with a key of your own
-              watch-session login --issuer https://auth.example.com --client-id my-app --store DIR
-                                               sign in (device flow), then watch the session
-              watch-session login --browser --issuer https://auth.example.com --client-id my-app --store DIR
-                                               sign in in this machine's browser (xdg-open; --no-open: print the URL)
-              watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
-                                               sign out: revoke the refresh token, wipe the store
-
-            The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
-            (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
-            only you can write; without one, the desktop Secret Service when a session bus and \
-            the service answer, else a key file beside the store (SESSIONFLOW_SECRET_SERVICE=off: \
-            never the Secret Service). A store is always opened with the source that sealed it.
-
-            Beside the state it shows whether the store could be read (STORE → available, \
-            reading, or unavailable: why; in --json {"kind":"store","status":…,"reason":…}): \
-            loggedOut with the store unavailable means "the stored session cannot be read yet", \
-            not "signed out"; it is restored when the store can be read again.
-
-            Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit \
-            (after login also: s sign in again). Ctrl-C exits (130).
-
-            Exit codes: 0 done, 1 failed, 2 discovery failed, 3 sign-in denied, 4 sign-in code or \
-            wait expired, 5 sign-in failed otherwise, 6 signed out here but the revocation failed, \
-            64 bad usage, 130 interrupted (Ctrl-C; a sign-in in progress is cancelled).
-            """,
+        discussion: helpText,
         subcommands: [Watch.self, Login.self, Logout.self],
         defaultSubcommand: Watch.self)
 }
@@ -69,48 +72,7 @@ struct Watch: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch",
         abstract: "Shows a session live: its state, its refreshes, its failures (the default: `watch-session [options]`).",
-        discussion: """
-            With no options it plays an embedded demo: a session signs in, refreshes before its \
-            tokens expire, rides out a struggling server with backoff, and ends when its refresh \
-            token is revoked.
-
-            Examples:
-              watch-session                    the demo, in about a minute
-              watch-session --speed 10         the demo, ten times faster
-              watch-session --json             one JSON object per event (NDJSON), for scripts
-              watch-session --scenario offline-start
-              watch-session --store ~/.config/app/session
-                                               follow the session other processes keep there
-              watch-session --store DIR --account bob
-                                               follow the account bob of several (the list is shown)
-              watch-session --store DIR --token-endpoint https://auth.example.com/oauth/token \\
-                            --client-id my-app --refresh-token-file token.txt
-                                               drive a real OAuth 2.0 server (token from a file or '-' for stdin)
-              watch-session --store DIR --key-file ~/.config/app/store.key
-                                               open a store sealed with a key of your own
-              watch-session login --issuer https://auth.example.com --client-id my-app --store DIR
-                                               sign in (device flow), then watch the session
-              watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
-                                               sign out: revoke the refresh token, wipe the store
-
-            The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
-            (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
-            only you can write; without one, the desktop Secret Service when a session bus and \
-            the service answer, else a key file beside the store (SESSIONFLOW_SECRET_SERVICE=off: \
-            never the Secret Service). A store is always opened with the source that sealed it.
-
-            Beside the state it shows whether the store could be read (STORE → available, \
-            reading, or unavailable: why; in --json {"kind":"store","status":…,"reason":…}): \
-            loggedOut with the store unavailable means "the stored session cannot be read yet", \
-            not "signed out"; it is restored when the store can be read again.
-
-            Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit \
-            (after login also: s sign in again). Ctrl-C exits (130).
-
-            Exit codes: 0 done, 1 failed, 2 discovery failed, 3 sign-in denied, 4 sign-in code or \
-            wait expired, 5 sign-in failed otherwise, 6 signed out here but the revocation failed, \
-            64 bad usage, 130 interrupted (Ctrl-C; a sign-in in progress is cancelled).
-            """,
+        discussion: helpText
     )
 
 

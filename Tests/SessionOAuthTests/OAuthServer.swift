@@ -8,45 +8,14 @@ import SessionOAuth
 /// after it, on a loopback port of its own. The test's own calls to it (sign-in, hooks) go
 /// through `LoopbackHTTP` (POSIX sockets), never through the transport under test.
 final class OAuthServer: @unchecked Sendable {
-    let process = Process()
-    /// The server's stdin: closing it ends the server, even if this process dies first.
-    let lifeline = Pipe()
-    let port: Int
+    let server: AuthlibProcess
+    var port: Int { server.port }
     var base: URL { URL(string: "http://127.0.0.1:\(port)")! }
-
-    static var fixture: String {
-        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("Fixtures/oauth_server.py").path
-    }
 
     /// `strictReuse`: every rotated refresh token presented again revokes its grant (the
     /// server's --strict-reuse; without it only rotate-late rotations are strict).
     init(expiresIn: Int, strictReuse: Bool = false) throws {
-        let output = Pipe()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", Self.fixture, "--expires-in", "\(expiresIn)"] + (strictReuse ? ["--strict-reuse"] : [])
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        process.standardInput = lifeline
-        try process.run()
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { throw ServerError("the OAuth server exited before listening (is authlib installed?)") }
-            line.append(chunk)
-        }
-        let text = String(decoding: line, as: UTF8.self)
-        guard let port = text.split(separator: " ").last.flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) else {
-            throw ServerError("unexpected first line: \(text)")
-        }
-        self.port = port
-    }
-
-    deinit {
-        // Closing its stdin ends the server; SIGKILL in case it is stuck. Foundation reaps
-        // the child (waitUntilExit can hang here, on a run loop this thread does not run).
-        try? lifeline.fileHandleForWriting.close()
-        kill(process.processIdentifier, SIGKILL)
+        server = try AuthlibProcess(arguments: ["--expires-in", "\(expiresIn)"] + (strictReuse ? ["--strict-reuse"] : []))
     }
 
     func configuration(introspection: Bool = false) -> OAuthConfiguration {

@@ -7,38 +7,12 @@ import Testing
 /// The Authlib server of Tests/Fixtures/oauth_server.py for one test (its hooks are described
 /// in its docstring); stopped when let go. The test's own calls go through `LoopbackHTTP`.
 final class AuthServer: @unchecked Sendable {
-    let process = Process()
-    /// The server's stdin: closing it ends the server, even if this process dies first.
-    let lifeline = Pipe()
-    let port: Int
+    let server: AuthlibProcess
+    var port: Int { server.port }
     var issuer: String { "http://127.0.0.1:\(port)" }
 
     init(expiresIn: Int = 3600) throws {
-        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("Fixtures/oauth_server.py").path
-        let output = Pipe()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", fixture, "--expires-in", "\(expiresIn)"]
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        process.standardInput = lifeline
-        try process.run()
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { throw TestFailure("the OAuth server exited before listening (is authlib installed?)") }
-            line.append(chunk)
-        }
-        let text = String(decoding: line, as: UTF8.self)
-        guard let port = text.split(separator: " ").last.flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) else {
-            throw TestFailure("unexpected first line: \(text)")
-        }
-        self.port = port
-    }
-
-    deinit {
-        try? lifeline.fileHandleForWriting.close()
-        kill(process.processIdentifier, SIGKILL)
+        server = try AuthlibProcess(arguments: ["--expires-in", "\(expiresIn)"])
     }
 
     func call(_ method: String, _ path: String, form: [String: String]? = nil) async throws -> LoopbackHTTP.Response {
