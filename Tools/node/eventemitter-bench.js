@@ -15,7 +15,7 @@
 //   node eventemitter-bench.js churn   --pairs 1000000 --background 0
 //       on + off (removeListener) pairs per second on the main thread, with `background`
 //       other listeners live on the same event (loopflow-bench's subscribe+close row has
-//       none). A warm-up pass of the same size first, then one measured pass.
+//       none). A warm-up pass first (as many pairs, at least 100 000), then one measured pass.
 //       → {"churn": {"pairs": P, "background": B, "per_second": x}}
 //   node eventemitter-bench.js latency --samples 2000 --paced 1 --pacing-ns 50000
 //       A worker_threads Worker is the foreign thread: it takes the time, posts i to the main
@@ -91,16 +91,16 @@ function churn(pairs, background) {
     for (let i = 0; i < background; i++) emitter.on('value', () => {});
     // Like the benchmark's `{ _ in }`: a listener that captures nothing, made once.
     const listener = () => {};
-    function pass() {
+    function pass(count) {
         const start = now();
-        for (let i = 0; i < pairs; i++) {
+        for (let i = 0; i < count; i++) {
             emitter.on('value', listener);
             emitter.off('value', listener);
         }
-        return pairs / ((now() - start) / 1e9);
+        return count / ((now() - start) / 1e9);
     }
-    pass(); // warm-up (JIT)
-    const perSecond = pass();
+    pass(Math.max(pairs, 100_000)); // warm-up (JIT)
+    const perSecond = pass(pairs);
     if (emitter.listenerCount('value') !== background) throw new Error('churn: listeners left behind');
     return { pairs, background, per_second: perSecond };
 }
