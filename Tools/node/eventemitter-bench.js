@@ -11,7 +11,9 @@
 //       walk from the first listener to the last, not emit's own set-up (its copy of the
 //       listener array). Warm-up emits first (JIT; by default enough for 10 000 listener
 //       calls), then `updates` measured ones, each reported (loopflow-bench takes the median).
-//       → {"fanout": [{"subscribers": N, "per_update_ns": [...]}]}
+//       emit_ns_per_listener: the whole emit() call per listener, its set-up included (context;
+//       not what loopflow-bench reports).
+//       → {"fanout": [{"subscribers": N, "per_update_ns": [...], "emit_ns_per_listener": [...]}]}
 //   node eventemitter-bench.js churn   --pairs 1000000 --background 0
 //       on + off (removeListener) pairs per second on the main thread, with `background`
 //       other listeners live on the same event (loopflow-bench's subscribe+close row has
@@ -74,13 +76,19 @@ function fanOut(subscribers, updates, warmup) {
     }
     for (let index = 0; index < total; index++) emitter.on('value', listener(index === 0, index === total - 1));
     const measured = [];
+    const whole = [];
     for (let update = 1; update <= warmup + updates; update++) {
+        const start = now();
         emitter.emit('value', update);
+        const elapsed = now() - start;
         if (published !== update) throw new Error(`fan-out: update ${update} did not reach the last listener`);
-        if (update > warmup) measured.push(perCallback);
+        if (update > warmup) {
+            measured.push(perCallback);
+            whole.push(elapsed / total);
+        }
     }
     emitter.removeAllListeners();
-    return { subscribers, per_update_ns: measured };
+    return { subscribers, per_update_ns: measured, emit_ns_per_listener: whole };
 }
 
 // MARK: on/off churn
