@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the benchmark (release, tools package Tools/, scratch path Tools/.build) and runs it:
-# SessionFlow against the raw libuv floor and the Swift peers, in one run. Arguments go to
-# loopflow-bench (--json, --smoke, --no-peers, --only ...).
+# SessionFlow against the raw libuv floor, the Swift peers and, when `node` is installed (Debian:
+# nodejs; not installed here), Node.js's EventEmitter, in one run. Arguments go to loopflow-bench
+# (--json, --smoke, --no-peers, --only, --node PATH ...).
 # Usage: bash scripts/bench.sh [ARGS...]
 source "$(dirname "$0")/setup.sh"
 # Build output to stderr: stdout carries only the report (so --json stays parseable).
@@ -9,5 +10,6 @@ source "$(dirname "$0")/setup.sh"
 swift build -c release --product sessionflow >&2
 swift build -c release --package-path Tools --product loopflow-allocs >&2
 swift build -c release --package-path Tools --product loopflow-bench >&2
-# loopflow-bench takes the first --sessionflow-lib it is given: one in ARGS wins.
-exec Tools/.build/release/loopflow-bench "$@" --sessionflow-lib "$PWD/.build/release/libsessionflow.so"
+# loopflow-bench takes the first --sessionflow-lib (--node-script) it is given: one in ARGS wins.
+exec Tools/.build/release/loopflow-bench "$@" --sessionflow-lib "$PWD/.build/release/libsessionflow.so" \
+    --node-script "$PWD/Tools/node/eventemitter-bench.js"

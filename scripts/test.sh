@@ -9,7 +9,7 @@
 #   3. against that installed library: the C suite (gcc -Werror) and both C example hosts,
 #      the Python (ctypes) host's pytest suite, and hosts built with pkg-config (no rpath:
 #      they run with LD_LIBRARY_PATH, or carry their own rpath)
-#   4. the benchmark's smoke run
+#   4. the benchmark's smoke run (with Node.js's EventEmitter as a peer: its rows must be measured)
 #   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback)
 #   6. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
 #      ThreadSanitizer (each sanitizer with its own scratch path)
@@ -34,6 +34,8 @@ if ! command -v dbus-run-session >/dev/null 2>&1 || ! command -v dbus-send >/dev
 fi
 # A self-signed certificate for the TLS verification test.
 command -v openssl >/dev/null 2>&1 || apt_install openssl
+# Node.js, a peer in the benchmark's smoke run (Tools/node/eventemitter-bench.js: EventEmitter).
+command -v node >/dev/null 2>&1 || apt_install nodejs
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet pytest
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
 python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask
@@ -124,15 +126,20 @@ swift build -c release --package-path Tools --product loopflow-bench "${strict[@
 # The C fan-out goes through the debug build's libsessionflow.so (the C suite used the
 # installed one; this build is a no-op after the one above).
 swift build --product sessionflow "${strict[@]}"
-bench=(Tools/.build/release/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/debug/libsessionflow.so")
+bench=(Tools/.build/release/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/debug/libsessionflow.so"
+    --node "$(command -v node)" --node-script "$PWD/Tools/node/eventemitter-bench.js")
 "${bench[@]}"
 "${bench[@]}" --json | python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
-missing = [row["name"] for row in rows if row["value"] is None]
+missing = [row["name"] + (" (" + row["note"] + ")" if "note" in row else "") for row in rows if row["value"] is None]
 if missing:
     sys.exit("benchmark rows without a figure: " + ", ".join(missing))
-print(f"benchmark json: {len(rows)} rows, every one measured")'
+# The Node.js peer (node is installed above): 5 latency rows, one per fan-out size (2), on+off.
+node = [row for row in rows if row["name"].lstrip(" …").startswith("Node.js")]
+if len(node) != 8:
+    sys.exit(f"benchmark json: {len(node)} Node.js rows, 8 expected: " + ", ".join(row["name"] for row in node))
+print(f"benchmark json: {len(rows)} rows ({len(node)} of Node.js), every one measured")'
 
 echo "== soak (short: 30 s; the full run is --seconds 600)"
 Tools/.build/debug/session-soak --seconds 30

@@ -20,6 +20,7 @@ func report(_ rows: [Row], json: Bool) {
                 "\"baseline_kind\":\(string(row.baseline))", "\"unit\":\(string(row.unit))",
                 "\"ratio\":\(number(row.ratio))",
             ]
+            if let note = row.note { fields.append("\"note\":\(string(note))") }
             if let target = row.target {
                 fields.append("\"target\":\(string(target.text))")
                 fields.append("\"met\":" + (target.met(by: row).map { $0 ? "true" : "false" } ?? "null"))
@@ -49,7 +50,8 @@ func report(_ rows: [Row], json: Bool) {
             case nil: target = goal.text + " (not measured)"
             }
         }
-        print(pad(row.name, 62) + pad(value(row.ours, row.unit), 12) + pad(floor, 12) + pad(ratio, 9) + target)
+        let figure = !row.ours.isFinite && row.note != nil ? row.note! : value(row.ours, row.unit)
+        print(pad(row.name, 62) + pad(figure, 12) + pad(floor, 12) + pad(ratio, 9) + target)
     }
 }
 

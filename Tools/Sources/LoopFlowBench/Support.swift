@@ -17,6 +17,8 @@ struct Row {
     var target: Target? = nil
     /// What `floor` is: the raw libuv C floor unless said otherwise.
     var baseline = "raw libuv C"
+    /// Why there is no figure (ours is nan), printed in its place: "node not installed".
+    var note: String? = nil
 
     var ratio: Double { floor.isFinite && floor > 0 ? ours / floor : .nan }
 

@@ -1,6 +1,6 @@
-// SessionFlow against the raw libuv floor (CBaseline, C in this package) and the Swift peers
-// a user would pick instead, measured in one run; every figure printed with its ratio to the
-// floor of the same run.
+// SessionFlow against the raw libuv floor (CBaseline, C in this package), the Swift peers
+// a user would pick instead and Node.js's EventEmitter (when node is installed), measured in one
+// run; every figure printed with its ratio to the floor of the same run.
 //
 //   bash scripts/bench.sh                       builds the release products below, then runs
 //   .build/release/loopflow-bench               full sizes (about 2 minutes)
@@ -8,7 +8,12 @@
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
 //                                               memory allocations singleflight
-//   ... --no-peers                              without the OpenCombine and AsyncStream rows
+//   ... --no-peers                              without the OpenCombine, AsyncStream and Node.js rows
+//   ... --node PATH, --node-script PATH         the node executable (default $SESSIONFLOW_NODE, else
+//                                               node on PATH; absent: the Node rows say "node not
+//                                               installed") and Tools/node/eventemitter-bench.js
+//                                               (default $SESSIONFLOW_NODE_SCRIPT, else found
+//                                               above this executable); NodePeer.swift
 //   ... --sessionflow-lib PATH                  the libsessionflow.so for the C fan-out
 //                                               (default: beside this executable)
 //
@@ -38,6 +43,8 @@ if let unknown = only.subtracting(sections).first {
 }
 let directory = executableDirectory()
 let sessionFlowLibrary = option("--sessionflow-lib") ?? directory + "/libsessionflow.so"
+var node = NodePeer(nodeOption: option("--node"), scriptOption: option("--node-script"), executableDirectory: directory)
+if peers, case .absent(let why) = node.availability { note("Node.js rows without figures: \(why)") }
 
 let latencySamples = smoke ? 200 : 16_000
 let latencyRounds = smoke ? 1 : 8
@@ -48,6 +55,13 @@ let pairs = smoke ? 1_000 : 1_000_000
 let memorySubscriptions = smoke ? 10_000 : 1_000_000
 let allocationUpdates = smoke ? 200 : 20_000
 let callers = smoke ? 100 : 10_000
+/// Samples each node process discards first (V8 compiles the hot paths meanwhile).
+let nodeLatencyWarmup = smoke ? 20 : 200
+
+/// Rows for a Node.js figure: `value`, or the reason there is none.
+@MainActor func nodeRow(_ name: String, _ value: Double, floor: Double, unit: String, baseline: String = "raw libuv C") -> Row {
+    Row(name: name, ours: value, floor: floor, unit: unit, baseline: baseline, note: value.isFinite ? nil : node.failure ?? "node failed")
+}
 
 var rows: [Row] = []
 
@@ -58,6 +72,10 @@ if only.contains("memory") {
     rows.append(try bytesPerSubscriptionRow(count: memorySubscriptions))
 }
 
+func percentiles(_ paced: Bool) -> [(String, Double)] {
+    paced ? [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)] : [("p10", 0.1), ("p50", 0.5)]
+}
+
 if only.contains("latency") {
     // Paced (the figure the targets are about): a pause after each sample lets the receiving
     // thread go idle, so each sample is a wake-up from idle, as when sets come now and then.
@@ -66,7 +84,8 @@ if only.contains("latency") {
     for paced in [true, false] {
         note("latency (\(paced ? "paced" : "back to back"))…")
         // Interleaved rounds: machine noise hits every contender and the floor alike.
-        var ours: [UInt64] = [], combine: [UInt64] = [], stream: [UInt64] = [], floor: [UInt64] = []
+        var ours: [UInt64] = [], combine: [UInt64] = [], stream: [UInt64] = [], nodeSamples: [UInt64] = []
+        var floor: [UInt64] = []
         let perRound = (paced ? latencySamples : latencySamples / 2) / latencyRounds
         for _ in 0..<latencyRounds {
             ours += try loopFlowLatencies(perRound, paced: paced)
@@ -76,6 +95,10 @@ if only.contains("latency") {
                 floor += baselineLatencies(perRound, paced: paced)
                 stream += asyncStreamLatencies(perRound, paced: paced)
                 floor += baselineLatencies(perRound, paced: paced)
+                if node.isAvailable {
+                    nodeSamples += node.latencies(perRound, warmup: nodeLatencyWarmup, paced: paced)
+                    floor += baselineLatencies(perRound, paced: paced)
+                }
             }
         }
         floor.sort()
@@ -86,13 +109,20 @@ if only.contains("latency") {
             ("AsyncStream(.bufferingNewest(1)) + consumer task", stream, false),
         ] where !samples.isEmpty {
             let sorted = samples.sorted()
-            let percentiles = paced
-                ? [("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999)] : [("p10", 0.1), ("p50", 0.5)]
-            for (name, p) in percentiles {
+            for (name, p) in percentiles(paced) {
                 rows.append(Row(
                     name: "\(label) latency \(name), \(kind)", ours: percentile(sorted, p),
                     floor: percentile(floor, p), unit: "ns",
                     target: target && (p == 0.5 || p == 0.99) ? .ratioAtMost(2) : nil))
+            }
+        }
+        if peers {
+            // A worker_threads Worker posts to the main thread; its 'message' listener publishes.
+            let sorted = nodeSamples.sorted()
+            for (name, p) in percentiles(paced) {
+                rows.append(nodeRow(
+                    "Node.js Worker postMessage → main-thread listener latency \(name), \(kind)",
+                    sorted.isEmpty ? .nan : percentile(sorted, p), floor: percentile(floor, p), unit: "ns"))
             }
         }
     }
@@ -117,6 +147,10 @@ if only.contains("fanout") {
         rows.append(Row(
             name: "  … AsyncStream(.bufferingNewest(1)), a task each",
             ours: await asyncStreamFanOut(subscribers, updates: fanOutUpdates), floor: floor, unit: "ns"))
+        let nodeFanOut = node.isAvailable ? node.fanOut(subscribers, updates: fanOutUpdates) : []
+        rows.append(nodeRow(
+            "  … Node.js EventEmitter (emit to sync listeners)", nodeFanOut.isEmpty ? .nan : median(nodeFanOut),
+            floor: floor, unit: "ns"))
     }
 }
 
@@ -130,6 +164,15 @@ if only.contains("setrate") {
 if only.contains("subscribe") {
     note("subscribe+close…")
     rows += try subscribeCloseRows(pairs: pairs)
+    if peers {
+        // The same background as ours (no other listener live): removeListener scans the
+        // event's listeners from the newest, so LIFO on/off pairs never pay its O(n).
+        let floor = rows.last { $0.baseline == "malloc+lock+free" }?.floor ?? .nan
+        rows.append(nodeRow(
+            "Node.js EventEmitter on+off (main thread)",
+            node.isAvailable ? node.churn(pairs: pairs, background: 0) / 1e6 : .nan, floor: floor, unit: "M/s",
+            baseline: "malloc+lock+free"))
+    }
 }
 
 if only.contains("allocations") {
