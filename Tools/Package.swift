@@ -15,6 +15,7 @@ let package = Package(
         .executable(name: "session-soak", targets: ["SessionSoak"]),
         .executable(name: "session-probe", targets: ["SessionProbe"]),
         .executable(name: "loopflow-demo", targets: ["LoopFlowDemo"]),
+        .executable(name: "fleet-sim", targets: ["FleetSim"]),
     ],
     dependencies: [
         // The root package. Named, so that products are found whatever the checkout's folder is called.
@@ -72,6 +73,11 @@ let package = Package(
                 .product(name: "SessionOAuth", package: "SessionFlow"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
+        ),
+        // The refresh policy at scale: 100 000 clients in virtual time against one server.
+        .executableTarget(
+            name: "FleetSim",
+            dependencies: [.product(name: "SessionCore", package: "SessionFlow")]
         ),
         // A LoopFlow tour: the flows on their own, without sessions.
         .executableTarget(

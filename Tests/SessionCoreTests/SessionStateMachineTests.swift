@@ -36,13 +36,50 @@ struct RefreshPolicyTests {
     }
 
     @Test func jitterOnlyShortensTheDelayWithinItsBounds() {
+        // Uniform within the upper half of [1 s, base]: never past the base, never sooner
+        // than (1 s + base) / 2, never sooner than 1 s.
         let policy = RefreshPolicy()
         for failures in 1...7 {
             let base = policy.baseBackoff(failures: failures)
             let shortest = policy.backoffDelay(failures: failures, retryAfter: nil, unitRandom: 0.999_999)
             let longest = policy.backoffDelay(failures: failures, retryAfter: nil, unitRandom: 0)
             #expect(longest == base)
-            #expect(shortest >= base * 0.9 && shortest < base)
+            #expect(shortest >= (base + policy.initialBackoff) / 2 && shortest <= base)
+            #expect(shortest >= .seconds(1))
+            if failures > 1 { #expect(shortest < base) }
+        }
+    }
+
+    @Test func backoffJitterIsExactWithTheRandomNumberPinned() {
+        let policy = RefreshPolicy()
+        #expect(policy.backoffJitter == 0.5)
+        // base − (base − 1 s) × 0.5 × u
+        #expect(policy.backoffDelay(failures: 6, retryAfter: nil, unitRandom: 0) == .seconds(30))
+        #expect(policy.backoffDelay(failures: 6, retryAfter: nil, unitRandom: 0.5) == .milliseconds(22_750))
+        #expect(policy.backoffDelay(failures: 3, retryAfter: nil, unitRandom: 0.5) == .milliseconds(3_250))
+        // The first retry waits the initial backoff whatever the draw: never sooner than 1 s.
+        #expect(policy.backoffDelay(failures: 1, retryAfter: nil, unitRandom: 0.999_999) == .seconds(1))
+        // Full jitter (backoffJitter 1): uniform over [1 s, base].
+        var full = RefreshPolicy()
+        full.backoffJitter = 1
+        #expect(full.problem == nil)
+        #expect(full.backoffDelay(failures: 6, retryAfter: nil, unitRandom: 0.5) == .milliseconds(15_500))
+        let shortest = full.backoffDelay(failures: 6, retryAfter: nil, unitRandom: 0.999_999)
+        #expect(shortest >= .seconds(1) && shortest < .milliseconds(1_001))
+        // A unit random number out of range is clamped, not trusted.
+        #expect(full.backoffDelay(failures: 6, retryAfter: nil, unitRandom: 7) == .seconds(1))
+        #expect(full.backoffDelay(failures: 6, retryAfter: nil, unitRandom: -1) == .seconds(30))
+        #expect(full.backoffDelay(failures: 6, retryAfter: nil, unitRandom: .nan) == .seconds(30))
+        full.backoffJitter = 1.01
+        #expect(full.problem?.contains("jitter") == true)
+    }
+
+    @Test func retryAfterIsHonouredWhateverTheJitter() {
+        let policy = RefreshPolicy()
+        for u in [0, 0.5, 0.999_999] {
+            #expect(policy.backoffDelay(failures: 6, retryAfter: .seconds(45), unitRandom: u) == .seconds(45))
+            #expect(policy.backoffDelay(failures: 6, retryAfter: .seconds(25), unitRandom: u)
+                == max(.seconds(25), policy.backoffDelay(failures: 6, retryAfter: nil, unitRandom: u)))
         }
     }
 
@@ -98,14 +135,73 @@ struct RefreshPolicyTests {
         #expect(policy.needsRefresh(now: .seconds(150), expiresAt: .seconds(300), lifetime: .seconds(300)))
     }
 
-    @Test func proactiveJitterIsAtMostTenPercentOfTheMarginEarlier() {
+    @Test func theProactiveRefreshFallsInItsWindowExactlyWithTheRandomNumberPinned() {
+        // A 1-hour token: the window ends at expiry − 5 min (3300 s) and reaches back 46 % of
+        // the way from issue to there (1518 s), the lead being 1518 s × (1 − √(1 − u)).
         let policy = RefreshPolicy()
-        let earliest = policy.proactiveDelay(
+        func due(_ u: Double) -> Duration {
+            policy.proactiveDelay(
+                now: .zero, expiresAt: .seconds(3600), lifetime: .seconds(3600), lastRefresh: nil, unitRandom: u)
+        }
+        #expect(policy.proactiveSpread(lifetime: .seconds(3600)) == .seconds(1518))
+        #expect(due(0) == .seconds(3300))
+        #expect(due(0.75) == .seconds(3300 - 759))
+        let earliest = due(0.999_999)
+        #expect(earliest > .seconds(1782) && earliest < .seconds(1784))
+        // Always before expiry − margin, never earlier than the window.
+        for u in stride(from: 0.0, to: 1.0, by: 0.01) {
+            #expect(due(u) <= .seconds(3300) && due(u) >= .seconds(1782))
+        }
+        // Zero jitter: the latest point, as before.
+        var pinned = policy
+        pinned.proactiveJitter = 0
+        #expect(pinned.proactiveDelay(
             now: .zero, expiresAt: .seconds(3600), lifetime: .seconds(3600), lastRefresh: nil, unitRandom: 0.999_999)
-        let latest = policy.proactiveDelay(
-            now: .zero, expiresAt: .seconds(3600), lifetime: .seconds(3600), lastRefresh: nil, unitRandom: 0)
-        #expect(latest == .seconds(3300))
-        #expect(earliest > .seconds(3270) && earliest < .seconds(3271))
+            == .seconds(3300))
+    }
+
+    @Test func theProactiveLawCostsAtMostAThirdMoreRefreshesThanOnePerLifetime() {
+        // The mean of the draw (a fine midpoint sum over u) of a 1-hour token: 3300 − 1518 / 3
+        // = 2794 s, i.e. 1.288 refreshes per lifetime (the fleet simulation holds it to 1.3).
+        let policy = RefreshPolicy()
+        let steps = 10_000
+        var total = 0.0
+        for i in 0..<steps {
+            let u = (Double(i) + 0.5) / Double(steps)
+            let delay = policy.proactiveDelay(
+                now: .zero, expiresAt: .seconds(3600), lifetime: .seconds(3600), lastRefresh: nil, unitRandom: u)
+            total += Double(delay.components.seconds) + Double(delay.components.attoseconds) * 1e-18
+        }
+        let mean = total / Double(steps)
+        #expect(abs(mean - 2794) < 1)
+        #expect(3600 / mean <= 1.3)
+    }
+
+    @Test func aLongLivedTokenIsNotRefreshedLongBeforeItsExpiry() {
+        // A 1-year token: the window is capped at an hour, so at most 1 h 5 min early.
+        let policy = RefreshPolicy()
+        let year = Duration.seconds(365 * 24 * 3600)
+        #expect(policy.proactiveSpread(lifetime: year) == .seconds(3600))
+        let earliest = policy.proactiveDelay(now: .zero, expiresAt: year, lifetime: year, lastRefresh: nil, unitRandom: 0.999_999)
+        let latest = policy.proactiveDelay(now: .zero, expiresAt: year, lifetime: year, lastRefresh: nil, unitRandom: 0)
+        #expect(latest == year - .seconds(300))
+        #expect(earliest >= year - .seconds(300 + 3600) && earliest < year - .seconds(300 + 3590))
+    }
+
+    @Test func theProactiveWindowNeverReachesBeforeTheTokenWasIssued() {
+        // A 5-minute token (margin capped at half) with a 99 % spread: the window stops short
+        // of the issue time, and the minimum interval still holds after a refresh.
+        var policy = RefreshPolicy()
+        policy.proactiveJitter = 0.99
+        #expect(policy.proactiveSpread(lifetime: .seconds(300)) == .milliseconds(148_500))
+        #expect(RefreshPolicy().proactiveSpread(lifetime: .seconds(300)) == .seconds(69))
+        #expect(policy.proactiveDelay(
+            now: .seconds(1000), expiresAt: .seconds(1300), lifetime: .seconds(300), lastRefresh: nil, unitRandom: 0.999_999)
+            > .seconds(1))
+        #expect(policy.proactiveDelay(
+            now: .seconds(1000), expiresAt: .seconds(1300), lifetime: .seconds(300), lastRefresh: .seconds(1000),
+            unitRandom: 0.999_999) == policy.minimumInterval)
+        #expect(policy.proactiveSpread(lifetime: .zero) == .zero)
     }
 }
 

@@ -80,11 +80,23 @@ struct TokenRefreshTests {
     @Test func proactiveJitterOnlyMakesTheRefreshEarlierWithinItsBound() async throws {
         let h = try await Harness { $0.random = { 0.999_999 } }
         try await h.signIn(1, lifetime: .seconds(3600))
-        // jitter 0.999999 of 10% of the 300 s margin: due at 3270.00003 s, not 3300 s
-        try await h.advance(by: .seconds(3270))
+        // draw 0.999999 of a window of 46% of the 3300 s to expiry − 5 min (1518 s) before it:
+        // lead 1518 × (1 − √0.000001) = 1516.482 s, due at 1783.518 s, not 3300 s
+        try await h.advance(by: .seconds(1783))
         #expect(h.authority.refreshCount == 0)
         try await h.advance(by: .seconds(1))
         #expect(h.authority.refreshCount == 1)
+        #expect(h.authority.refreshTimes.first! < .seconds(3300))
+    }
+
+    @Test func theProactiveDrawLandsWhereThePolicySays() async throws {
+        // u = 0.75: half the 1518 s window before expiry − 5 min, exactly 2541 s
+        let h = try await Harness { $0.random = { 0.75 } }
+        try await h.signIn(1, lifetime: .seconds(3600))
+        try await h.advance(by: .seconds(2540))
+        #expect(h.authority.refreshCount == 0)
+        try await h.advance(by: .seconds(1))
+        #expect(h.authority.refreshTimes == [.seconds(2541)])
     }
 
     @Test func aWallClockAnHourFastRefreshesNothingEarly() async throws {
@@ -161,9 +173,13 @@ struct TokenRefreshTests {
         let bases: [Duration] = [1, 2, 4, 8, 16, 30, 30].map { .seconds($0) }
         #expect(gaps.count == 7)
         for (gap, base) in zip(gaps, bases) {
-            // libuv-free virtual time is exact; only the jitter moves the gap, never past the base
-            #expect(gap >= base * 0.9 && gap < base, "gap \(gap) for base \(base)")
+            // libuv-free virtual time is exact; only the jitter moves the gap, never past the
+            // base, never below the upper half of [1 s, base], never below 1 s
+            #expect(gap >= (base + .seconds(1)) / 2 && gap <= base, "gap \(gap) for base \(base)")
+            #expect(gap >= .seconds(1))
+            if base > .seconds(1) { #expect(gap < base, "gap \(gap) for base \(base)") }
         }
+        #expect(gaps.first == .seconds(1))
     }
 
     @Test func aTooManyRequestsAnswerWithRetryAfterTwentyWaitsAtLeastTwentySeconds() async throws {

@@ -74,7 +74,7 @@ struct FaultMatrixTests {
         let session = try await LiveSession(server, configure: { configuration in
             configuration.policy.initialBackoff = Fault.initialBackoff
             configuration.policy.timeout = Fault.refreshTimeout
-            configuration.random = { 0.5 }  // backoff jitter: exactly 5% shorter
+            configuration.random = { 0.5 }  // backoff jitter pinned: a quarter of (base − initial) shorter
         }, oauth: { oauth in
             oauth.requestTimeout = fault.httpTimeout
         })
@@ -108,9 +108,10 @@ struct FaultMatrixTests {
                 if let says = fault.says {
                     #expect(failure.error.description.contains(says), "\(fault.name): \(failure.error)")
                 }
-                // 1 s doubling in DESIGN (here 200 ms), 5% jitter, Retry-After as a floor.
+                // 1 s doubling in DESIGN (here 200 ms), jitter base − (base − initial) × 0.5 × u
+                // with u = 0.5, Retry-After as a floor.
                 let base = Fault.initialBackoff * (1 << (failure.attempt - 1))
-                var expected = base - base * 0.05
+                var expected = base - (base - Fault.initialBackoff) * 0.25
                 if let retryAfter { expected = max(expected, .seconds(retryAfter)) }
                 #expect(failure.retryIn == expected, "\(fault.name): attempt \(failure.attempt) retried in \(String(describing: failure.retryIn)), expected \(expected)")
             }
@@ -167,8 +168,14 @@ struct FaultMatrixTests {
                 let requests = try await server.stats()["token_requests"]! - requestsBefore
                 #expect(requests >= 2 && requests <= 7, "\(fault.name): \(requests) token requests in 1.5 s")
             } else {
-                // The next refresh is due at half-life at the earliest (margin capped at half).
-                #expect(session.manager.timing.nextRefreshIn.map { $0 > lifetime / 2 - .seconds(10) } ?? false)
+                // The next refresh is due where the proactive law puts the pinned draw (0.5): before
+                // expiry − margin (the margin capped at half the lifetime), never past it.
+                let policy = RefreshPolicy()
+                let due = policy.proactiveDelay(
+                    now: .zero, expiresAt: lifetime, lifetime: lifetime, lastRefresh: nil, unitRandom: 0.5)
+                #expect(due < lifetime - policy.effectiveMargin(lifetime: lifetime))
+                #expect(session.manager.timing.nextRefreshIn.map { $0 > due - .seconds(10) && $0 <= due } ?? false,
+                        "\(fault.name): next refresh in \(String(describing: session.manager.timing.nextRefreshIn)), due \(due)")
             }
         }
         let output = session.output

@@ -1,23 +1,58 @@
 /// When to refresh and how long to wait after a failure: pure arithmetic, no clock and
 /// no randomness of its own (the caller passes a unit random number), so tests pin it.
+///
+/// The two jitter laws are chosen so that a fleet of clients never stampedes the
+/// authorization server (measured with `fleet-sim` in Tools/, README "Fleet simulation"):
+///
+/// - **Proactive refresh**: due at a random point of a window that *ends* at expiry − margin
+///   (the latest point, where a zero jitter puts it) and reaches back `proactiveJitter` (46 % by
+///   default) of the time from the token's issue to that point, at most
+///   `maximumProactiveSpread` (1 hour, so a one-year token is refreshed at most 1 h 5 min
+///   early, never months). Within the window the density falls linearly from the latest point
+///   to zero at the earliest: with `u` the unit random number, the lead before the latest point
+///   is `spread × (1 − √(1 − u))` (u = 0: the latest point; u = 0.75: half the spread; u → 1:
+///   the whole spread), a third of the spread on average. So every token is refreshed on
+///   average at (1 − 0.46 / 3) = 0.847 of the way to its latest point, 1.18 × as often as at
+///   the latest point; a 1-hour token between 29.7 and 55 min, on average at 46.6 min, 1.29
+///   refreshes per lifetime. Why not uniform (kubelet's 70–90 %): the n-th refresh of a fleet
+///   issued in one second is the sum of n delays, and the sum of two uniform delays peaks as
+///   high as one, so the second wave is as sharp as the first; a falling density spreads the
+///   fleet within two cycles (second-wave peak ≈ 2× the mean rate instead of 4×) at the same
+///   cost in refreshes. `minimumInterval` still applies.
+/// - **Backoff**: uniform within the upper `backoffJitter` share of `[initialBackoff, base]`,
+///   base = min(1 s × 2ⁿ⁻¹, 30 s) for the n-th consecutive failure:
+///   `base − (base − initialBackoff) × backoffJitter × u`. The default share is half (at the
+///   cap: 15.5–30 s, "equal jitter"); 1 is full jitter over `[initialBackoff, base]`. Why not
+///   full jitter by default: a whole fleet in backoff retries at N / (mean delay) per second,
+///   and full jitter's mean at the cap is 15.5 s, so a recovering server sees ≈ 1.94 × N / 30 s;
+///   half jitter's 22.75 s gives ≈ 1.32 × N / 30 s, within the 1.5 × N / cap the fleet
+///   simulation holds it to, while one draw still spreads a synchronised fleet over 14.5 s
+///   (the old law: 3 s). The first retry is never sooner than `initialBackoff`, none later than
+///   the cap, and none sooner than the server's `Retry-After` (at most `maximumRetryAfter`).
 public struct RefreshPolicy: Sendable, Equatable {
     /// Refresh when the access token has less than this left (default 5 minutes)...
     public var margin: Duration = .seconds(300)
     /// ...but never more than this fraction of the token's lifetime (default half), so a
     /// 5-minute token is refreshed at half-life rather than every `minimumInterval`.
     public var maximumMarginFraction: Double = 0.5
-    /// The proactive timer fires up to this fraction of the margin earlier, at random,
-    /// so that many clients do not refresh in step (default 10%).
-    public var proactiveJitter: Double = 0.1
+    /// How far back from the latest point (expiry − margin) the proactive refresh may fall, at
+    /// random, as a fraction of the time from the token's issue to that point (default 46%;
+    /// 0 = always the latest point), at most `maximumProactiveSpread`. The density falls
+    /// linearly towards the earliest point: see the type's documentation.
+    public var proactiveJitter: Double = 0.46
+    /// The proactive window is never wider than this (default 1 hour), so a long-lived token is
+    /// not refreshed long before its expiry.
+    public var maximumProactiveSpread: Duration = .seconds(3600)
     /// Never refresh again sooner than this after a refresh, so `expires_in: 0` cannot spin.
     public var minimumInterval: Duration = .seconds(10)
     /// First backoff delay after a transient failure (default 1 s), doubled each time...
     public var initialBackoff: Duration = .seconds(1)
     /// ...up to this cap (default 30 s).
     public var maximumBackoff: Duration = .seconds(30)
-    /// Each backoff delay is shortened by up to this fraction, at random (default 10%):
-    /// the delay for failure n lies in [base × (1 − jitter), base], base = min(1 s × 2ⁿ⁻¹, 30 s).
-    public var backoffJitter: Double = 0.1
+    /// How much of the window `[initialBackoff, base]` each backoff delay is spread over, at
+    /// random (default 0.5, the upper half; 1 = full jitter). The delay for failure n lies in
+    /// `[base − jitter × (base − initialBackoff), base]`, base = min(1 s × 2ⁿ⁻¹, 30 s).
+    public var backoffJitter: Double = 0.5
     /// A refresh that has not answered after this long counts as a transient failure.
     public var timeout: Duration = .seconds(30)
     /// A server's Retry-After above this counts as this (default 1 hour): a 429 saying
@@ -32,9 +67,10 @@ public struct RefreshPolicy: Sendable, Equatable {
         let century = Duration.seconds(100 * 365 * 24 * 3600)
         if margin < .zero { return "the refresh margin is negative (\(margin))" }
         if !(0...1).contains(maximumMarginFraction) { return "maximumMarginFraction must be within 0...1" }
-        if !(0..<1).contains(proactiveJitter) || !(0..<1).contains(backoffJitter) {
-            return "jitter fractions must be within 0..<1"
+        if !(0..<1).contains(proactiveJitter) || !(0...1).contains(backoffJitter) {
+            return "jitter fractions must be within 0..<1 (proactive) and 0...1 (backoff)"
         }
+        if maximumProactiveSpread < .zero { return "maximumProactiveSpread is negative" }
         if minimumInterval < .zero { return "the minimum refresh interval is negative (\(minimumInterval))" }
         if initialBackoff <= .zero || maximumBackoff < initialBackoff {
             return "the backoff must start above zero and cap at or above its start"
@@ -64,14 +100,38 @@ public struct RefreshPolicy: Sendable, Equatable {
         now >= expiresAt - effectiveMargin(lifetime: lifetime)
     }
 
-    /// Delay before the proactive refresh, from `now`.
+    /// How far before the latest point (expiry − margin) a proactive refresh may fall: the
+    /// `proactiveJitter` fraction of the time from issue to that point (so never before the
+    /// token was issued), at most `maximumProactiveSpread`, in whole milliseconds.
+    public func proactiveSpread(lifetime: Duration) -> Duration {
+        let lifetime = clampedLifetime(lifetime)
+        let toLatest = lifetime - effectiveMargin(lifetime: lifetime)
+        let spread = min(toLatest * proactiveJitter, maximumProactiveSpread, toLatest)
+        return Self.wholeMilliseconds(max(spread, .zero))
+    }
+
+    /// `duration` rounded down to whole milliseconds (the loop's timer resolution), so that a
+    /// fraction such as 0.42 of an hour is exactly 1512 s and pinned draws are exact.
+    static func wholeMilliseconds(_ duration: Duration) -> Duration {
+        let (seconds, attoseconds) = duration.components
+        return .seconds(seconds) + .milliseconds(attoseconds / 1_000_000_000_000_000)
+    }
+
+    /// How long before the latest point the proactive refresh falls for this unit random
+    /// number: `spread × (1 − √(1 − u))` (a density falling linearly from the latest point).
+    public func proactiveLead(lifetime: Duration, unitRandom: Double) -> Duration {
+        let u = unitRandom.isNaN ? 0 : min(max(unitRandom, 0), 1)
+        return Self.wholeMilliseconds(proactiveSpread(lifetime: lifetime) * (1 - (1 - u).squareRoot()))
+    }
+
+    /// Delay before the proactive refresh, from `now`: at `expiresAt − margin − lead` (see the
+    /// type's documentation), never sooner than `minimumInterval` after the last refresh.
     /// - Parameter unitRandom: a number in [0, 1).
     public func proactiveDelay(
         now: Duration, expiresAt: Duration, lifetime: Duration, lastRefresh: Duration?, unitRandom: Double
     ) -> Duration {
-        let margin = effectiveMargin(lifetime: lifetime)
-        let jitter = margin * (proactiveJitter * unitRandom)
-        var due = expiresAt - margin - jitter
+        let latest = expiresAt - effectiveMargin(lifetime: lifetime)
+        var due = latest - proactiveLead(lifetime: lifetime, unitRandom: unitRandom)
         if let lastRefresh {
             due = max(due, lastRefresh + minimumInterval)
         }
@@ -89,11 +149,15 @@ public struct RefreshPolicy: Sendable, Equatable {
         return min(delay, maximumBackoff)
     }
 
-    /// The delay before retrying after the `failures`-th consecutive failure, honouring
-    /// the server's `Retry-After` (never retried sooner than that).
+    /// The delay before retrying after the `failures`-th consecutive failure:
+    /// `base − (base − initialBackoff) × backoffJitter × u`, so within
+    /// `[initialBackoff, base]` (u = 0: the base), honouring the server's `Retry-After` (never
+    /// retried sooner than that, up to `maximumRetryAfter`).
+    /// - Parameter unitRandom: a number in [0, 1).
     public func backoffDelay(failures: Int, retryAfter: Duration?, unitRandom: Double) -> Duration {
         let base = baseBackoff(failures: failures)
-        let jittered = base - base * (backoffJitter * unitRandom)
+        let u = unitRandom.isNaN ? 0 : min(max(unitRandom, 0), 1)
+        let jittered = max(base - (base - initialBackoff) * (backoffJitter * u), initialBackoff)
         return max(jittered, min(retryAfter ?? .zero, maximumRetryAfter))
     }
 }
