@@ -204,7 +204,8 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
 
 /// A `SharedFlow` subscriber.
 final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sendable {
-    @exclusivity(unchecked) private var onEvent: @Sendable (Event) -> Void
+    /// nil once released (see `ValueCallback`).
+    @exclusivity(unchecked) private var onEvent: Unmanaged<ValueCallback<Event>>?
     /// Set once before registration: the first event sequence this subscriber receives live.
     @exclusivity(unchecked) var startSequence: UInt64 = 0
     /// Set once before registration, taken on the loop: the replayed events.
@@ -217,8 +218,12 @@ final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sen
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?
     ) {
-        self.onEvent = onEvent
+        self.onEvent = ValueCallback.make(onEvent)
         super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
+    }
+
+    deinit {
+        onEvent.drop()  // never released (a subscription that was never registered)
     }
 
     func takeBacklog() -> [Event] {
@@ -228,13 +233,13 @@ final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sen
 
     /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
     override func dropCallbacks() {
-        onEvent = { _ in }
+        onEvent.drop()
     }
 
     @inline(__always)
     func deliver(_ event: Event) {
         if isOpen {
-            onEvent(event)
+            onEvent.call(event)
         }
     }
 }

@@ -202,7 +202,8 @@ struct FlowTerminal: @unchecked Sendable {
 
 /// A `StateFlow` subscriber.
 final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sendable {
-    @exclusivity(unchecked) private var onState: @Sendable (Value) -> Void
+    /// nil once released (see `ValueCallback`).
+    @exclusivity(unchecked) private var onState: Unmanaged<ValueCallback<Value>>?
 
     required init(
         owner: FlowCore,
@@ -211,19 +212,23 @@ final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sen
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?
     ) {
-        self.onState = onState
+        self.onState = ValueCallback.make(onState)
         super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
+    }
+
+    deinit {
+        onState.drop()  // never released (a subscription that was never registered)
     }
 
     /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
     override func dropCallbacks() {
-        onState = { _ in }
+        onState.drop()
     }
 
     @inline(__always)
     func deliver(_ value: Value) {
         if isOpen {
-            onState(value)
+            onState.call(value)
         }
     }
 }
