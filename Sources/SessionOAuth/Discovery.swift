@@ -220,11 +220,24 @@ public struct OAuthDiscoveryError: Error, Sendable, Equatable, CustomStringConve
     public let kind: Kind
     public let field: String?
     public let message: String
+    /// The HTTP status of an `.http` failure (nil for the others, and for a redirect).
+    public let status: Int?
 
-    public init(_ kind: Kind, field: String? = nil, message: String) {
+    public init(_ kind: Kind, field: String? = nil, status: Int? = nil, message: String) {
         self.kind = kind
         self.field = field
+        self.status = status
         self.message = message
+    }
+
+    /// Worth trying again later: no answer (network, timeout), or a server that is
+    /// overloaded or failing (HTTP 408, 429, 5xx).
+    public var isTransient: Bool {
+        switch kind {
+        case .network: true
+        case .http: status.map { $0 == 408 || $0 == 429 || (500...599).contains($0) } ?? false
+        default: false
+        }
     }
 
     public var description: String { message }
@@ -297,7 +310,7 @@ private final class DiscoveryRun: SignInCancellable, @unchecked Sendable {
                 let which = url == locations.openID
                     ? "the OpenID Connect discovery request (after a 404 at the RFC 8414 location)"
                     : "the metadata request"
-                finish(.failure(OAuthDiscoveryError(.http, message: "\(which) got HTTP \(response.status)")))
+                finish(.failure(OAuthDiscoveryError(.http, status: response.status, message: "\(which) got HTTP \(response.status)")))
             case .failure(let failure):
                 finish(.failure(error(for: failure)))
             }
