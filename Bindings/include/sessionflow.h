@@ -285,6 +285,18 @@ typedef struct sf_options {
     size_t store_key_size;
     const char *store_key_file;
     int store_key_source;
+    /* The built-in OAuth 2.0 authority from an issuer alone (copied; NULL: not used): when
+     * `refresh` and `token_endpoint` are NULL, the token, revocation and introspection
+     * endpoints come from this issuer's metadata (RFC 8414, OpenID Connect Discovery as the
+     * fallback), fetched on the loop the first time the session needs them (a refresh, a
+     * logout's revocation, sf_session_resume) and kept; until then nothing is sent. A
+     * discovery that gets no answer (or HTTP 408, 429, 5xx) fails that refresh as transient
+     * (retried with backoff, tokens kept); a refused document fails it as SF_ECONFIG. Needs
+     * client_id. It is also the issuer of sign-in flows whose sf_sign_in_options.issuer is
+     * NULL. An issuer that is not https (or http to loopback), or has a query or fragment,
+     * makes create fail with SF_EINVAL (named in the log). Hosts built against an older
+     * header (a smaller `size`) have none. */
+    const char *issuer;
 } sf_options;
 
 /* Values of sf_options.store_key_source. */
@@ -503,15 +515,16 @@ int sf_session_resume(sf_runtime *runtime);
  *  - the authorization code grant with PKCE on a loopback redirect (RFC 7636, RFC 8252,
  *    sf_session_sign_in_browser): the host opens an authorization URL in a browser; the
  *    library listens on 127.0.0.1 for the redirect and redeems the code.
- * Where the endpoints come from: with sf_sign_in_options.issuer, from the issuer's metadata
- * (RFC 8414, OpenID Connect Discovery as the fallback), fetched on the loop first, with
- * sf_options.client_id (and client_secret) as the client; without it, from the runtime's
- * sf_options (token_endpoint, client_id, client_secret, scope, introspection_endpoint...)
- * plus the endpoint fields of sf_sign_in_options. An endpoint field set next to an issuer
- * replaces the one the metadata names.
+ * Where the endpoints come from: with sf_sign_in_options.issuer (or, when that is NULL,
+ * sf_options.issuer), from the issuer's metadata (RFC 8414, OpenID Connect Discovery as the
+ * fallback), fetched on the loop first, with sf_options.client_id (and client_secret) as the
+ * client; without either, from the runtime's sf_options (token_endpoint, client_id,
+ * client_secret, scope, introspection_endpoint...) plus the endpoint fields of
+ * sf_sign_in_options. An endpoint field set next to an issuer replaces the one the metadata
+ * names.
  * The session keeps refreshing the tokens with the runtime's authority, as for
- * sf_session_sign_in: the built-in one (sf_options.token_endpoint: name the same server's
- * token endpoint there) or the host's refresher.
+ * sf_session_sign_in: the built-in one (sf_options.issuer alone is enough: its endpoints are
+ * discovered; or sf_options.token_endpoint) or the host's refresher.
  * Nothing a flow reports carries a secret: no device code, code verifier or token reaches
  * a callback, a message or the log. */
 

@@ -132,6 +132,7 @@ class _Options(ctypes.Structure):
         ("store_key_size", ctypes.c_size_t),
         ("store_key_file", ctypes.c_char_p),
         ("store_key_source", ctypes.c_int),
+        ("issuer", ctypes.c_char_p),
     ]
 
 
@@ -211,6 +212,7 @@ _sign_in = _declare("sf_session_sign_in", ctypes.c_int, ctypes.c_void_p, ctypes.
 _sign_in_replacing_store = _declare(
     "sf_session_sign_in_replacing_store", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tokens))
 _logout = _declare("sf_session_logout", ctypes.c_int, ctypes.c_void_p)
+_notify_unauthorized = _declare("sf_session_notify_unauthorized", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
 _is_logged_in = _declare("sf_session_is_logged_in", ctypes.c_int, ctypes.c_void_p)
 _member_id = _declare("sf_session_member_id", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
 _fresh_token = _declare("sf_session_fresh_token", ctypes.c_int, ctypes.c_void_p, _TOKEN_FN, ctypes.c_void_p)
@@ -399,14 +401,17 @@ class Runtime:
                  introspection_endpoint: Optional[str] = None, scope: Optional[str] = None,
                  on_refresher_released: Optional[Callable[[], None]] = None,
                  start_manually: bool = False,
-                 store_key: Optional[bytes] = None, store_key_file: Optional[str] = None):
+                 store_key: Optional[bytes] = None, store_key_file: Optional[str] = None,
+                 issuer: Optional[str] = None):
         """`refresher` is called on the loop thread, never after destroy() returned;
         `on_refresher_released` runs once (on the loop thread, before destroy() returns)
         after its last call, when the library lets go of it (sf_options.refresh_release).
         `start_manually`: the session waits for start() before its start-up events, so
         subscribe to events first and miss none (sf_options.start_manually).
         `store_key` (32 bytes) or `store_key_file`: the file store's key from the host
-        (sf_options.store_key / store_key_file; copied at create)."""
+        (sf_options.store_key / store_key_file; copied at create).
+        `issuer` without `token_endpoint`: the built-in authority's endpoints come from the
+        issuer's metadata, on first use (sf_options.issuer); sign-ins default to it."""
         options = _Options()
         _options_init(ctypes.byref(options))
         options.start_manually = 1 if start_manually else 0
@@ -414,9 +419,9 @@ class Runtime:
             options.min_refresh_interval_ms = min_refresh_interval_ms
         # ctypes keeps these bytes alive with the struct; the library copies them.
         self._strings = [s.encode() if s else None for s in (token_endpoint, client_id, revocation_endpoint, store_directory,
-                                                             introspection_endpoint, scope)]
+                                                             introspection_endpoint, scope, issuer)]
         (options.token_endpoint, options.client_id, options.revocation_endpoint, options.store_directory,
-         options.introspection_endpoint, options.scope) = self._strings
+         options.introspection_endpoint, options.scope, options.issuer) = self._strings
         key_buffer = ctypes.create_string_buffer(store_key, len(store_key)) if store_key is not None else None
         if key_buffer is not None:
             options.store_key = ctypes.cast(key_buffer, ctypes.c_void_p)
@@ -582,6 +587,10 @@ class Runtime:
 
     def logout(self) -> None:
         _check(_logout(self._pointer), "sf_session_logout")
+
+    def notify_unauthorized(self, access_token: str) -> None:
+        """A request got 401 with `access_token`: refreshed if it is still the current one."""
+        _check(_notify_unauthorized(self._pointer, access_token.encode()), "sf_session_notify_unauthorized")
 
     def is_logged_in(self) -> bool:
         return _check(_is_logged_in(self._pointer), "sf_session_is_logged_in") == 1

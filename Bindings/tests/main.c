@@ -55,6 +55,7 @@
     XX(sign_in_bad_input_calls_nothing)                              \
     XX(sign_in_device_approved_through_discovery)                    \
     XX(sign_in_device_with_the_runtimes_endpoints)                   \
+    XX(sign_in_with_the_runtimes_issuer_then_refresh)                \
     XX(sign_in_device_denied_is_edenied)                             \
     XX(sign_in_device_expired_is_eexpired)                           \
     XX(sign_in_device_cancelled_mid_poll_sends_nothing_more)         \

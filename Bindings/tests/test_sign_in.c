@@ -202,6 +202,75 @@ void test_sign_in_device_with_the_runtimes_endpoints(void) {
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
 
+typedef struct token_answer {
+    atomic_int calls;
+    atomic_int result;
+    char token[512];
+} token_answer;
+
+static void on_token(int result, const char *access_token, void *userdata) {
+    token_answer *a = userdata;
+    snprintf(a->token, sizeof a->token, "%s", access_token ? access_token : "");
+    atomic_store(&a->result, result);
+    atomic_fetch_add(&a->calls, 1);
+}
+
+static void fresh_token(sf_runtime *runtime, token_answer *a) {
+    memset(a, 0, sizeof *a);
+    CHECK_CODE(sf_session_fresh_token(runtime, on_token, a), SF_OK);
+    WAIT_FOR(atomic_load(&a->calls) == 1);
+    CHECK_EQ_INT(atomic_load(&a->result), SF_OK);
+}
+
+/* A runtime that names only the issuer (sf_options.issuer, no token endpoint): a sign-in
+ * without an issuer of its own uses it, and the session then refreshes through the
+ * endpoints discovered from it. */
+void test_sign_in_with_the_runtimes_issuer_then_refresh(void) {
+    NEED_SERVER(base);
+    device_config(1, 60);
+    sf_options options;
+    sf_options_init(&options);
+    options.issuer = base;
+    options.client_id = "sessionflow-public";
+    sf_runtime *runtime = NULL;
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    long metadata = oauth_stat("/__stats", "metadata_requests");
+    long refreshes = oauth_stat("/__stats", "refresh_grants");
+    probe p;
+    CHECK_CODE(start_device(runtime, NULL, &p), SF_OK);
+    WAIT_FOR(atomic_load(&p.prompts) == 1);
+    CHECK(strncmp(p.verification_uri, base, strlen(base)) == 0);
+    user_decides("/__device/approve", p.user_code);
+    check_finished_once(&p);
+    CHECK_EQ_INT(atomic_load(&p.result), SF_OK);
+    CHECK_EQ_INT(sf_session_is_logged_in(runtime), 1);
+    /* A 401 with the current token: a refresh, through the discovered token endpoint. */
+    token_answer before, after;
+    fresh_token(runtime, &before);
+    CHECK_CODE(sf_session_notify_unauthorized(runtime, before.token), SF_OK);
+    WAIT_FOR(oauth_stat("/__stats", "refresh_grants") == refreshes + 1);
+    fresh_token(runtime, &after);
+    CHECK(strcmp(before.token, after.token) != 0);
+    /* One discovery for the sign-in, one for the session's authority. */
+    CHECK_EQ_INT(oauth_stat("/__stats", "metadata_requests"), metadata + 2);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+
+    /* An issuer that breaks the rule, or one without a client: create refuses. */
+    sf_options bad;
+    sf_options_init(&bad);
+    bad.issuer = "http://auth.example.com";
+    bad.client_id = "c";
+    runtime = NULL;
+    CHECK_CODE(sf_runtime_create(&bad, &runtime), SF_EINVAL);
+    CHECK(runtime == NULL);
+    bad.issuer = base;
+    bad.client_id = NULL;
+    CHECK_CODE(sf_runtime_create(&bad, &runtime), SF_EINVAL);
+    bad.issuer = "https://auth.example.com/?tenant=a";
+    bad.client_id = "c";
+    CHECK_CODE(sf_runtime_create(&bad, &runtime), SF_EINVAL);
+}
+
 void test_sign_in_device_denied_is_edenied(void) {
     NEED_SERVER(base);
     device_config(1, 60);

@@ -128,14 +128,42 @@ func oauthConfiguration(from options: sf_options) throws(OAuthConfigurationError
     return oauth
 }
 
-/// The host's refresher if it gave one; else the built-in OAuth 2.0 authority if it named
-/// a token endpoint; else a refresher that answers "not configured".
-func authority(from options: sf_options, loop: EventLoop) throws(OAuthConfigurationError) -> any SessionAuthority {
-    guard let oauth = try oauthConfiguration(from: options) else {
-        return HostAuthority(
-            refresh: options.refresh, cancel: options.refresh_cancel, userdata: UserData(pointer: options.refresh_userdata))
+/// The issuer of `sf_options.issuer`, checked (a URL with the transport rule, no query or
+/// fragment), or nil when it is not set.
+func issuer(from options: sf_options) throws(OAuthConfigurationError) -> URL? {
+    guard let text = string(options.issuer) else { return nil }
+    guard !text.isEmpty, let url = URL(string: text) else { throw OAuthConfigurationError(field: "issuer", reason: "is not a URL") }
+    _ = try OAuthDiscovery.wellKnownLocations(url)
+    return url
+}
+
+/// The built-in authority from `sf_options.issuer` alone (no refresher, no token endpoint):
+/// its configuration's client, scope and limits, the endpoints left to discovery.
+func issuerTemplate(from options: sf_options) throws(OAuthConfigurationError) -> (URL, OAuthConfiguration)? {
+    guard options.refresh == nil, string(options.token_endpoint) == nil, let issuer = try issuer(from: options) else {
+        return nil
     }
-    return try OAuthAuthority(oauth, loop: loop)
+    guard let clientID = string(options.client_id), !clientID.isEmpty else {
+        throw OAuthConfigurationError(field: "client id", reason: "is not set (the issuer's authority needs the client)")
+    }
+    var template = OAuthConfiguration(
+        tokenEndpoint: issuer, clientID: clientID, clientSecret: string(options.client_secret).map(Secret.init))
+    template.scope = string(options.scope)
+    return (issuer, template)
+}
+
+/// The host's refresher if it gave one; else the built-in OAuth 2.0 authority if it named
+/// a token endpoint, or an issuer (endpoints discovered on first use); else a refresher that
+/// answers "not configured".
+func authority(from options: sf_options, loop: EventLoop) throws(OAuthConfigurationError) -> any SessionAuthority {
+    if let oauth = try oauthConfiguration(from: options) {
+        return try OAuthAuthority(oauth, loop: loop)
+    }
+    if let (issuer, template) = try issuerTemplate(from: options) {
+        return try IssuerAuthority(issuer: issuer, template: template, loop: loop)
+    }
+    return HostAuthority(
+        refresh: options.refresh, cancel: options.refresh_cancel, userdata: UserData(pointer: options.refresh_userdata))
 }
 
 /// Whether the options can make a runtime; an unusable OAuth setting is logged by name.
@@ -143,6 +171,8 @@ func optionsAreUsable(_ options: sf_options) -> Bool {
     guard configuration(from: options) != nil else { return false }
     do {
         _ = try oauthConfiguration(from: options)
+        _ = try issuer(from: options)
+        _ = try issuerTemplate(from: options)
         _ = try storeKey(from: options)
         return true
     } catch {
@@ -178,7 +208,8 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         store_key: nil,
         store_key_size: 0,
         store_key_file: nil,
-        store_key_source: 0)
+        store_key_source: 0,
+        issuer: nil)
 }
 
 /// The store's key as the options say (`store_key`, `store_key_file`, `store_key_source`);

@@ -19,6 +19,8 @@ struct SignInBase: Sendable {
     var clientID: String?
     var clientSecret: Secret?
     var scope: String?
+    /// `sf_options.issuer`: the issuer of flows that name none.
+    var issuer: URL?
 
     init(_ options: sf_options) {
         var plain = options
@@ -27,6 +29,7 @@ struct SignInBase: Sendable {
         clientID = string(options.client_id).flatMap { $0.isEmpty ? nil : $0 }
         clientSecret = string(options.client_secret).map(Secret.init)
         scope = string(options.scope)
+        issuer = (try? SessionFlowC.issuer(from: options)) ?? nil
     }
 }
 
@@ -343,7 +346,7 @@ func configurationSource(
     let device = try url(options.device_authorization_endpoint, "sf_sign_in_options.device_authorization_endpoint")
     let authorization = try url(options.authorization_endpoint, "sf_sign_in_options.authorization_endpoint")
     let scope = string(options.scope) ?? base.scope
-    if let issuer = try url(options.issuer, "sf_sign_in_options.issuer") {
+    if let issuer = try url(options.issuer, "sf_sign_in_options.issuer") ?? base.issuer {
         guard let clientID = base.clientID else {
             throw SignInOptionError(field: "sf_options.client_id", reason: "is not set (discovery from an issuer needs the client)")
         }

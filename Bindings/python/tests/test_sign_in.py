@@ -230,3 +230,21 @@ def test_browser_sign_in_denied_timeout_and_cancel(server):
         with pytest.raises(sf.SessionFlowError) as error:
             runtime.sign_in_browser(server, timeout_ms=-1)
         assert error.value.name == "SF_EINVAL"
+
+
+def test_a_runtime_with_only_an_issuer_signs_in_and_refreshes(server):
+    """sf_options.issuer: the sign-in uses it, and refreshes go through the endpoints
+    discovered from it (the token changes after a 401)."""
+    device_config(server)
+    with sf.Runtime(issuer=server, client_id=CLIENT) as runtime:
+        sign_in = runtime.sign_in_device()
+        assert wait_for(lambda: sign_in.prompt is not None)
+        assert sign_in.prompt.verification_uri.startswith(server)
+        assert call(f"{server}/__device/approve", {"user_code": sign_in.prompt.user_code})["ok"]
+        sign_in.wait(10)
+        assert runtime.state == sf.State.LOGGED_IN
+        before = runtime.fresh_token()
+        grants = call(f"{server}/__stats")["refresh_grants"]
+        runtime.notify_unauthorized(before)
+        assert wait_for(lambda: call(f"{server}/__stats")["refresh_grants"] == grants + 1)
+        assert runtime.fresh_token() != before
