@@ -155,20 +155,7 @@ struct Login: AsyncParsableCommand {
     @Flag(help: "How to sign in.")
     var flow: SignInPlan.Flow = .device
 
-    @Option(help: ArgumentHelp(
-        "The encrypted file store to keep the session in (the one `watch-session --store DIR` watches).",
-        discussion: "Default: $XDG_STATE_HOME/watch-session (~/.local/state/watch-session)."))
-    var store: String?
-
-    /// `--store`, or the default one.
-    var storeDirectory: String { store ?? Watch.defaultStoreDirectory() }
-
-    @Option(
-        name: .customLong("key-file"),
-        help: ArgumentHelp(
-            "A file holding the store's key (32 bytes or 64 hex digits; yours, mode 0600).",
-            discussion: "Default: $SESSIONFLOW_KEY_FILE; without either, the Secret Service or a key file beside the store."))
-    var keyFile: String?
+    @OptionGroup var storage: StoreOptions
 
     @Option(help: "The scope to ask for (space-separated).")
     var scope: String?
@@ -180,30 +167,21 @@ struct Login: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        try Watch.validateStore(storeDirectory, keyFile: keyFile)
         _ = try issuerURL()
         guard !clientID.isEmpty else { throw ValidationError("--client-id is empty") }
         if noOpen && flow != .browser { throw ValidationError("--no-open goes with --browser") }
     }
 
-    func issuerURL() throws -> URL {
-        guard let url = URL(string: issuer) else { throw ValidationError("--issuer is not a URL: \(Presenter.printable(issuer))") }
-        do {
-            _ = try OAuthDiscovery.wellKnownLocations(url)
-        } catch {
-            throw ValidationError("--issuer: \(error)")
-        }
-        return url
-    }
+    func issuerURL() throws -> URL { try StoreOptions.issuer(issuer) }
 
     func run() async throws {
         let presenter = Presenter(json: json)
         let plan = SignInPlan(issuer: try issuerURL(), clientID: clientID, flow: flow, scope: scope, openBrowser: !noOpen)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
-        let store = storeDirectory
-        if self.store == nil { try Watch.prepareDefaultStore(store) }
+        let store = storage.directory
+        if storage.store == nil { try Watch.prepareDefaultStore(store) }
         var watch = LiveWatch(
-            storeDirectory: store, account: nil, storeKey: try Watch.storeKey(store: store, keyFile: keyFile),
+            storeDirectory: store, account: nil, storeKey: try storage.key(),
             oauth: nil, refreshToken: nil, presenter: presenter, keys: keys)
         watch.login = plan
         switch try await watch.run() {
@@ -234,20 +212,7 @@ struct Logout: AsyncParsableCommand {
             did not confirm the revocation.
             """)
 
-    @Option(help: ArgumentHelp(
-        "The encrypted file store that holds the session.",
-        discussion: "Default: $XDG_STATE_HOME/watch-session (~/.local/state/watch-session), where login keeps it."))
-    var store: String?
-
-    /// `--store`, or the default one.
-    var storeDirectory: String { store ?? Watch.defaultStoreDirectory() }
-
-    @Option(
-        name: .customLong("key-file"),
-        help: ArgumentHelp(
-            "A file holding the store's key (32 bytes or 64 hex digits; yours, mode 0600).",
-            discussion: "Default: $SESSIONFLOW_KEY_FILE; without either, the Secret Service or a key file beside the store."))
-    var keyFile: String?
+    @OptionGroup var storage: StoreOptions
 
     @Option(help: "The account to sign out (the store's active one otherwise).")
     var account: String?
@@ -262,7 +227,6 @@ struct Logout: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        try Watch.validateStore(storeDirectory, keyFile: keyFile)
         if (issuer == nil) != (clientID == nil) {
             throw ValidationError(issuer == nil ? "--client-id needs --issuer" : "--issuer needs --client-id")
         }
@@ -270,22 +234,12 @@ struct Logout: AsyncParsableCommand {
         _ = try issuerURL()
     }
 
-    func issuerURL() throws -> URL? {
-        guard let issuer else { return nil }
-        guard let url = URL(string: issuer) else { throw ValidationError("--issuer is not a URL: \(Presenter.printable(issuer))") }
-        do {
-            _ = try OAuthDiscovery.wellKnownLocations(url)
-        } catch {
-            throw ValidationError("--issuer: \(error)")
-        }
-        return url
-    }
+    func issuerURL() throws -> URL? { try issuer.map(StoreOptions.issuer) }
 
     func run() async throws {
         let presenter = Presenter(json: json)
-        let store = storeDirectory
         let outcome = try await SignOut(
-            storeDirectory: store, storeKey: try Watch.storeKey(store: store, keyFile: keyFile), account: account,
+            storeDirectory: storage.directory, storeKey: try storage.key(), account: account,
             issuer: try issuerURL(), clientID: clientID
         ).run()
         presenter.signOut(outcome)
@@ -497,5 +451,41 @@ enum BrowserOpener {
             var status: Int32 = 0
             while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
         }
+    }
+}
+
+/// `--store` and `--key-file` of `login` and `logout` (the default store when `--store` is not
+/// given), checked as every mode checks them.
+struct StoreOptions: ParsableArguments {
+    @Option(help: ArgumentHelp(
+        "The encrypted file store that keeps the session (the one `watch-session --store DIR` watches).",
+        discussion: "Default: $XDG_STATE_HOME/watch-session (~/.local/state/watch-session)."))
+    var store: String?
+
+    @Option(
+        name: .customLong("key-file"),
+        help: ArgumentHelp(
+            "A file holding the store's key (32 bytes or 64 hex digits; yours, mode 0600).",
+            discussion: "Default: $SESSIONFLOW_KEY_FILE; without either, the Secret Service or a key file beside the store."))
+    var keyFile: String?
+
+    /// `--store`, or the default one.
+    var directory: String { store ?? Watch.defaultStoreDirectory() }
+
+    func key() throws -> FileCredentialStore.Key { try Watch.storeKey(store: directory, keyFile: keyFile) }
+
+    func validate() throws {
+        try Watch.validateStore(directory, keyFile: keyFile)
+    }
+
+    /// `--issuer` as a URL discovery can use (exit 64 naming the problem otherwise).
+    static func issuer(_ text: String) throws -> URL {
+        guard let url = URL(string: text) else { throw ValidationError("--issuer is not a URL: \(Presenter.printable(text))") }
+        do {
+            _ = try OAuthDiscovery.wellKnownLocations(url)
+        } catch {
+            throw ValidationError("--issuer: \(error)")
+        }
+        return url
     }
 }
