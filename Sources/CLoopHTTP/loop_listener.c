@@ -213,9 +213,21 @@ static void connected(uv_stream_t *server, int status) {
     if (c->next) c->next->prev = c;
     listener->connections = c;
     listener->count++;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || listener->count > LL_MAX_CONNECTIONS) {
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
         connection_close(c);
         return;
+    }
+    if (listener->count > LL_MAX_CONNECTIONS) {
+        /* Full: the oldest connection still waiting for its head goes, not the newest (idle
+         * connections held open by anyone on this machine must not shut the browser out). */
+        ll_connection *oldest = NULL;
+        for (ll_connection *o = c->next; o; o = o->next)
+            if (!o->replying && !o->closing) oldest = o;
+        if (!oldest) {
+            connection_close(c);
+            return;
+        }
+        connection_close(oldest);
     }
     uv_timer_start(&c->timer, deadline_passed, LL_DEADLINE_MS, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, allocate, received) != 0) connection_close(c);

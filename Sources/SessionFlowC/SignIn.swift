@@ -224,9 +224,12 @@ private final class ConfiguredRun: SignInCancellable, Sendable {
         case .configured(let configuration):
             startInner(configuration)
         case .issuer(let issuer, let clientID, let clientSecret, let scope, let device, let authorization):
-            OAuthDiscovery.configuration(issuer: issuer, clientID: clientID, loop: loop, clientSecret: clientSecret) {
-                [self] result in
-                guard !progress.withLockedValue({ $0.cancelled || $0.finished }) else { return }
+            let discovery = OAuthDiscovery.configuration(
+                issuer: issuer, clientID: clientID, loop: loop, clientSecret: clientSecret
+            ) { [self] result in
+                let (cancelled, finished) = progress.withLockedValue { ($0.cancelled, $0.finished) }
+                if finished { return }
+                if cancelled { return finish(.failure(SessionError(.cancelled, "the sign-in was cancelled"))) }
                 switch result {
                 case .failure(let error):
                     let code: SessionError.Code = error.kind == .network ? .transient : .configuration
@@ -239,6 +242,13 @@ private final class ConfiguredRun: SignInCancellable, Sendable {
                     startInner(configuration, discovered: true)
                 }
             }
+            // Cancelled meanwhile (the discovery's answer comes on a later turn): its request
+            // is ended, and no fallback is fetched.
+            let cancelled = progress.withLockedValue { progress -> Bool in
+                if !progress.cancelled && progress.inner == nil { progress.inner = discovery }
+                return progress.cancelled
+            }
+            if cancelled { discovery.cancel() }
         }
     }
 

@@ -37,7 +37,9 @@ public struct BrowserPrompt: Sendable, Equatable, CustomStringConvertible {
 ///    another path) and ignored: the flow goes on waiting.
 /// 4. The page the browser shows says in plain words that the user can close it.
 /// 5. The listener is closed whatever happens (the redirect taken, an error, `cancel()`, the
-///    timeout, the loop's end). No usable redirect within `timeout`: `signInExpired`.
+///    timeout, the loop's end: `shutDown`). No usable redirect within `timeout`:
+///    `signInExpired`; once one came, the timeout no longer applies (the exchange has the
+///    request deadline).
 /// 6. On tokens, the member id as `DeviceAuthorization` finds it (token answer, introspection,
 ///    userinfo).
 public final class BrowserAuthorization: SignInFlow {
@@ -139,16 +141,18 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
 
     func begin() {
         loop.assertInEventLoop()
-        guard makeAuthority(), let endpoint = configuration.authorizationEndpoint else { return }
+        guard watchTeardown(), makeAuthority(), let endpoint = configuration.authorizationEndpoint else { return }
+        // The secrets exist before anything listens (an empty state would match nothing, but
+        // no request is looked at with them unset).
+        let verifier = BrowserAuthorization.randomToken(bytes: 32)  // 43 characters (RFC 7636 §4.1)
+        self.verifier = Secret(verifier)
+        state = BrowserAuthorization.randomToken(bytes: 16)
         do throws(SessionError) {
             listener = try LoopbackListener(loop: loop) { [self] method, target in request(method, target) }
         } catch {
             return finish(.failure(error))
         }
         guard let listener else { return }
-        let verifier = BrowserAuthorization.randomToken(bytes: 32)  // 43 characters (RFC 7636 §4.1)
-        self.verifier = Secret(verifier)
-        state = BrowserAuthorization.randomToken(bytes: 16)
         redirectURI = "http://127.0.0.1:\(listener.port)\(BrowserAuthorization.callbackPath)"
         guard let redirect = URL(string: redirectURI),
               let url = BrowserAuthorization.authorizationURL(
@@ -200,6 +204,7 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
         let errors = fields.filter { $0.0 == "error" }
         if errors.count == 1, codes.isEmpty {
             taken = true
+            stopTimer()
             let code = Self.printable(errors[0].1, limit: 64)
             let description = fields.first(where: { $0.0 == "error_description" }).map { Self.printable($0.1, limit: 200) }
             let said = description.map { "\(code): \($0)" } ?? code
@@ -214,6 +219,8 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
             return .init(status: 400, page: Self.mismatchPage)
         }
         taken = true
+        // The browser came back in time: the deadline is over (the exchange has its own).
+        stopTimer()
         exchange(Secret(codes[0].1))
         return .init(status: 200, page: Self.closePage)
     }
@@ -238,13 +245,16 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
             }
             switch TokenResponse.grant(from: answer, defaultLifetime: configuration.defaultLifetime) {
             case .success(let grant):
-                timer?.cancel()
-                timer = nil
                 granted(grant, answer: answer)
             case .failure(let error):
                 finish(.failure(Self.failure(error, at: "the token endpoint")))
             }
         }
+    }
+
+    private func stopTimer() {
+        timer?.cancel()
+        timer = nil
     }
 
     private func closeListener() {
@@ -254,8 +264,7 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
 
     override func cleanUp() {
         closeListener()
-        timer?.cancel()
-        timer = nil
+        stopTimer()
         verifier = nil
     }
 

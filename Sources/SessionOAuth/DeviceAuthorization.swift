@@ -104,7 +104,7 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
 
     func begin() {
         loop.assertInEventLoop()
-        guard makeAuthority(), let endpoint = configuration.deviceAuthorizationEndpoint else { return }
+        guard watchTeardown(), makeAuthority(), let endpoint = configuration.deviceAuthorizationEndpoint else { return }
         var form: [(String, String)] = []
         if let scope = flow.scope { form.append(("scope", scope)) }
         post(endpoint, form: form, secrets: []) { [self] outcome in authorized(outcome) }

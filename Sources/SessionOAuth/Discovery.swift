@@ -297,6 +297,11 @@ private final class DiscoveryRun: SignInCancellable, @unchecked Sendable {
         call = http.post(request) { [self] result in
             call = nil
             guard !finished else { return }
+            // A cancel posted before this answer was handled wins (the contract: after
+            // `cancel()` the completion says `.cancelled`), and no fallback is fetched.
+            guard !cancelRequested.load(ordering: .acquiring) else {
+                return finish(.failure(OAuthDiscoveryError(.cancelled, message: "the discovery was cancelled")))
+            }
             switch result {
             case .success(let response) where response.status == 404 && fallback != nil:
                 fetch(fallback!, fallback: nil)

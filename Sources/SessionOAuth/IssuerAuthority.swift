@@ -72,14 +72,17 @@ public final class IssuerAuthority: SessionAuthority, @unchecked Sendable {
     private func discover() {
         generation += 1
         let current = generation
-        // Its completion runs once, on a later loop turn.
-        discovery = OAuthDiscovery.configuration(
+        // Its completion runs once, on a later loop turn — or at once when the loop is shut
+        // down: then it has been answered before `configuration` returns, and is not kept.
+        let running = OAuthDiscovery.configuration(
             issuer: issuer, clientID: template.clientID, loop: loop, clientSecret: template.clientSecret,
             requestTimeout: template.requestTimeout, maximumAnswerSize: template.maximumAnswerSize
         ) { [self] result in
             guard current == generation else { return }  // cancelled: a newer one runs, or none
+            generation += 1  // answered: this run is over
             discovered(result)
         }
+        if current == generation { discovery = running }
     }
 
     private func discovered(_ result: Result<OAuthConfiguration, OAuthDiscoveryError>) {

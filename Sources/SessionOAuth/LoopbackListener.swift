@@ -48,7 +48,8 @@ final class LoopbackListener: @unchecked Sendable {
     /// Whether it still listens (loop thread).
     var isListening: Bool { listener != nil }
 
-    /// Connections open (loop thread; a reply being written keeps one open after `close()`).
+    /// Connections open while it listens (loop thread; 0 once closed, though a reply being
+    /// sent may still hold one until it is shut down).
     var connections: Int { listener.map { ll_connections($0) } ?? 0 }
 
     /// Loop thread, any number of times: the port is closed when it returns; no request is

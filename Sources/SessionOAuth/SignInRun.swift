@@ -18,6 +18,9 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     var authority: OAuthAuthority?
     private(set) var finished = false
     private var call: HTTPCall?
+    /// The loop's teardown ends a run still going (`shutDown`): its timers are stopped
+    /// without firing and its listener closed, so nothing else would. Removed at `finish`.
+    private var hook: UInt64?
 
     init(
         loop: EventLoop, configuration: OAuthConfiguration,
@@ -28,11 +31,22 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         self.completion = completion
     }
 
+    /// Loop thread, first thing in a run's `begin()`: false when the loop is already tearing
+    /// down (the run has then finished with `shutDown`).
+    final func watchTeardown() -> Bool {
+        hook = loop.addRemovableTeardownHook { [weak self] in
+            self?.finish(.failure(SessionError(.shutDown, "the event loop shut down during the sign-in")))
+        }
+        if hook == nil { finish(.failure(SessionError(.shutDown, "the event loop is shut down"))) }
+        return hook != nil
+    }
+
     final func cancel() {
-        guard !cancelRequested.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        cancelRequested.store(true, ordering: .releasing)
         if loop.inEventLoop {
-            finish(.failure(Self.cancelled))
+            finish(.failure(Self.cancelled))  // once: `finish` does nothing the second time
         } else {
+            // If the loop no longer takes work, its teardown hook ends the run.
             try? loop.execute { [self] in finish(.failure(Self.cancelled)) }
         }
     }
@@ -134,6 +148,10 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         loop.assertInEventLoop()
         guard !finished else { return }
         finished = true
+        if let hook {
+            self.hook = nil
+            loop.removeTeardownHook(hook)
+        }
         cleanUp()
         if let running = call {
             call = nil

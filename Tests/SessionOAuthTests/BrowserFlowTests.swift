@@ -222,6 +222,40 @@ struct BrowserFlowTests {
         await session.stop()
     }
 
+    @Test func theTimeoutNoLongerAppliesOnceTheBrowserCameBack() async throws {
+        // Timeout 2 s; the browser comes back at once, the exchange is held 3 s by the server.
+        let setup = try await Setup(timeout: .seconds(2))
+        let (server, session) = (setup.server, setup.session)
+        try await server.fault("delay:3")
+        let signIn = Task { try await session.manager.signIn(with: setup.flow) }
+        let prompt = try #require(await setup.prompts.first())
+        #expect(try await server.browse(prompt, consent: true).status == 200)
+        try await signIn.value
+        #expect(session.manager.state.value == .loggedIn)
+        await session.stop()
+    }
+
+    @Test func theLoopEndingWhileTheBrowserIsAwayEndsTheFlow() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        var configuration = server.configuration()
+        configuration.authorizationEndpoint = server.base.appendingPathComponent("oauth/authorize")
+        let loop = try EventLoop(name: "browser-teardown")
+        let prompts = BrowserPromptLog(loop: loop)
+        let flow = try BrowserAuthorization(configuration) { prompts.add($0) }
+        let outcome = LockedBox<Result<SessionTokens, SessionError>?>(nil)
+        try loop.execute { _ = flow.start(on: loop) { result in outcome.withLockedValue { $0 = result } } }
+        let port = try #require(await prompts.first()?.redirectURI.port)
+        try loop.shutdown()
+        // Answered (not left hanging), with shutDown, and the listener is gone.
+        #expect(await eventually(timeout: .seconds(5)) { outcome.withLockedValue { $0 != nil } })
+        if case .failure(let error)? = outcome.withLockedValue({ $0 }) {
+            #expect(error.code == .shutDown)
+        } else {
+            Issue.record("not ended with shutDown")
+        }
+        #expect(!BrowserFlowTests.listens(port))
+    }
+
     @Test func aCodeTheServerRefusesEndsWithItsError() async throws {
         let setup = try await Setup()
         let (server, session) = (setup.server, setup.session)
@@ -340,6 +374,21 @@ struct BrowserFlowTests {
             #expect(try BrowserFlowTests.rawExchange(port: port, Array(head.utf8)).hasPrefix("HTTP/1.1 400 "), "\(head.prefix(20))")
         }
         #expect(seen.withLockedValue { $0 } == ["GET /x?y=1"])
+        // 20 idle connections (more than the 16 it keeps) do not shut the browser out: the
+        // oldest idle ones are let go, the newest request is answered.
+        var idle: [Int32] = []
+        for _ in 0..<20 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            var address = BrowserFlowTests.loopback(port)
+            _ = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            idle.append(fd)
+        }
+        defer { for fd in idle { close(fd) } }
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(try await LoopbackHTTP.perform(port: port, method: "GET", path: "/after-idle", timeout: .seconds(5)).text == "ok")
+        #expect(seen.withLockedValue { $0 }.last == "GET /after-idle")
         try loop.execute { made.withLockedValue { $0?.close() } }
         #expect(await eventually(timeout: .seconds(5)) { !BrowserFlowTests.listens(port) })
         try loop.execute { made.withLockedValue { $0 = nil } }

@@ -10,7 +10,8 @@
  * Limits (nothing a browser, or anything else on this machine, sends is trusted):
  *  - a request head is at most LL_MAX_HEAD bytes; a longer one, a malformed request line,
  *    or a target with bytes outside printable ASCII is answered 400 without calling back;
- *  - at most LL_MAX_CONNECTIONS connections at once (more are closed at once);
+ *  - at most LL_MAX_CONNECTIONS connections at once: one more makes the oldest connection
+ *    still waiting for its head close (so idle connections cannot shut the browser out);
  *  - each connection has LL_DEADLINE_MS to send its head and take its reply, then it is
  *    closed (a browser's speculative connection that never sends holds nothing for long).
  */
