@@ -55,7 +55,11 @@ struct OAuthServerFixtureTests {
         async let first = server.post("oauth/token", [
             "grant_type": "refresh_token", "refresh_token": refreshToken.reveal(), "client_id": "sessionflow-public",
         ])
-        try await Task.sleep(for: .milliseconds(300))
+        // The first request is held by the server (not merely sent: on a loaded machine it may
+        // arrive later than a fixed sleep).
+        #expect(await eventually(timeout: .seconds(10), every: .milliseconds(10)) {
+            ((try? await server.stats())?["rotate_late_requests"] ?? 0) >= 1
+        })
         #expect(try await server.refreshError(refreshToken) == "invalid_grant")
         let delivered = try await first
         let rotated = try #require(delivered["refresh_token"] as? String)
