@@ -41,6 +41,8 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     @exclusivity(unchecked) private var delivering = Deque<Sequenced>()
     /// Made once: see StateFlow.subscribe.
     private let subscriptionType = EventSubscription<Event>.self
+    /// Made once, like `subscriptionType` (see ValueCallback).
+    private let callbackType = ValueCallback<Event>.self
 
     init(loop: EventLoop, replay: Int, bufferCapacity: Int, overflow: BufferOverflow) throws(LoopFlowError) {
         guard replay >= 0 else {
@@ -89,7 +91,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
         let subscription = subscriptionType.init(
-            owner: core, onEvent: onEvent,
+            owner: core, onEvent: .passRetained(callbackType.init(onEvent)),
             onError: onError, onComplete: onComplete, onRelease: onRelease)
         try core.admit(subscription) { _ in
             // Under the lock that orders emits: every event from here on is for it.
@@ -213,17 +215,17 @@ final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sen
 
     required init(
         owner: FlowCore,
-        onEvent: @escaping @Sendable (Event) -> Void,
+        onEvent: Unmanaged<ValueCallback<Event>>,
         onError: (@Sendable (any Error) -> Void)?,
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?
     ) {
-        self.onEvent = ValueCallback.make(onEvent)
+        self.onEvent = onEvent  // retained by the caller; released by dropCallbacks or deinit
         super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
     }
 
     deinit {
-        onEvent.drop()  // never released (a subscription that was never registered)
+        onEvent?.release()  // never released (a subscription that was never registered)
     }
 
     func takeBacklog() -> [Event] {
@@ -233,13 +235,15 @@ final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sen
 
     /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
     override func dropCallbacks() {
-        onEvent.drop()
+        guard let box = onEvent else { return }
+        onEvent = nil
+        box.release()
     }
 
     @inline(__always)
     func deliver(_ event: Event) {
         if isOpen {
-            onEvent.call(event)
+            onEvent?._withUnsafeGuaranteedRef { $0.body(event) }
         }
     }
 }

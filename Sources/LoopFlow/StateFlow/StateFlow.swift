@@ -22,6 +22,8 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     @exclusivity(unchecked) private var lastBroadcast: Value
     @exclusivity(unchecked) private var epoch: UInt64 = 0
     private let subscriptionType = StateSubscription<Value>.self
+    /// Made once, like `subscriptionType` (see ValueCallback).
+    private let callbackType = ValueCallback<Value>.self
 
     init(_ initial: Value, on loop: EventLoop) {
         self.loop = loop
@@ -55,7 +57,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         // Through the metatype made once per flow: naming StateSubscription<Value> here
         // would look its metadata up in the runtime's cache on every subscribe.
         let subscription = subscriptionType.init(
-            owner: core, onState: onState,
+            owner: core, onState: .passRetained(callbackType.init(onState)),
             onError: onError, onComplete: onComplete, onRelease: onRelease)
         try core.admit(subscription)
         return subscription
@@ -207,28 +209,30 @@ final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sen
 
     required init(
         owner: FlowCore,
-        onState: @escaping @Sendable (Value) -> Void,
+        onState: Unmanaged<ValueCallback<Value>>,
         onError: (@Sendable (any Error) -> Void)?,
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?
     ) {
-        self.onState = ValueCallback.make(onState)
+        self.onState = onState  // retained by the caller; released by dropCallbacks or deinit
         super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
     }
 
     deinit {
-        onState.drop()  // never released (a subscription that was never registered)
+        onState?.release()  // never released (a subscription that was never registered)
     }
 
     /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
     override func dropCallbacks() {
-        onState.drop()
+        guard let box = onState else { return }
+        onState = nil
+        box.release()
     }
 
     @inline(__always)
     func deliver(_ value: Value) {
         if isOpen {
-            onState.call(value)
+            onState?._withUnsafeGuaranteedRef { $0.body(value) }
         }
     }
 }
