@@ -32,6 +32,10 @@ final class UVTimerBackend: TimerBackend, @unchecked Sendable {
         handle.pointee.data = Unmanaged.passUnretained(timer).toOpaque()
         timer.uvHandle = UnsafeMutableRawPointer(handle)
         armed[ObjectIdentifier(timer)] = timer
+        // libuv counts the delay from the time it cached when this loop iteration began, which
+        // a long iteration leaves behind by as much as it lasted: a 200 ms refresh timeout armed
+        // late in a 10 ms turn would fire 190 ms after the request went out. Now, not then.
+        uv_update_time(loop.uvLoop)
         uv_timer_start(
             handle, uvTimerFired,
             timer.delay.roundedUpMilliseconds,
