@@ -4,7 +4,7 @@ import LoopFlow
 /// as numbers dressed as pointers), never addresses of Swift objects: a stale, forged or
 /// twice-used handle finds nothing and yields SF_ECLOSED instead of touching freed
 /// memory. Numbers are never reused within a process.
-final class HandleTable<Object: AnyObject & Sendable>: Sendable {
+final class HandleTable<Object: Sendable>: Sendable {
     private struct Table {
         var next: UInt64 = 1
         var objects: [UInt64: Object] = [:]

@@ -33,17 +33,28 @@ extension StoreStatus {
     }
 }
 
-struct StoreStatusCallbacks: @unchecked Sendable {
-    let observer: sf_store_observer
+/// How the flows call a C observer's value callback: one for each kind of callback, shared
+/// by every C subscriber (the subscriber's record holds its function and userdata).
+private typealias StateFunction = @convention(c) (sf_session_state, UnsafeMutableRawPointer?) -> Void
+private typealias StatusFunction = @convention(c) (sf_store_status, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void
+private typealias EventFunction = @convention(c) (UnsafePointer<sf_event>?, UnsafeMutableRawPointer?) -> Void
+
+private let stateCallback = ForeignCallback<SessionState> { state, function, userdata in
+    unsafeBitCast(function, to: StateFunction.self)(state.c, userdata)
 }
 
-/// The C callbacks of one observer, carried to the loop thread.
-struct StateCallbacks: @unchecked Sendable {
-    let observer: sf_observer
+private let statusCallback = ForeignCallback<StoreStatus> { status, function, userdata in
+    status.reason.withCString { unsafeBitCast(function, to: StatusFunction.self)(status.c, $0, userdata) }
 }
 
-struct EventCallbacks: @unchecked Sendable {
-    let observer: sf_event_observer
+private let eventCallback = ForeignCallback<SessionEvent> { event, function, userdata in
+    withCEvent(event) { unsafeBitCast(function, to: EventFunction.self)($0, userdata) }
+}
+
+/// A C observer's value function, as the raw pointer a foreign subscriber takes (nil: the
+/// observer has none, and gets a subscription without value callbacks).
+private func rawFunction<F>(_ function: F?) -> UnsafeRawPointer? {
+    function.map { unsafeBitCast($0, to: UnsafeRawPointer.self) }
 }
 
 /// The terminal and release callbacks every observer has, as the closures a flow takes.
@@ -106,17 +117,21 @@ public func sf_subscribe_store_status(
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
-    let callbacks = StoreStatusCallbacks(observer: observer.pointee)
+    let function = rawFunction(observer.pointee.on_status)
+    let userdata = observer.pointee.userdata
     let terminal = TerminalCallbacks(
         onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
         release: observer.pointee.release, userdata: observer.pointee.userdata)
     return withRuntime(pointer) { runtime in
         register(out) { onRelease throws(LoopFlowError) in
-            try runtime.session.storeStatus.subscribe(
-                onState: { status in
-                    guard let onStatus = callbacks.observer.on_status else { return }
-                    status.reason.withCString { onStatus(status.c, $0, callbacks.observer.userdata) }
-                },
+            let flow = runtime.session.storeStatus
+            guard let function else {
+                return try flow.subscribe(
+                    onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                    onRelease: terminal.releaseClosure(onRelease))
+            }
+            return try flow.subscribe(
+                foreign: statusCallback, function: function, userdata: userdata,
                 onError: terminal.errorClosure,
                 onComplete: terminal.completeClosure,
                 onRelease: terminal.releaseClosure(onRelease))
@@ -159,16 +174,21 @@ public func sf_subscribe_session_state(
     _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_observer>!, _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
-    let callbacks = StateCallbacks(observer: observer.pointee)
+    let function = rawFunction(observer.pointee.on_state)
+    let userdata = observer.pointee.userdata
     let terminal = TerminalCallbacks(
         onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
         release: observer.pointee.release, userdata: observer.pointee.userdata)
     return withRuntime(pointer) { runtime in
         register(out) { onRelease throws(LoopFlowError) in
-            try runtime.session.state.subscribe(
-                onState: { state in
-                    callbacks.observer.on_state?(state.c, callbacks.observer.userdata)
-                },
+            let flow = runtime.session.state
+            guard let function else {
+                return try flow.subscribe(
+                    onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                    onRelease: terminal.releaseClosure(onRelease))
+            }
+            return try flow.subscribe(
+                foreign: stateCallback, function: function, userdata: userdata,
                 onError: terminal.errorClosure,
                 onComplete: terminal.completeClosure,
                 onRelease: terminal.releaseClosure(onRelease))
@@ -182,17 +202,21 @@ public func sf_subscribe_events(
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
-    let callbacks = EventCallbacks(observer: observer.pointee)
+    let function = rawFunction(observer.pointee.on_event)
+    let userdata = observer.pointee.userdata
     let terminal = TerminalCallbacks(
         onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
         release: observer.pointee.release, userdata: observer.pointee.userdata)
     return withRuntime(pointer) { runtime in
         register(out) { onRelease throws(LoopFlowError) in
-            try runtime.session.events.subscribe(
-                onEvent: { event in
-                    guard let onEvent = callbacks.observer.on_event else { return }
-                    withCEvent(event) { onEvent($0, callbacks.observer.userdata) }
-                },
+            let flow = runtime.session.events
+            guard let function else {
+                return try flow.subscribe(
+                    onEvent: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                    onRelease: terminal.releaseClosure(onRelease))
+            }
+            return try flow.subscribe(
+                foreign: eventCallback, function: function, userdata: userdata,
                 onError: terminal.errorClosure,
                 onComplete: terminal.completeClosure,
                 onRelease: terminal.releaseClosure(onRelease))

@@ -296,8 +296,10 @@ struct SubscriptionContractTests {
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
             let events = try MutableSharedFlow<Int>(on: loop)
-            weak var stateHandle: FlowSubscription?
-            weak var eventHandle: FlowSubscription?
+            // The handles are values now; what the cycle would keep alive is the closure's
+            // context and what it captured (the holder of the handle).
+            weak var stateHolder: Holder?
+            weak var eventHolder: Holder?
             do {
                 let ownState = Holder()
                 let ownEvents = Holder()
@@ -305,12 +307,12 @@ struct SubscriptionContractTests {
                     if value == 1 { ownState.subscription?.close() }
                 })
                 ownEvents.subscription = try events.subscribe(onEvent: { _ in ownEvents.subscription?.close() })
-                stateHandle = ownState.subscription
-                eventHandle = ownEvents.subscription
+                stateHolder = ownState
+                eventHolder = ownEvents
                 state.value = 1
                 events.emit(1)
             }
-            #expect(await eventually { stateHandle == nil && eventHandle == nil })
+            #expect(await eventually { stateHolder == nil && eventHolder == nil })
         }
     }
 }

@@ -14,14 +14,9 @@ protocol DeliverySource: AnyObject, Sendable {
 
 /// Something that holds subscriptions the loop must complete at teardown.
 protocol SubscriptionOwner: AnyObject, Sendable {
-    /// Loop thread only, called once when the subscription's first `close` is
-    /// processed: forget it and run its `release`.
-    func retire(_ subscription: FlowSubscription)
     /// Loop thread only, at teardown: completes every subscription still open,
     /// retires every subscription still registered, and returns how many it completed.
     func sweepForTeardown() -> Int
-    /// Any thread: the number of live subscriptions went down by one.
-    func subscriptionEnded()
 }
 
 /// One unit of work in the loop's queue. Flow deliveries carry only an unretained class
@@ -31,5 +26,7 @@ enum Job {
     /// Unretained: the core keeps its flow (and the flow its core) while a delivery is
     /// pending; see `FlowCore.claimDeliveryLocked`.
     case deliver(Unmanaged<FlowCore>)
-    case retire(FlowSubscription)
+    /// Releases the subscriptions of the core closed since its last retire job (one job
+    /// for all of them). Retained: a closed subscription's handle may be gone already.
+    case retire(FlowCore)
 }

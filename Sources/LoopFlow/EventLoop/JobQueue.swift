@@ -139,8 +139,8 @@ final class JobQueue: @unchecked Sendable {
                 // over; the flow is let go after the call, not inside it.
                 let flow = core._withUnsafeGuaranteedRef { $0.deliver() }
                 withExtendedLifetime(flow) {}
-            case .retire(let subscription):
-                subscription.owner.retire(subscription)
+            case .retire(let core):
+                core.retireClosed()
             }
             batchIndex += 1
         }

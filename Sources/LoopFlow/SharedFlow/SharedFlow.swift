@@ -36,13 +36,13 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     @exclusivity(unchecked) var replayBuffer = Deque<Sequenced>()
     @exclusivity(unchecked) var nextSequence: UInt64 = 0
     @exclusivity(unchecked) var dropped = 0
+    /// The replay each subscriber admitted since the last snapshot gets first, by id (only
+    /// when there is one).
+    @exclusivity(unchecked) var backlogs: [UInt64: [Event]] = [:]
 
     // Loop-confined.
     @exclusivity(unchecked) private var delivering = Deque<Sequenced>()
-    /// Made once: see StateFlow.subscribe.
-    private let subscriptionType = EventSubscription<Event>.self
-    /// Made once, like `subscriptionType` (see ValueCallback).
-    private let callbackType = ValueCallback<Event>.self
+    @exclusivity(unchecked) private var deliveringBacklogs: [UInt64: [Event]] = [:]
 
     init(loop: EventLoop, replay: Int, bufferCapacity: Int, overflow: BufferOverflow) throws(LoopFlowError) {
         guard replay >= 0 else {
@@ -90,15 +90,38 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        let subscription = subscriptionType.init(
-            owner: core, onEvent: .passRetained(callbackType.init(onEvent)),
-            onError: onError, onComplete: onComplete, onRelease: onRelease)
-        try core.admit(subscription) { _ in
+        try admit(
+            words: callbackWords(onEvent), foreign: nil,
+            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
+    }
+
+    /// Subscribes a C (FFI) observer: `callback` calls `function` with each event and
+    /// `userdata`, as `onEvent` would be called. One `callback` serves every subscriber of
+    /// its kind. The terminal and release closures are as for `subscribe(onEvent:...)`.
+    public func subscribe(
+        foreign callback: ForeignCallback<Event>,
+        function: UnsafeRawPointer,
+        userdata: UnsafeMutableRawPointer?,
+        onError: (@Sendable (any Error) -> Void)? = nil,
+        onComplete: (@Sendable () -> Void)? = nil,
+        onRelease: (@Sendable () -> Void)? = nil
+    ) throws(LoopFlowError) -> FlowSubscription {
+        try admit(
+            words: (function, UnsafeRawPointer(userdata)),
+            foreign: UnsafeRawPointer(Unmanaged.passUnretained(callback).toOpaque()),
+            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
+    }
+
+    private func admit(
+        words: (UnsafeRawPointer?, UnsafeRawPointer?), foreign: UnsafeRawPointer?, extras: UnsafeRawPointer?
+    ) throws(LoopFlowError) -> FlowSubscription {
+        try core.admit(words: words, foreign: foreign, extras: extras) { entry, id in
             // Under the lock that orders emits: every event from here on is for it.
-            subscription.startSequence = nextSequence
-            subscription.backlog = replayBuffer.map(\.event)
+            entry.cursor = nextSequence
+            if !replayBuffer.isEmpty {
+                backlogs[id] = replayBuffer.map(\.event)
+            }
         }
-        return subscription
     }
 
     /// The events as an `AsyncSequence`. The consumer has a buffer of its own with this
@@ -118,21 +141,26 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
 extension SharedFlow: DeliverySource {
     func takeSnapshotLocked() {
         swap(&pending, &delivering)
+        if !backlogs.isEmpty {
+            swap(&backlogs, &deliveringBacklogs)
+        }
     }
 
     func broadcast() {
         // Newcomers first get their replay, then the live events from their start on.
-        core.forEachNewcomer { newcomer in
-            let subscription = unsafeDowncast(newcomer, to: EventSubscription<Event>.self)
-            for event in subscription.takeBacklog() {
-                subscription.deliver(event)
+        if !deliveringBacklogs.isEmpty {
+            core.forEachNewcomer { newcomer in
+                guard let backlog = deliveringBacklogs[newcomer.id] else { return }
+                for event in backlog where newcomer.isOpen {
+                    callSubscriber(newcomer, event)
+                }
             }
+            deliveringBacklogs.removeAll()
         }
         for item in delivering {
-            core.slots.forEach { registered in
-                let subscription = unsafeDowncast(registered, to: EventSubscription<Event>.self)
-                if item.sequence >= subscription.startSequence {
-                    subscription.deliver(item.event)
+            core.forEachLive { subscriber in
+                if item.sequence >= subscriber.cursor {
+                    callSubscriber(subscriber, item.event)
                 }
             }
         }
@@ -202,48 +230,4 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
 
     /// This flow, read-only.
     public func asSharedFlow() -> SharedFlow<Event> { self }
-}
-
-/// A `SharedFlow` subscriber.
-final class EventSubscription<Event: Sendable>: FlowSubscription, @unchecked Sendable {
-    /// nil once released (see `ValueCallback`).
-    @exclusivity(unchecked) private var onEvent: Unmanaged<ValueCallback<Event>>?
-    /// Set once before registration: the first event sequence this subscriber receives live.
-    @exclusivity(unchecked) var startSequence: UInt64 = 0
-    /// Set once before registration, taken on the loop: the replayed events.
-    var backlog: [Event] = []
-
-    required init(
-        owner: FlowCore,
-        onEvent: Unmanaged<ValueCallback<Event>>,
-        onError: (@Sendable (any Error) -> Void)?,
-        onComplete: (@Sendable () -> Void)?,
-        onRelease: (@Sendable () -> Void)?
-    ) {
-        self.onEvent = onEvent  // retained by the caller; released by dropCallbacks or deinit
-        super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
-    }
-
-    deinit {
-        onEvent?.release()  // never released (a subscription that was never registered)
-    }
-
-    func takeBacklog() -> [Event] {
-        defer { backlog = [] }
-        return backlog
-    }
-
-    /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
-    override func dropCallbacks() {
-        guard let box = onEvent else { return }
-        onEvent = nil
-        box.release()
-    }
-
-    @inline(__always)
-    func deliver(_ event: Event) {
-        if isOpen {
-            onEvent?._withUnsafeGuaranteedRef { $0.body(event) }
-        }
-    }
 }

@@ -21,9 +21,6 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     @exclusivity(unchecked) private var snapshot: Value
     @exclusivity(unchecked) private var lastBroadcast: Value
     @exclusivity(unchecked) private var epoch: UInt64 = 0
-    private let subscriptionType = StateSubscription<Value>.self
-    /// Made once, like `subscriptionType` (see ValueCallback).
-    private let callbackType = ValueCallback<Value>.self
 
     init(_ initial: Value, on loop: EventLoop) {
         self.loop = loop
@@ -54,13 +51,28 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        // Through the metatype made once per flow: naming StateSubscription<Value> here
-        // would look its metadata up in the runtime's cache on every subscribe.
-        let subscription = subscriptionType.init(
-            owner: core, onState: .passRetained(callbackType.init(onState)),
-            onError: onError, onComplete: onComplete, onRelease: onRelease)
-        try core.admit(subscription)
-        return subscription
+        try core.admit(
+            words: callbackWords(onState), foreign: nil,
+            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
+    }
+
+    /// Subscribes a C (FFI) observer: `callback` calls `function` with each value and
+    /// `userdata`, as `onState` would be called (the current value first, then each distinct
+    /// change, on the loop thread). One `callback` serves every subscriber of its kind: the
+    /// subscriber itself costs no Swift closure. The terminal and release closures are as
+    /// for `subscribe(onState:...)`.
+    public func subscribe(
+        foreign callback: ForeignCallback<Value>,
+        function: UnsafeRawPointer,
+        userdata: UnsafeMutableRawPointer?,
+        onError: (@Sendable (any Error) -> Void)? = nil,
+        onComplete: (@Sendable () -> Void)? = nil,
+        onRelease: (@Sendable () -> Void)? = nil
+    ) throws(LoopFlowError) -> FlowSubscription {
+        try core.admit(
+            words: (function, UnsafeRawPointer(userdata)),
+            foreign: UnsafeRawPointer(Unmanaged.passUnretained(callback).toOpaque()),
+            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
     }
 
     /// The values as an `AsyncSequence`: the current one first, then each distinct change,
@@ -87,19 +99,19 @@ extension StateFlow: DeliverySource {
             // A new value: everyone registered gets it, newcomers included.
             epoch &+= 1
             lastBroadcast = value
-            // The slots do not change during a walk (arrivals register before it, removals
-            // happen in retire jobs), so they are walked without retaining each one.
+            // Records are not released during a walk (arrivals register before it, releases
+            // happen in retire jobs), so they are walked in place.
             let epoch = self.epoch
-            core.slots.forEach { subscription in
-                subscription.seenEpoch = epoch
-                unsafeDowncast(subscription, to: StateSubscription<Value>.self).deliver(value)
+            core.forEachLive { subscriber in
+                subscriber.cursor = epoch
+                callSubscriber(subscriber, value)
             }
         } else {
             // The value everyone already has: only newcomers get it.
-            core.forEachNewcomer { subscription in
-                guard subscription.seenEpoch != epoch else { return }
-                subscription.seenEpoch = epoch
-                unsafeDowncast(subscription, to: StateSubscription<Value>.self).deliver(value)
+            core.forEachNewcomer { subscriber in
+                guard subscriber.cursor != epoch else { return }
+                subscriber.cursor = epoch
+                callSubscriber(subscriber, value)
             }
         }
     }
@@ -200,39 +212,4 @@ private enum SetOutcome {
 struct FlowTerminal: @unchecked Sendable {
     /// nil: completed normally.
     let error: (any Error)?
-}
-
-/// A `StateFlow` subscriber.
-final class StateSubscription<Value: Sendable>: FlowSubscription, @unchecked Sendable {
-    /// nil once released (see `ValueCallback`).
-    @exclusivity(unchecked) private var onState: Unmanaged<ValueCallback<Value>>?
-
-    required init(
-        owner: FlowCore,
-        onState: Unmanaged<ValueCallback<Value>>,
-        onError: (@Sendable (any Error) -> Void)?,
-        onComplete: (@Sendable () -> Void)?,
-        onRelease: (@Sendable () -> Void)?
-    ) {
-        self.onState = onState  // retained by the caller; released by dropCallbacks or deinit
-        super.init(owner: owner, onError: onError, onComplete: onComplete, onRelease: onRelease)
-    }
-
-    deinit {
-        onState?.release()  // never released (a subscription that was never registered)
-    }
-
-    /// Loop thread, at release: nothing calls it any more (see FlowSubscription.release).
-    override func dropCallbacks() {
-        guard let box = onState else { return }
-        onState = nil
-        box.release()
-    }
-
-    @inline(__always)
-    func deliver(_ value: Value) {
-        if isOpen {
-            onState?._withUnsafeGuaranteedRef { $0.body(value) }
-        }
-    }
 }

@@ -1,7 +1,7 @@
 import Synchronization
 
 /// The subscription machinery every flow shares: its lock, the pending delivery, arrivals,
-/// the terminal state, the subscriber slots and the observable subscription count.
+/// the terminal state, the subscriber records and the observable subscription count.
 ///
 /// A flow keeps its own data (a value, a ring of events) under `lock` too, so that one
 /// critical section snapshots the data *and* the arrivals: a subscriber admitted before a
@@ -11,10 +11,18 @@ import Synchronization
 /// terminal → unlock → register arrivals → walk → terminal); a flow supplies only its
 /// snapshot and its broadcast (`DeliverySource`).
 ///
-/// Subscribing never touches the slots directly: it appends to `arrivals` and marks the
-/// flow dirty; the next delivery registers the arrivals, then walks the slots. Removals
-/// happen only in retire jobs, never during a walk, so a walk indexes the array while
-/// callbacks subscribe or close (which only flags the subscription).
+/// Subscribers live in `table`, pooled records at fixed addresses (`SubscriberTable`):
+/// subscribing takes a record under the lock, fills it, and queues its slot as an arrival;
+/// the next delivery registers the arrivals (sets their `registered` bit), then walks the
+/// records. Closing sets the record's `closed` bit (one compare-and-swap, any thread) and
+/// queues the slot for retirement; retirement is batched — every close since the last
+/// retire job costs that one job — and runs on the loop thread outside any walk, where it
+/// releases the record's callbacks (running `onRelease`) and returns the slot to the pool.
+/// Records are therefore never freed during a walk, and a walk reads them in place.
+///
+/// While any record is in use, the core keeps itself alive (`keepAlive`): an open
+/// subscription whose handle and flow were dropped still gets its completion and release
+/// at teardown.
 ///
 /// Hot state is `@exclusivity(unchecked)`: it is guarded by `lock` or confined to the loop
 /// thread (ThreadSanitizer checks both), and the dynamic exclusivity check the compiler would
@@ -28,13 +36,22 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// it keeps the flow, and so this core, alive for the unretained delivery job. Non-nil
     /// exactly when a delivery is scheduled.
     @exclusivity(unchecked) private var pendingSource: (any DeliverySource)?
-    @exclusivity(unchecked) private var arrivals: [FlowSubscription] = []
+    /// Slots admitted since the last delivery took them.
+    @exclusivity(unchecked) private var arrivals: [Int32] = []
     @exclusivity(unchecked) private(set) var terminal: FlowTerminal?
     /// `terminal != nil`, without copying the terminal (and its error) on every set.
     @exclusivity(unchecked) private(set) var isFinished = false
     /// Set by teardown's sweep (or at birth on a shut-down loop): no one is admitted again
     /// and no delivery is claimed.
     @exclusivity(unchecked) private var tornDown = false
+    /// Which records are in use (the records' own fields: see `SubscriberEntry`).
+    @exclusivity(unchecked) private var pool = SlotPool()
+    /// Closed off the loop thread since the last retire job took them.
+    @exclusivity(unchecked) private var closedElsewhere: [ClosedSlot] = []
+    /// A retire job is queued for `closedElsewhere`.
+    @exclusivity(unchecked) private var retireClaimed = false
+    /// This core, while a record is in use.
+    @exclusivity(unchecked) private var keepAlive: FlowCore?
 
     /// The flow, set once at its birth. Unowned: the flow owns the core. Read only by the
     /// flow's own calls (a claim), so it is alive whenever it is read; the existential is
@@ -43,10 +60,21 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     unowned(unsafe) var source: (any DeliverySource)?
     /// The loop's walk gate (one load less per walk than through `loop`).
     let gate: WalkGate
+    /// The records themselves, at fixed addresses (read without the lock: see there).
+    private let table = SubscriberPages()
 
     // Loop-confined.
-    @exclusivity(unchecked) private(set) var slots = SubscriberSlots()
-    @exclusivity(unchecked) private var arrivalBatch: [FlowSubscription] = []
+    @exclusivity(unchecked) private var arrivalBatch: [Int32] = []
+    /// The arrivals the delivery under way registered.
+    @exclusivity(unchecked) private var newcomers: [Int32] = []
+    /// The table's high-water mark at the delivery's snapshot: every registered slot is below.
+    @exclusivity(unchecked) private var walkLimit: Int32 = 0
+    /// Closed on the loop thread since the last retire job.
+    @exclusivity(unchecked) private var closedHere: [ClosedSlot] = []
+    @exclusivity(unchecked) private var retireQueuedHere = false
+    @exclusivity(unchecked) private var retiring: [ClosedSlot] = []
+    /// Records released, to return to the pool under one lock.
+    @exclusivity(unchecked) private var freeing: [Int32] = []
     /// How many subscriptions got a terminal callback from this flow, ever.
     private var terminatedTotal = 0
 
@@ -56,12 +84,22 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     private var countFlow: MutableStateFlow<Int>?   // guarded by countLock, made on first use
     private let countObserved = Atomic<Bool>(false)
 
+    struct ClosedSlot {
+        let slot: Int32
+        let id: UInt64
+    }
+
     init(loop: EventLoop) {
         self.loop = loop
         self.gate = loop.walkGate
         if !loop.adopt(self) {
             tornDown = true
         }
+    }
+
+    deinit {
+        // keepAlive held the core while a record was in use: none is.
+        table.deallocate()
     }
 
     var liveCount: Int { live.load(ordering: .acquiring) }
@@ -92,30 +130,65 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     // MARK: Any thread
 
-    /// Admits `subscription`: counts it live, then under `lock` runs `prepare` (for the
-    /// flow's own bookkeeping) and queues it for registration by the next delivery. On
-    /// failure nothing is counted and none of its callbacks will ever run.
+    /// Admits a subscriber: counts it live, then under `lock` takes a record, fills it
+    /// with the callbacks, runs `prepareLocked` (for the flow's own bookkeeping) and queues
+    /// it for registration by the next delivery. On failure nothing is counted, `extras` is
+    /// released and none of the callbacks will ever run.
+    ///
+    /// - Parameters:
+    ///   - words: a Swift closure's two words (its context is retained here), or a C
+    ///     function pointer and userdata when `foreign` is given.
+    ///   - foreign: the flow's `ForeignCallback` for a C subscriber (retained here), or nil.
+    ///   - extras: a retained `SubscriberExtras`, or nil.
     func admit(
-        _ subscription: FlowSubscription,
-        prepareLocked: (FlowSubscription) -> Void = { _ in }
-    ) throws(LoopFlowError) {
+        words: (UnsafeRawPointer?, UnsafeRawPointer?),
+        foreign: UnsafeRawPointer?,
+        extras: UnsafeRawPointer?,
+        prepareLocked: (SubscriberEntry, UInt64) -> Void = { _, _ in }
+    ) throws(LoopFlowError) -> FlowSubscription {
         guard loop.acceptsWork else {
+            releaseExtras(extras)
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
+        let id = FlowSubscription.makeID()
         changeCount(by: 1)
         loop.openSubscriptions.add(1, ordering: .relaxed)
-        let post: Bool? = lock.withLock {
-            guard !tornDown else { return nil }
-            prepareLocked(subscription)
-            arrivals.append(subscription)
-            return claimDeliveryLocked()
-        }
-        guard let post else {
+        lock.lock()
+        guard !tornDown, let slot = pool.take() else {
+            let full = !tornDown
+            lock.unlock()
             loop.openSubscriptions.subtract(1, ordering: .relaxed)
             changeCount(by: -1)
+            releaseExtras(extras)
+            if full {
+                throw LoopFlowError(.invalidConfiguration, "a flow holds at most \(Int32.max) subscriptions")
+            }
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
+        if pool.inUse == 1 { keepAlive = self }
+        table.makePage(for: slot)
+        let entry = table.entry(slot)
+        entry.cursor = 0
+        entry.extras = extras
+        entry.foreign = foreign
+        entry.word0 = words.0
+        entry.word1 = words.1
+        if let foreign {
+            _ = Unmanaged<AnyObject>.fromOpaque(foreign).retain()
+        } else if let context = words.1 {
+            _ = Unmanaged<AnyObject>.fromOpaque(context).retain()
+        }
+        entry.tag.pointee.store(id << 2, ordering: .releasing)
+        prepareLocked(entry, id)
+        arrivals.append(slot)
+        let post = claimDeliveryLocked()
+        lock.unlock()
         if post { postDelivery() }
+        return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
+    }
+
+    private func releaseExtras(_ extras: UnsafeRawPointer?) {
+        if let extras { Unmanaged<SubscriberExtras>.fromOpaque(extras).release() }
     }
 
     /// Caller holds `lock` and is a call of the flow (so `source` is alive). Returns whether
@@ -141,11 +214,50 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         try? loop.enqueue(.deliver(Unmanaged.passUnretained(self)), isInternal: true)
     }
 
+    /// Closes `subscription` if its record is still its own and open; then queues the
+    /// record for retirement. Any thread. Returns whether this call closed it.
+    func close(_ subscription: FlowSubscription) -> Bool {
+        let tag = subscription.entry.tag
+        var current = tag.pointee.load(ordering: .sequentiallyConsistent)
+        while true {
+            guard current >> 2 == subscription.id, current & SubscriberEntry.closedBit == 0 else { return false }
+            let (exchanged, original) = tag.pointee.compareExchange(
+                expected: current, desired: current | SubscriberEntry.closedBit, ordering: .sequentiallyConsistent)
+            if exchanged { break }
+            current = original
+        }
+        ended()
+        let closed = ClosedSlot(slot: subscription.slot, id: subscription.id)
+        if loop.inEventLoop {
+            closedHere.append(closed)
+            guard !retireQueuedHere else { return true }
+            retireQueuedHere = true
+        } else {
+            lock.lock()
+            closedElsewhere.append(closed)
+            let post = !retireClaimed
+            retireClaimed = true
+            lock.unlock()
+            guard post else { return true }
+        }
+        do {
+            try loop.enqueue(.retire(self), isInternal: true)
+        } catch {
+            // Teardown has begun: its sweep releases every record still in use.
+        }
+        return true
+    }
+
+    private func ended() {
+        loop.openSubscriptions.subtract(1, ordering: .relaxed)
+        changeCount(by: -1)
+    }
+
     // MARK: Loop thread
 
     /// The one delivery of every flow: under the lock, the flow's snapshot, the arrivals
     /// and the terminal state; then, without it, the arrivals registered, the flow's
-    /// broadcast and the terminal callbacks, inside one walk over the slots.
+    /// broadcast and the terminal callbacks, inside one walk over the records.
     ///
     /// Returns the flow it delivered for, for the caller to let go of after this call
     /// (it may be the last reference to the flow, which owns this core). Nil if no delivery
@@ -158,6 +270,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             return nil
         }
         swap(&arrivals, &arrivalBatch)
+        walkLimit = pool.highWater
         let terminal = self.terminal
         source.takeSnapshotLocked()
         lock.unlock()
@@ -165,34 +278,55 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         registerArrivals()
         gate.begin(ObjectIdentifier(self))
         source.broadcast()
-        arrivalBatch.removeAll(keepingCapacity: true)
+        newcomers.removeAll(keepingCapacity: true)
         if let terminal {
             terminateAll(with: terminal.error)
         }
         gate.end()
+        returnFreed()
         return source
     }
 
-    /// In a delivery, without the lock: registers the arrivals still open.
-    /// One closed before it got here is released now (no callback of it has run); its
-    /// retire job, if it still comes, finds it released already.
+    /// In a delivery, before the walk: registers the arrivals still open. One closed before
+    /// it got here is released now (no callback of it has run); its retire job, if it still
+    /// comes, finds the record no longer its own.
     private func registerArrivals() {
-        loop.assertInEventLoop()
-        for subscription in arrivalBatch {
-            if subscription.isClosed {
-                subscription.release()
-            } else {
-                assertNotWalking()
-                slots.insert(subscription)
+        for slot in arrivalBatch {
+            let entry = table.entry(slot)
+            var current = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
+            while true {
+                if current & SubscriberEntry.closedBit != 0 {
+                    release(entry, slot: slot)
+                    break
+                }
+                let (exchanged, original) = entry.tag.pointee.compareExchange(
+                    expected: current, desired: current | SubscriberEntry.registeredBit,
+                    ordering: .sequentiallyConsistent)
+                if exchanged {
+                    newcomers.append(slot)
+                    break
+                }
+                current = original
             }
+        }
+        arrivalBatch.removeAll(keepingCapacity: true)
+    }
+
+    /// Calls `body` with every registered, open record, in slot order, checking each one's
+    /// tag just before (a callback may close others). Inside a walk only.
+    @inline(__always)
+    func forEachLive(_ body: (SubscriberEntry) -> Void) {
+        table.forEach(below: walkLimit) { entry in
+            if entry.isLive { body(entry) }
         }
     }
 
-    /// The subscriptions `registerArrivals` just registered (still registered now).
+    /// The records the delivery under way registered, still open.
     @inline(__always)
-    func forEachNewcomer(_ body: (FlowSubscription) -> Void) {
-        for subscription in arrivalBatch where subscription.slot >= 0 {
-            body(subscription)
+    func forEachNewcomer(_ body: (SubscriberEntry) -> Void) {
+        for slot in newcomers {
+            let entry = table.entry(slot)
+            if entry.isLive { body(entry) }
         }
     }
 
@@ -201,31 +335,110 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// flow (closers wait for it).
     @discardableResult
     private func terminateAll(with error: (any Error)?) -> Int {
-        loop.assertInEventLoop()
         var terminated = 0
-        for subscription in slots.removeAll() {
-            if subscription.terminate(with: error) { terminated += 1 }
-            subscription.release()
+        var slot: Int32 = 0
+        table.forEach(below: walkLimit) { entry in
+            defer { slot += 1 }
+            let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
+            guard tag & SubscriberEntry.registeredBit != 0 else { return }
+            if terminate(entry, with: error) { terminated += 1 }
+            release(entry, slot: slot)
         }
         terminatedTotal += terminated
         return terminated
     }
 
-    /// Walks call subscribers through unretained references into `slots`: adding or
-    /// removing one during a walk over this flow would be a use-after-free, not a trap.
-    /// (No path does; this keeps a future one from doing it silently in debug builds.)
-    @inline(__always)
-    private func assertNotWalking() {
-        assert(!gate.isWalking(ObjectIdentifier(self)), "subscriber slots changed during a walk over them")
+    /// Delivers the terminal callback (error if given, else complete) unless the
+    /// subscription is already closed. Returns whether it delivered.
+    private func terminate(_ entry: SubscriberEntry, with error: (any Error)?) -> Bool {
+        var current = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
+        while true {
+            guard current & SubscriberEntry.closedBit == 0 else { return false }
+            let (exchanged, original) = entry.tag.pointee.compareExchange(
+                expected: current, desired: current | SubscriberEntry.closedBit, ordering: .sequentiallyConsistent)
+            if exchanged { break }
+            current = original
+        }
+        ended()
+        if let extras = entry.extras {
+            Unmanaged<SubscriberExtras>.fromOpaque(extras)._withUnsafeGuaranteedRef { extras in
+                if let error {
+                    extras.onError?(error)
+                } else {
+                    extras.onComplete?()
+                }
+            }
+        }
+        return true
+    }
+
+    /// After the last callback of the record's subscriber: lets go of its callbacks (a
+    /// callback that captured its own handle must not keep the flow's core alive), marks
+    /// the record free, runs `onRelease`, and queues the slot for the pool (`returnFreed`).
+    private func release(_ entry: SubscriberEntry, slot: Int32) {
+        let extras = entry.extras
+        let foreign = entry.foreign
+        let context = entry.word1
+        entry.extras = nil
+        entry.foreign = nil
+        entry.word0 = nil
+        entry.word1 = nil
+        entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .sequentiallyConsistent)
+        freeing.append(slot)
+        if let foreign {
+            Unmanaged<AnyObject>.fromOpaque(foreign).release()
+        } else if let context {
+            Unmanaged<AnyObject>.fromOpaque(context).release()
+        }
+        if let extras {
+            let extras = Unmanaged<SubscriberExtras>.fromOpaque(extras).takeRetainedValue()
+            extras.onRelease?()
+        }
+    }
+
+    /// Returns the released records to the pool, under one lock; lets the core go when
+    /// none is in use.
+    private func returnFreed() {
+        guard !freeing.isEmpty else { return }
+        lock.lock()
+        for slot in freeing { pool.give(slot) }
+        let unused = pool.inUse == 0 ? keepAlive.take() : nil
+        lock.unlock()
+        freeing.removeAll(keepingCapacity: true)
+        withExtendedLifetime(unused) {}
     }
 
     // MARK: SubscriptionOwner
 
-    func retire(_ subscription: FlowSubscription) {
+    /// The retire job: every record closed since the last one, released.
+    func retireClosed() {
         loop.assertInEventLoop()
         assertNotWalking()
-        slots.remove(subscription)
-        subscription.release()
+        swap(&closedHere, &retiring)
+        retireQueuedHere = false
+        lock.lock()
+        retiring.append(contentsOf: closedElsewhere)
+        closedElsewhere.removeAll(keepingCapacity: true)
+        retireClaimed = false
+        lock.unlock()
+        for closed in retiring {
+            let entry = table.entry(closed.slot)
+            let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
+            // Released already (at registration, or by a terminal walk), or not yet
+            // registered (its registration releases it).
+            guard tag >> 2 == closed.id, tag & SubscriberEntry.registeredBit != 0 else { continue }
+            release(entry, slot: closed.slot)
+        }
+        retiring.removeAll(keepingCapacity: true)
+        returnFreed()
+    }
+
+    /// Walks call subscribers in place: releasing records during a walk over this flow
+    /// would pull callbacks from under it. (No path does; this keeps a future one from
+    /// doing it silently in debug builds.)
+    @inline(__always)
+    private func assertNotWalking() {
+        assert(!gate.isWalking(ObjectIdentifier(self)), "subscriber records released during a walk over them")
     }
 
     func sweepForTeardown() -> Int {
@@ -236,16 +449,21 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         // pending there are no arrivals, and the flow's subscribers have had everything.
         lock.withLock { tornDown = true }
         let source = deliver()
+        lock.withLock { walkLimit = pool.highWater }
         gate.begin(ObjectIdentifier(self))
         terminateAll(with: nil)
         gate.end()
+        // Every record is free now; closes still queued for retirement find them so.
+        closedHere.removeAll()
+        retireQueuedHere = false
+        lock.withLock {
+            closedElsewhere.removeAll()
+            retireClaimed = false
+        }
+        returnFreed()
         withExtendedLifetime(source) {}
         // Everyone completed here was still open: whether by the flow's own terminal (a
         // layer finishing its flows at teardown) or by this sweep.
         return terminatedTotal - before
-    }
-
-    func subscriptionEnded() {
-        changeCount(by: -1)
     }
 }

@@ -2,10 +2,13 @@
 // with LD_PRELOAD=libMallocInterposerSwift.so: the interposer prefixes every allocation, so
 // it must not be loaded into the process that measures time and memory).
 //
-//   loopflow-allocs UPDATES SUBSCRIBERS...   prints "SUBSCRIBERS OURS FLOOR" per size
+//   loopflow-allocs UPDATES SUBSCRIBERS...   prints "SUBSCRIBERS OURS FLOOR" per size, then
+//                                            "pairs ON-LOOP FOREIGN" (per subscribe+close)
 //
 // An update is a set on this (foreign) thread delivered to every subscriber on the loop
-// thread; counting covers both threads, after a warm-up of the same updates.
+// thread; counting covers both threads, after a warm-up of the same updates. A pair is a
+// subscribe and a close, on the loop thread or from this one, with the loop's deferred
+// retire work included (counted until the loop has run it), after a warm-up of the same.
 import CBaseline
 import LoopFlow
 import MallocInterposerSwift
@@ -99,3 +102,46 @@ guard control >= 1 else {
 for subscribers in arguments.dropFirst() {
     print("\(subscribers) \(try perUpdate(subscribers: subscribers)) \(floorPerUpdate(subscribers: subscribers))")
 }
+
+/// Mallocs per subscribe+close pair in steady state (UPDATES pairs, a closure without
+/// context like most subscribers'), on the loop thread and from this one, retire work included.
+func perPair() throws -> (onLoop: Double, foreign: Double) {
+    let loop = try EventLoop(name: "allocs")
+    defer { _ = try? loop.shutdown() }
+    let flow = MutableStateFlow(0, on: loop)
+    let done = Atomic<Int>(0)
+    /// Runs `body` on the loop thread, then waits until the loop ran everything it queued.
+    func onLoop(_ body: @escaping @Sendable () -> Void) throws {
+        let before = done.load(ordering: .acquiring)
+        try loop.execute {
+            body()
+            try? loop.execute { done.add(1, ordering: .releasing) }
+        }
+        while done.load(ordering: .acquiring) == before {}
+    }
+    let pairs = updates
+    let loopPairs: @Sendable () -> Void = {
+        for _ in 0..<pairs {
+            let subscription = try! flow.subscribe(onState: { _ in })
+            subscription.close()
+        }
+    }
+    func foreignPairs() throws {
+        for _ in 0..<pairs {
+            try flow.subscribe(onState: { _ in }).close()
+        }
+        try onLoop {}
+    }
+    try onLoop(loopPairs)  // warm-up: the pool, the queues and their buffers reach their size
+    try onLoop(loopPairs)
+    // What the measurement's own hops to the loop allocate (their jobs' closures), taken off.
+    try onLoop {}
+    let hop = try mallocs { try onLoop {} }
+    let onLoopCount = try mallocs { try onLoop(loopPairs) } - hop
+    try foreignPairs()
+    let foreignCount = try mallocs { try foreignPairs() } - hop
+    return (Double(max(0, onLoopCount)) / Double(pairs), Double(max(0, foreignCount)) / Double(pairs))
+}
+
+let (pairOnLoop, pairForeign) = try perPair()
+print("pairs \(pairOnLoop) \(pairForeign)")

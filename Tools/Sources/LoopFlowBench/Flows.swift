@@ -139,7 +139,7 @@ func subscribeCloseRows(pairs: Int) throws -> [Row] {
             if let value = result.withLock({ $0 }) { return value }
         }
     }
-    let onLoop = try onLoopThread {
+    let loopPairs: @Sendable () -> Double = {
         let start = bl_now_ns()
         for _ in 0..<pairs {
             let subscription = try! flow.subscribe(onState: { _ in })
@@ -147,6 +147,10 @@ func subscribeCloseRows(pairs: Int) throws -> [Row] {
         }
         return Double(pairs) / (Double(bl_now_ns() - start) / 1e9)
     }
+    // Warm-up, untimed: the pool's pages, the queues and their buffers reach their size.
+    _ = try onLoopThread(loopPairs)
+    _ = try onLoopThread { 0 }
+    let onLoop = try onLoopThread(loopPairs)
     // The retire work the pairs left behind is part of their cost: wait for it too.
     var start = bl_now_ns()
     _ = try onLoopThread { 0 }
@@ -161,15 +165,15 @@ func subscribeCloseRows(pairs: Int) throws -> [Row] {
     let onLoopWithDrain = Double(pairs) / (Double(pairs) / onLoop + drain / 1e9)
     // No C equivalent of a subscription; the floor is what any thread-safe subscribe+close
     // must pay at least: one allocation of a subscription's size, one lock, one free.
-    let floor = bl_alloc_lock_pairs_per_second(Int32(pairs), 96) / 1e6
+    let floor = bl_alloc_lock_pairs_per_second(Int32(pairs), 48) / 1e6
     let label = "malloc+lock+free"
     return [
-        Row(name: "subscribe+close on the loop thread", ours: onLoop / 1e6, floor: floor, unit: "M/s",
-            target: .atLeast(20), baseline: label),
-        Row(name: "  … including the loop's deferred retire work", ours: onLoopWithDrain / 1e6, floor: floor,
+        Row(name: "subscribe+close on the loop thread, retire work included", ours: onLoopWithDrain / 1e6,
+            floor: floor, unit: "M/s", target: .atLeast(20), baseline: label),
+        Row(name: "  … the calls alone (retire work deferred)", ours: onLoop / 1e6, floor: floor,
             unit: "M/s", baseline: label),
         Row(name: "subscribe+close from a foreign thread", ours: foreign / 1e6, floor: floor, unit: "M/s",
-            baseline: label),
+            target: .atLeast(5), baseline: label),
     ]
 }
 
@@ -203,5 +207,5 @@ func bytesPerSubscriptionRow(count: Int) throws -> Row {
     last.close()
     warm.close()
     for subscription in subscriptions { subscription?.close() }
-    return Row(name: "bytes per open subscription", ours: ours, floor: floor, unit: "B", target: .atMost(128))
+    return Row(name: "bytes per open subscription", ours: ours, floor: floor, unit: "B", target: .atMost(64))
 }

@@ -61,26 +61,42 @@ func allocationRows(updates: Int, sizes: [Int], directory: String) -> [Row] {
     let interposer = directory + "/libMallocInterposerSwift.so"
     guard access(helper, X_OK) == 0, access(interposer, R_OK) == 0 else {
         note("allocations skipped: build the loopflow-allocs product (\(helper), \(interposer))")
-        return sizes.map { allocationRow($0, .nan, .nan) }
+        return sizes.map { allocationRow($0, .nan, .nan) } + pairRows(.nan, .nan)
     }
     let command = "LD_PRELOAD='\(interposer)' '\(helper)' \(updates) " + sizes.map(String.init).joined(separator: " ")
     guard let pipe = popen(command, "r") else {
         note("allocations skipped: cannot start \(helper)")
-        return sizes.map { allocationRow($0, .nan, .nan) }
+        return sizes.map { allocationRow($0, .nan, .nan) } + pairRows(.nan, .nan)
     }
     var output = ""
     var buffer = [CChar](repeating: 0, count: 256)
     while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
     let status = pclose(pipe)
     var counted: [Int: (Double, Double)] = [:]
+    var pairs: (Double, Double) = (.nan, .nan)
     for line in output.split(separator: "\n") {
         let fields = line.split(separator: " ")
-        if fields.count == 3, let size = Int(fields[0]), let ours = Double(fields[1]), let floor = Double(fields[2]) {
-            counted[size] = (ours, floor)
+        guard fields.count == 3, let ours = Double(fields[1]), let other = Double(fields[2]) else { continue }
+        if fields[0] == "pairs" {
+            pairs = (ours, other)
+        } else if let size = Int(fields[0]) {
+            counted[size] = (ours, other)
         }
     }
     if status != 0 { note("allocations: \(helper) failed (status \(status))") }
     return sizes.map { size in allocationRow(size, counted[size]?.0 ?? .nan, counted[size]?.1 ?? .nan) }
+        + pairRows(pairs.0, pairs.1)
+}
+
+/// Per subscribe+close pair, steady state, the loop's retire work included (no floor: the
+/// floor's malloc+lock+free is one allocation by construction).
+private func pairRows(_ onLoop: Double, _ foreign: Double) -> [Row] {
+    [
+        Row(name: "heap allocations per subscribe+close, loop thread", ours: onLoop, floor: 1, unit: "",
+            target: .atMost(0), baseline: "malloc+lock+free"),
+        Row(name: "heap allocations per subscribe+close, foreign thread", ours: foreign, floor: 1, unit: "",
+            target: .atMost(0), baseline: "malloc+lock+free"),
+    ]
 }
 
 private func allocationRow(_ subscribers: Int, _ ours: Double, _ floor: Double) -> Row {

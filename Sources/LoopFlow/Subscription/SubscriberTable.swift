@@ -1,0 +1,191 @@
+import Synchronization
+
+/// One subscriber's record in a flow's `SubscriberTable`: 48 bytes of raw memory at an
+/// address that never changes while the flow's core lives (handles point at it).
+///
+/// | offset | field | |
+/// |---|---|---|
+/// | 0 | `tag`, atomic | `id << 2 \| registered (2) \| closed (1)`; 1 when free |
+/// | 8 | `cursor` | StateFlow: the broadcast epoch it last saw; SharedFlow: its first live sequence |
+/// | 16 | `extras` | `Unmanaged<SubscriberExtras>`, retained, or nil |
+/// | 24 | `foreign` | `Unmanaged<ForeignCallback<Value>>`, retained, for a C subscriber; nil otherwise |
+/// | 32, 40 | callback | a Swift subscriber's value closure (function, context; the context retained), or a C subscriber's function pointer and userdata |
+///
+/// The tag is the only field touched off the loop thread after admission: a closer
+/// compares its id and sets `closed` with one compare-and-swap, so a handle whose record was
+/// recycled for a newer subscription finds another id there and closes nothing. The other
+/// fields are written under the flow's lock at admission (before the loop may read them:
+/// the arrival reaches the loop through the same lock) and afterwards only on the loop
+/// thread.
+struct SubscriberEntry: @unchecked Sendable {
+    static let stride = 48
+    static let closedBit: UInt64 = 1
+    static let registeredBit: UInt64 = 2
+    /// The tag of a free record: closed, unregistered, no id (ids start at 1).
+    static let freeTag: UInt64 = closedBit
+
+    let raw: UnsafeMutableRawPointer
+
+    @inline(__always) init(_ raw: UnsafeMutableRawPointer) { self.raw = raw }
+
+    @inline(__always)
+    var tag: UnsafeMutablePointer<Atomic<UInt64>> { raw.assumingMemoryBound(to: Atomic<UInt64>.self) }
+
+    @inline(__always)
+    var cursor: UInt64 {
+        get { raw.load(fromByteOffset: 8, as: UInt64.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 8, as: UInt64.self) }
+    }
+
+    @inline(__always)
+    var extras: UnsafeRawPointer? {
+        get { raw.load(fromByteOffset: 16, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 16, as: UnsafeRawPointer?.self) }
+    }
+
+    @inline(__always)
+    var foreign: UnsafeRawPointer? {
+        get { raw.load(fromByteOffset: 24, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 24, as: UnsafeRawPointer?.self) }
+    }
+
+    /// The callback's two words (see the table above).
+    @inline(__always)
+    var word0: UnsafeRawPointer? {
+        get { raw.load(fromByteOffset: 32, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 32, as: UnsafeRawPointer?.self) }
+    }
+
+    @inline(__always)
+    var word1: UnsafeRawPointer? {
+        get { raw.load(fromByteOffset: 40, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 40, as: UnsafeRawPointer?.self) }
+    }
+
+    /// Loop thread, inside a walk: whether the next callback may run. A sequentially
+    /// consistent load (a plain load on x86) pairs with the walk's store and the closer's
+    /// read-modify-write, so a closer either sees the walk or the walk sees it closed.
+    @inline(__always)
+    var isOpen: Bool { tag.pointee.load(ordering: .sequentiallyConsistent) & Self.closedBit == 0 }
+
+    /// Registered and open: a walk calls it.
+    @inline(__always)
+    var isLive: Bool {
+        tag.pointee.load(ordering: .sequentiallyConsistent) & (Self.closedBit | Self.registeredBit) == Self.registeredBit
+    }
+
+    /// The id of the subscription holding the record now (0 when free).
+    var id: UInt64 { tag.pointee.load(ordering: .acquiring) >> 2 }
+}
+
+/// A flow's subscriber records, in pages that never move (page p holds 16·2^p records, so
+/// 27 pages cover every `Int32` slot and the page directory has a fixed size). Immutable as
+/// a value (only the memory it points to changes), so the loop thread reads it without the
+/// lock while other threads take slots (`SlotPool`) under it.
+///
+/// A page's pointer is written once, under the flow's lock, before any slot on it is
+/// handed out, and never changes: the loop reads it for slots it was handed through the lock.
+struct SubscriberPages: @unchecked Sendable {
+    static let firstPageSlots = 16
+    static let maxPages = 27
+
+    private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+
+    init() {
+        directory = .allocate(capacity: Self.maxPages)
+        directory.initialize(repeating: nil, count: Self.maxPages)
+    }
+
+    /// Frees the pages (the owner released every record still in use first).
+    func deallocate() {
+        for page in 0..<Self.maxPages {
+            directory[page]?.deallocate()
+        }
+        directory.deinitialize(count: Self.maxPages)
+        directory.deallocate()
+    }
+
+    @inline(__always)
+    static func page(of slot: Int32) -> (page: Int, offset: Int) {
+        let x = (Int(slot) >> 4) + 1
+        let page = Int.bitWidth - 1 - x.leadingZeroBitCount
+        return (page, Int(slot) - firstPageSlots * ((1 << page) - 1))
+    }
+
+    @inline(__always)
+    static func slots(inPage page: Int) -> Int { firstPageSlots << page }
+
+    @inline(__always)
+    func entry(_ slot: Int32) -> SubscriberEntry {
+        let (page, offset) = Self.page(of: slot)
+        return SubscriberEntry(directory[page].unsafelyUnwrapped + offset * SubscriberEntry.stride)
+    }
+
+    /// Makes the page of `slot` if it does not exist yet (its records free). Under the lock.
+    func makePage(for slot: Int32) {
+        let (page, _) = Self.page(of: slot)
+        guard directory[page] == nil else { return }
+        let count = Self.slots(inPage: page)
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: count * SubscriberEntry.stride, alignment: 16)
+        for index in 0..<count {
+            (memory + index * SubscriberEntry.stride)
+                .bindMemory(to: Atomic<UInt64>.self, capacity: 1)
+                .initialize(to: Atomic(SubscriberEntry.freeTag))
+        }
+        directory[page] = memory
+    }
+
+    /// Calls `body` with each record below `limit` (a `SlotPool.highWater` the caller read
+    /// under the lock), in slot order. The caller checks each record's tag.
+    @inline(__always)
+    func forEach(below limit: Int32, _ body: (SubscriberEntry) -> Void) {
+        var first = 0
+        var page = 0
+        let limit = Int(limit)
+        while first < limit {
+            let count = min(Self.slots(inPage: page), limit - first)
+            let base = directory[page].unsafelyUnwrapped
+            for index in 0..<count {
+                body(SubscriberEntry(base + index * SubscriberEntry.stride))
+            }
+            first += Self.slots(inPage: page)
+            page += 1
+        }
+    }
+}
+
+/// Which slots of a flow's `SubscriberPages` are in use: recycled through a free list (LIFO,
+/// so churn stays on warm records), so that a subscribe in steady state allocates nothing.
+/// Guarded by the flow's lock.
+struct SlotPool {
+    /// Slots handed out so far (the free ones below it are in `free`).
+    private(set) var highWater: Int32 = 0
+    private var free: [Int32] = []
+    /// Slots in use (taken and not yet returned).
+    private(set) var inUse = 0
+
+    /// A slot for a new subscriber: a recycled one, or the next fresh one (the caller makes
+    /// its page). Nil when every `Int32` slot is in use.
+    mutating func take() -> Int32? {
+        if let slot = free.popLast() {
+            inUse += 1
+            return slot
+        }
+        guard highWater < Int32.max else { return nil }
+        highWater += 1
+        inUse += 1
+        return highWater - 1
+    }
+
+    /// Returns `slot` (its record released and marked free). When none is in use any more,
+    /// the pool starts over from slot 0, so walks stop scanning old holes.
+    mutating func give(_ slot: Int32) {
+        inUse -= 1
+        if inUse == 0 {
+            free.removeAll(keepingCapacity: true)
+            highWater = 0
+        } else {
+            free.append(slot)
+        }
+    }
+}
