@@ -247,10 +247,16 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: - Resources
 
-    /// Records a new flow for teardown. Returns false if teardown has begun (the flow is
-    /// then born finished: it admits no one).
-    func adopt(_ owner: any SubscriptionOwner) -> Bool {
-        resources.adopt(owner)
+    /// Holds a flow with subscribers until `letGo`, for teardown to complete them. Returns
+    /// false if teardown has begun (the flow then admits no one).
+    func hold(_ owner: any SubscriptionOwner) -> Bool {
+        resources.hold(owner)
+    }
+
+    /// The flow has no subscribers any more; returns the reference held (for the caller to
+    /// drop outside its lock).
+    func letGo(_ owner: any SubscriptionOwner) -> (any SubscriptionOwner)? {
+        resources.letGo(owner)
     }
 
     /// Runs `hook` on the loop thread when the loop is torn down, after the last accepted

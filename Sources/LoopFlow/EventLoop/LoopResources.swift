@@ -1,11 +1,16 @@
-/// Everything a loop must finish at teardown, in one place: the flows made on it (weakly),
-/// the teardown hooks of the layers above, the directory watches and the timers.
+/// Everything a loop must finish at teardown, in one place: the flows with subscribers, the
+/// teardown hooks of the layers above, the directory watches and the timers.
 ///
 /// `tearDown()` walks them in one defined order:
 /// 1. hooks (a layer finishes its own waiters, timers and flows first),
 /// 2. flows (every open subscription completed, then released),
 /// 3. directory watches (stopped, handles closed),
 /// 4. timers (stopped, handles closed).
+///
+/// A flow's core is held (strongly) while it has subscription records in use, and only then:
+/// a flow without subscribers has nothing to finish, and holding every flow weakly instead
+/// put each core's reference count in a side table, which made every retain and release of
+/// it (one per subscription handle) take the slow path — a quarter of a subscribe+close.
 ///
 /// Flows and hooks register from any thread until `close()` (teardown's start); watches
 /// register on the loop thread at any time, since a watch whose start was accepted before
@@ -16,9 +21,8 @@ final class LoopResources: @unchecked Sendable {
 
     // Guarded by lock.
     private var closed = false
-    /// Every flow made on this loop, weakly, so teardown can complete their subscribers.
-    private var flows: [WeakOwner] = []
-    private var flowCompactionThreshold = 64
+    /// The flows with subscription records in use, so teardown can complete their subscribers.
+    private var owners: [ObjectIdentifier: any SubscriptionOwner] = [:]
     private var hooks: [(id: UInt64, hook: @Sendable () -> Void)] = []
     private var nextHookID: UInt64 = 1
 
@@ -29,17 +33,19 @@ final class LoopResources: @unchecked Sendable {
         self.timers = timers
     }
 
-    /// Records a new flow. Returns false once teardown has begun.
-    func adopt(_ owner: any SubscriptionOwner) -> Bool {
+    /// Holds `owner` until `letGo` (it has subscribers). Returns false once teardown has
+    /// begun. Called under the owner's lock (lock order: owner, then resources).
+    func hold(_ owner: any SubscriptionOwner) -> Bool {
         lock.withLock {
             guard !closed else { return false }
-            if flows.count >= flowCompactionThreshold {
-                flows.removeAll { $0.owner == nil }
-                flowCompactionThreshold = max(64, flows.count * 2)
-            }
-            flows.append(WeakOwner(owner: owner))
+            owners[ObjectIdentifier(owner)] = owner
             return true
         }
+    }
+
+    /// `owner` has no subscribers any more. Under the owner's lock.
+    func letGo(_ owner: any SubscriptionOwner) -> (any SubscriptionOwner)? {
+        lock.withLock { owners.removeValue(forKey: ObjectIdentifier(owner)) }
     }
 
     /// Records a teardown hook: its id (for `removeTeardownHook`), or nil once teardown has begun.
@@ -86,10 +92,8 @@ final class LoopResources: @unchecked Sendable {
         }
         for hook in hooks { hook() }
 
-        let owners: [any SubscriptionOwner] = lock.withLock {
-            defer { flows.removeAll() }
-            return flows.compactMap(\.owner)
-        }
+        // Held strongly here while they are swept (a sweep lets each one go).
+        let owners: [any SubscriptionOwner] = lock.withLock { Array(self.owners.values) }
         var completed = 0
         for owner in owners {
             completed += owner.sweepForTeardown()
@@ -99,8 +103,4 @@ final class LoopResources: @unchecked Sendable {
         timers.stopAll()
         return completed
     }
-}
-
-private struct WeakOwner {
-    weak var owner: (any SubscriptionOwner)?
 }

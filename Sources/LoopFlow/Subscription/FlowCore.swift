@@ -20,9 +20,10 @@ import Synchronization
 /// releases the record's callbacks (running `onRelease`) and returns the slot to the pool.
 /// Records are therefore never freed during a walk, and a walk reads them in place.
 ///
-/// While any record is in use, the core keeps itself alive (`keepAlive`): an open
-/// subscription whose handle and flow were dropped still gets its completion and release
-/// at teardown.
+/// While any record is in use, the loop holds the core (`EventLoop.hold`): an open
+/// subscription whose handle and flow were dropped still gets its completion and release at
+/// teardown. Nothing holds a core weakly (that would move its reference count to a side
+/// table, the slow path, on every handle's retain and release).
 ///
 /// Hot state is `@exclusivity(unchecked)`: it is guarded by `lock` or confined to the loop
 /// thread (ThreadSanitizer checks both), and the dynamic exclusivity check the compiler would
@@ -41,8 +42,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @exclusivity(unchecked) private(set) var terminal: FlowTerminal?
     /// `terminal != nil`, without copying the terminal (and its error) on every set.
     @exclusivity(unchecked) private(set) var isFinished = false
-    /// Set by teardown's sweep (or at birth on a shut-down loop): no one is admitted again
-    /// and no delivery is claimed.
+    /// Set by teardown's sweep: no one is admitted again and no delivery is claimed.
     @exclusivity(unchecked) private var tornDown = false
     /// Which records are in use (the records' own fields: see `SubscriberEntry`).
     @exclusivity(unchecked) private var pool = SlotPool()
@@ -50,8 +50,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @exclusivity(unchecked) private var closedElsewhere: [ClosedSlot] = []
     /// A retire job is queued for `closedElsewhere`.
     @exclusivity(unchecked) private var retireClaimed = false
-    /// This core, while a record is in use.
-    @exclusivity(unchecked) private var keepAlive: FlowCore?
 
     /// The flow, set once at its birth. Unowned: the flow owns the core. Read only by the
     /// flow's own calls (a claim), so it is alive whenever it is read; the existential is
@@ -92,13 +90,10 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     init(loop: EventLoop) {
         self.loop = loop
         self.gate = loop.walkGate
-        if !loop.adopt(self) {
-            tornDown = true
-        }
     }
 
     deinit {
-        // keepAlive held the core while a record was in use: none is.
+        // The loop held the core while a record was in use: none is.
         table.deallocate()
     }
 
@@ -157,15 +152,20 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         guard !tornDown, let slot = pool.take() else {
             let full = !tornDown
             lock.unlock()
-            loop.openSubscriptions.subtract(1, ordering: .relaxed)
-            changeCount(by: -1)
-            releaseExtras(extras)
+            refuse(extras)
             if full {
                 throw LoopFlowError(.invalidConfiguration, "a flow holds at most \(Int32.max) subscriptions")
             }
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
-        if pool.inUse == 1 { keepAlive = self }
+        // The first record in use: the loop holds the core from here until the last is freed.
+        if pool.inUse == 1 && !loop.hold(self) {
+            pool.give(slot)
+            tornDown = true
+            lock.unlock()
+            refuse(extras)
+            throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
+        }
         table.makePage(for: slot)
         let entry = table.entry(slot)
         entry.cursor = 0
@@ -185,6 +185,13 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         lock.unlock()
         if post { postDelivery() }
         return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
+    }
+
+    /// Undoes an admission's counting and lets go of its extras.
+    private func refuse(_ extras: UnsafeRawPointer?) {
+        loop.openSubscriptions.subtract(1, ordering: .relaxed)
+        changeCount(by: -1)
+        releaseExtras(extras)
     }
 
     private func releaseExtras(_ extras: UnsafeRawPointer?) {
@@ -208,10 +215,18 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         return claimDeliveryLocked()
     }
 
-    /// Posts a delivery claimed under the lock. Refused only once teardown has begun, and
-    /// then its sweep makes the delivery still pending, so a refusal needs no handling.
+    /// Posts a delivery claimed under the lock. Refused only once teardown has begun: a
+    /// core with subscribers is held by the loop, and its sweep makes the delivery still
+    /// pending; one without has nothing to deliver, and lets go of the flow it claimed for.
     func postDelivery() {
-        try? loop.enqueue(.deliver(Unmanaged.passUnretained(self)), isInternal: true)
+        do {
+            try loop.enqueue(.deliver(Unmanaged.passUnretained(self)), isInternal: true)
+        } catch {
+            let source: (any DeliverySource)? = lock.withLock {
+                pool.inUse == 0 ? pendingSource.take() : nil
+            }
+            withExtendedLifetime(source) {}
+        }
     }
 
     /// Closes `subscription` if its record is still its own and open; then queues the
@@ -402,7 +417,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         guard !freeing.isEmpty else { return }
         lock.lock()
         for slot in freeing { pool.give(slot) }
-        let unused = pool.inUse == 0 ? keepAlive.take() : nil
+        let unused = pool.inUse == 0 ? loop.letGo(self) : nil
         lock.unlock()
         freeing.removeAll(keepingCapacity: true)
         withExtendedLifetime(unused) {}
