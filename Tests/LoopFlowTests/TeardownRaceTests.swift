@@ -57,7 +57,7 @@ struct TeardownRaceTests {
             subscriberDone.signal()
         }.start()
         // The subscriber passed the loop's check and waits for the flow's lock.
-        #expect(await eventually { flow.core.liveCount == 1 })
+        #expect(await eventually { flow.core.admissionsBegun.load(ordering: .sequentiallyConsistent) == 1 })
 
         let stoppingEntered = Latch()
         let stoppingGate = Latch()

@@ -66,8 +66,6 @@ public final class EventLoop: @unchecked Sendable {
     private var report = ShutdownReport(unclosedSubscriptions: 0)
 
     private let loopThread = Atomic<UInt>(0)
-    /// Successful subscribes minus closes and completions, across every flow of this loop.
-    let openSubscriptions = Atomic<Int>(0)
     /// How many times the wake-up callback ran (coalescing is observable in tests).
     package let wakeups = Atomic<Int>(0)
     /// What `uv_loop_close` returned when the owned loop finished (nil before that, and
@@ -239,7 +237,7 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Loop thread: runs one batch of jobs, then tears down if a shutdown was requested.
     fileprivate func drain() {
-        wakeups.add(1, ordering: .relaxed)
+        wakeups.wrappingAdd(1, ordering: .relaxed)
         if jobs.runNextBatch() {
             teardown()
         }
@@ -351,7 +349,7 @@ public final class EventLoop: @unchecked Sendable {
             pthread_join(thread, nil)
             return report
         case .borrowed:
-            return ShutdownReport(unclosedSubscriptions: openSubscriptions.load(ordering: .acquiring))
+            return ShutdownReport(unclosedSubscriptions: resources.openSubscriptionCount())
         }
     }
 

@@ -17,6 +17,8 @@ protocol SubscriptionOwner: AnyObject, Sendable {
     /// Loop thread only, at teardown: completes every subscription still open,
     /// retires every subscription still registered, and returns how many it completed.
     func sweepForTeardown() -> Int
+    /// Any thread: subscriptions admitted and neither closed nor completed.
+    func openSubscriptionCount() -> Int
 }
 
 /// One unit of work in the loop's queue. Flow deliveries carry only an unretained class

@@ -53,7 +53,7 @@ final class JobQueue: @unchecked Sendable {
             return false
         case .append(let wake):
             queue.append(job)
-            if wake { wakeSenders.add(1, ordering: .relaxed) }
+            if wake { wakeSenders.wrappingAdd(1, ordering: .relaxed) }
             lock.unlock()
             if wake { sendWake() }
             return true
@@ -70,7 +70,7 @@ final class JobQueue: @unchecked Sendable {
             return false
         case .stop(let wake):
             accepting.store(false, ordering: .releasing)
-            if wake { wakeSenders.add(1, ordering: .relaxed) }
+            if wake { wakeSenders.wrappingAdd(1, ordering: .relaxed) }
             lock.unlock()
             if wake { sendWake() }
             return true
@@ -80,7 +80,7 @@ final class JobQueue: @unchecked Sendable {
     /// After a claim, without the lock.
     private func sendWake() {
         uv_async_send(wakeHandle)
-        wakeSenders.subtract(1, ordering: .releasing)
+        wakeSenders.wrappingSubtract(1, ordering: .releasing)
     }
 
     // MARK: Loop thread

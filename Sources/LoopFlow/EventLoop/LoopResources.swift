@@ -48,6 +48,12 @@ final class LoopResources: @unchecked Sendable {
         lock.withLock { owners.removeValue(forKey: ObjectIdentifier(owner)) }
     }
 
+    /// Subscriptions open on this loop's flows (admitted, neither closed nor completed).
+    func openSubscriptionCount() -> Int {
+        let owners: [any SubscriptionOwner] = lock.withLock { Array(self.owners.values) }
+        return owners.reduce(0) { $0 + $1.openSubscriptionCount() }
+    }
+
     /// Records a teardown hook: its id (for `removeTeardownHook`), or nil once teardown has begun.
     func addTeardownHook(_ hook: @escaping @Sendable () -> Void) -> UInt64? {
         lock.withLock {

@@ -76,8 +76,14 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// How many subscriptions got a terminal callback from this flow, ever.
     private var terminatedTotal = 0
 
-    /// Live subscriptions (admitted, not yet closed or completed).
-    private let live = Atomic<Int>(0)
+    /// The next id this flow hands out, and the end of its reserved block. Guarded by lock.
+    @exclusivity(unchecked) private var nextID: UInt64 = 0
+    @exclusivity(unchecked) private var idLimit: UInt64 = 0
+
+    /// Debug builds (the tests): admissions that passed the loop's check, so a test can see
+    /// one waiting for `lock`. Not counted in release builds (an atomic add per subscribe).
+    let admissionsBegun = Atomic<Int>(0)
+
     private let countLock = Lock()
     private var countFlow: MutableStateFlow<Int>?   // guarded by countLock, made on first use
     private let countObserved = Atomic<Bool>(false)
@@ -97,7 +103,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         table.deallocate()
     }
 
-    var liveCount: Int { live.load(ordering: .acquiring) }
+    /// Subscriptions not yet retired (a closed one counts until the loop has released it,
+    /// within a loop turn). Caller holds `lock`.
+    var liveCount: Int { pool.inUse }
 
     // MARK: Subscription count
 
@@ -105,21 +113,34 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         countLock.withLock {
             if let countFlow { return countFlow }
             // Announce the flow before reading the count: a change that does not see the
-            // announcement happened before this read (both sequentially consistent).
+            // announcement was made before this read (the read takes `lock` after the
+            // announcement, the change checks it after releasing `lock`).
             countObserved.store(true, ordering: .sequentiallyConsistent)
-            let flow = MutableStateFlow(live.load(ordering: .sequentiallyConsistent), on: loop)
+            let flow = MutableStateFlow(lock.withLock { pool.inUse }, on: loop)
             countFlow = flow
             return flow
         }
     }
 
-    /// Lock-free until someone asks for `subscriptionCount`; then each change publishes
-    /// the latest count under `countLock` (so publications never go backwards).
-    private func changeCount(by delta: Int) {
-        live.add(delta, ordering: .sequentiallyConsistent)
+    /// Free until someone asks for `subscriptionCount`; then each change publishes the
+    /// count of the moment under `countLock` (so publications never go backwards). Called
+    /// after a change, without `lock`.
+    private func publishCount() {
         guard countObserved.load(ordering: .sequentiallyConsistent) else { return }
         countLock.withLock {
-            countFlow?.value = live.load(ordering: .sequentiallyConsistent)
+            countFlow?.value = lock.withLock { pool.inUse }
+        }
+    }
+
+    /// Subscriptions admitted and neither closed nor completed (the shutdown report).
+    func openSubscriptionCount() -> Int {
+        lock.withLock {
+            var open = 0
+            table.forEach(below: pool.highWater) { entry in
+                let tag = entry.tag.pointee.load(ordering: .acquiring)
+                if tag >> 2 != 0 && tag & SubscriberEntry.closedBit == 0 { open += 1 }
+            }
+            return open
         }
     }
 
@@ -145,9 +166,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             releaseExtras(extras)
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
-        let id = FlowSubscription.makeID()
-        changeCount(by: 1)
-        loop.openSubscriptions.add(1, ordering: .relaxed)
+        #if DEBUG
+        admissionsBegun.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        #endif
         lock.lock()
         guard !tornDown, let slot = pool.take() else {
             let full = !tornDown
@@ -166,6 +187,12 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             refuse(extras)
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
+        if nextID == idLimit {
+            nextID = FlowSubscription.reserveIDs()
+            idLimit = nextID + FlowSubscription.idBlock
+        }
+        let id = nextID
+        nextID += 1
         table.makePage(for: slot)
         let entry = table.entry(slot)
         entry.cursor = 0
@@ -184,13 +211,12 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let post = claimDeliveryLocked()
         lock.unlock()
         if post { postDelivery() }
+        publishCount()
         return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
     }
 
-    /// Undoes an admission's counting and lets go of its extras.
+    /// Lets go of a refused admission's extras.
     private func refuse(_ extras: UnsafeRawPointer?) {
-        loop.openSubscriptions.subtract(1, ordering: .relaxed)
-        changeCount(by: -1)
         releaseExtras(extras)
     }
 
@@ -241,7 +267,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             if exchanged { break }
             current = original
         }
-        ended()
         let closed = ClosedSlot(slot: subscription.slot, id: subscription.id)
         if loop.inEventLoop {
             closedHere.append(closed)
@@ -261,11 +286,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             // Teardown has begun: its sweep releases every record still in use.
         }
         return true
-    }
-
-    private func ended() {
-        loop.openSubscriptions.subtract(1, ordering: .relaxed)
-        changeCount(by: -1)
     }
 
     // MARK: Loop thread
@@ -374,7 +394,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             if exchanged { break }
             current = original
         }
-        ended()
         if let extras = entry.extras {
             Unmanaged<SubscriberExtras>.fromOpaque(extras)._withUnsafeGuaranteedRef { extras in
                 if let error {
@@ -420,6 +439,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let unused = pool.inUse == 0 ? loop.letGo(self) : nil
         lock.unlock()
         freeing.removeAll(keepingCapacity: true)
+        publishCount()
         withExtendedLifetime(unused) {}
     }
 

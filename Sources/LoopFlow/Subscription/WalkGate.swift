@@ -28,7 +28,7 @@ final class WalkGate: Sendable {
     /// Loop thread: the walk is over; wake the threads waiting for it, if any.
     @inline(__always)
     func end() {
-        walksFinished.add(1, ordering: .releasing)
+        walksFinished.wrappingAdd(1, ordering: .releasing)
         walking.store(0, ordering: .sequentiallyConsistent)
         if waiters.load(ordering: .sequentiallyConsistent) > 0 {
             lock.withLock {}
@@ -43,11 +43,11 @@ final class WalkGate: Sendable {
         guard walking.load(ordering: .sequentiallyConsistent) == id else { return }
         let walk = walksFinished.load(ordering: .acquiring)
         lock.lock()
-        waiters.add(1, ordering: .sequentiallyConsistent)
+        waiters.wrappingAdd(1, ordering: .sequentiallyConsistent)
         while walking.load(ordering: .sequentiallyConsistent) == id && walksFinished.load(ordering: .acquiring) == walk {
             condition.wait(lock)
         }
-        waiters.subtract(1, ordering: .sequentiallyConsistent)
+        waiters.wrappingSubtract(1, ordering: .sequentiallyConsistent)
         lock.unlock()
     }
 
