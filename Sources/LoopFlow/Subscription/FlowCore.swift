@@ -75,6 +75,8 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @exclusivity(unchecked) private var freeing: [Int32] = []
     /// How many subscriptions got a terminal callback from this flow, ever.
     private var terminatedTotal = 0
+    /// Retire jobs run so far (tests: many closes cost one job).
+    private(set) var retireJobsRun = 0
 
     /// The next id this flow hands out, and the end of its reserved block. Guarded by lock.
     @exclusivity(unchecked) private var nextID: UInt64 = 0
@@ -131,6 +133,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             countFlow?.value = lock.withLock { pool.inUse }
         }
     }
+
+    /// Slots handed out so far: every record in use is below (tests: recycling).
+    var recordHighWater: Int32 { lock.withLock { pool.highWater } }
 
     /// Subscriptions admitted and neither closed nor completed (the shutdown report).
     func openSubscriptionCount() -> Int {
@@ -256,8 +261,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     }
 
     /// Closes `subscription` if its record is still its own and open; then queues the
-    /// record for retirement. Any thread. Returns whether this call closed it.
-    func close(_ subscription: FlowSubscription) -> Bool {
+    /// record for retirement. Any thread (`onLoop`: whether it is the loop's). Returns
+    /// whether this call closed it.
+    func close(_ subscription: FlowSubscription, onLoop: Bool) -> Bool {
         let tag = subscription.entry.tag
         var current = tag.pointee.load(ordering: .sequentiallyConsistent)
         while true {
@@ -268,7 +274,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             current = original
         }
         let closed = ClosedSlot(slot: subscription.slot, id: subscription.id)
-        if loop.inEventLoop {
+        if onLoop {
             closedHere.append(closed)
             guard !retireQueuedHere else { return true }
             retireQueuedHere = true
@@ -417,7 +423,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         entry.foreign = nil
         entry.word0 = nil
         entry.word1 = nil
-        entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .sequentiallyConsistent)
+        // Releasing is enough: the record is handed out again only through the lock, and a
+        // closer holding an old handle only needs to see that the id is no longer its own.
+        entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .releasing)
         freeing.append(slot)
         if let foreign {
             Unmanaged<AnyObject>.fromOpaque(foreign).release()
@@ -449,6 +457,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     func retireClosed() {
         loop.assertInEventLoop()
         assertNotWalking()
+        retireJobsRun += 1
         swap(&closedHere, &retiring)
         retireQueuedHere = false
         lock.lock()

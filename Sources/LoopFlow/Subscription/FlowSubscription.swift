@@ -69,8 +69,9 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
     /// is running; the loop sees the closed tag before any later callback.
     @discardableResult
     public func close() -> Bool {
-        let closed = core.close(self)
-        if !core.loop.inEventLoop {
+        let onLoop = core.loop.inEventLoop
+        let closed = core.close(self, onLoop: onLoop)
+        if !onLoop {
             core.gate.waitWhileWalking(ObjectIdentifier(core))
         }
         return closed
@@ -125,6 +126,9 @@ public final class ForeignCallback<Value>: Sendable {
 /// the closure itself, in this generic code, goes through its most general form.
 struct ValueCallback<Value> {
     let body: @Sendable (Value) -> Void
+
+    @inline(__always)
+    init(body: @escaping @Sendable (Value) -> Void) { self.body = body }
 
 }
 

@@ -1,0 +1,190 @@
+import Foundation
+import Synchronization
+import SessionFlowTestSupport
+import Testing
+
+@testable import LoopFlow
+
+/// The flat subscriber layout (`SubscriberTable.swift`): pooled records at fixed addresses,
+/// slot + id handles, batched retirement, C subscribers called through their function.
+@Suite("Subscriber records")
+struct SubscriberRecordTests {
+    /// Something a callback captures, to see when the library lets go of the callback.
+    final class Canary: Sendable {}
+
+    @Test func aStaleHandleWhoseRecordWasRecycledClosesNothing() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let old = try state.subscribe(onState: { _ in })
+            #expect(old.close())
+            try await loop.submit {}  // its retire job has run: the record is free
+            let seen = Recorder<Int>()
+            let new = try state.subscribe(onState: { seen.append($0) })
+            // The pool hands the same record out again (the newest free one first)…
+            #expect(new.slot == old.slot && new.entry.raw == old.entry.raw)
+            #expect(new.id != old.id)
+            // …and the old handle, holding another id, neither closes nor sees the new one.
+            #expect(old.isClosed)
+            #expect(!old.close())
+            #expect(!new.isClosed)
+            state.value = 1
+            #expect(await eventually { seen.last == 1 })
+            #expect(new.close())
+        }
+    }
+
+    @Test func aCallbackIsHeldUntilReleaseAndLetGoOnceThen() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let events = try MutableSharedFlow<Int>(on: loop)
+            weak var stateCanary: Canary?
+            weak var eventCanary: Canary?
+            let released = Counter()
+            var handles: [FlowSubscription] = []
+            do {
+                let first = Canary()
+                let second = Canary()
+                stateCanary = first
+                eventCanary = second
+                handles.append(try state.subscribe(onState: { _ in withExtendedLifetime(first) {} }))
+                handles.append(try events.subscribe(
+                    onEvent: { _ in withExtendedLifetime(second) {} }, onRelease: { released.increment() }))
+            }
+            // The records hold the closures (their contexts retained): alive while open.
+            try await loop.submit {}
+            #expect(stateCanary != nil && eventCanary != nil)
+            for handle in handles { handle.close() }
+            #expect(await eventually { stateCanary == nil && eventCanary == nil })
+            #expect(released.current == 1)
+        }
+    }
+
+    @Test func recordsAreRecycledSoTheTableDoesNotGrowWithChurn() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let keeper = try state.subscribe(onState: { _ in })  // the pool never empties
+            for round in 0..<20 {
+                let handles = try (0..<500).map { _ in try state.subscribe(onState: { _ in }) }
+                for handle in handles { handle.close() }
+                try await loop.submit {}
+                state.value = round + 1
+            }
+            // 1 + 500 records at most were ever in use at once.
+            #expect(state.core.recordHighWater <= 501)
+            keeper.close()
+            try await loop.submit {}
+            // Empty, the pool starts over from slot 0.
+            #expect(state.core.recordHighWater == 0)
+        }
+    }
+
+    @Test func manyClosesCostOneRetireJob() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let releases = Counter()
+            let handles = try (0..<1_000).map { _ in
+                try state.subscribe(onState: { _ in }, onRelease: { releases.increment() })
+            }
+            try await loop.submit {}
+            let before = try await loop.submit { state.core.retireJobsRun }
+            // Closed from this thread and from the loop thread, 500 each.
+            for handle in handles[..<500] { handle.close() }
+            try await loop.submit { for handle in handles[500...] { handle.close() } }
+            #expect(await eventually { releases.current == 1_000 })
+            let after = try await loop.submit { state.core.retireJobsRun }
+            // One job for the foreign closes (queued before the loop ran it), one for the
+            // loop's own: not a thousand.
+            #expect(after - before <= 2)
+        }
+    }
+
+    @Test func everySubscriberAcrossManyPagesGetsEveryValueInOrder() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            // 16 + 32 + 64 + 128 + 256 + 512 + 1024 + 2048 = 4080: eight pages, and one more.
+            let count = 4_100
+            // Written on the loop thread only; read after a hop to it.
+            let lastSeen = LockedBox([Int](repeating: -1, count: count))
+            let outOfOrder = Counter()
+            let handles = try (0..<count).map { index in
+                try state.subscribe(onState: { value in
+                    lastSeen.withLockedValue { seen in
+                        if seen[index] >= value { outOfOrder.increment() }
+                        seen[index] = value
+                    }
+                })
+            }
+            for value in 1...20 { state.value = value }
+            #expect(await eventually { lastSeen.withLockedValue { $0.allSatisfy { $0 == 20 } } })
+            #expect(outOfOrder.current == 0)
+            for handle in handles { handle.close() }
+        }
+    }
+
+    @Test func aForeignSubscriberIsCalledThroughItsFunctionWithItsUserdata() async throws {
+        final class Sink: @unchecked Sendable {
+            let values = LockedBox<[Int]>([])
+        }
+        let record: @convention(c) (Int, UnsafeMutableRawPointer?) -> Void = { value, userdata in
+            Unmanaged<Sink>.fromOpaque(userdata!).takeUnretainedValue().values.withLockedValue { $0.append(value) }
+        }
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let events = try MutableSharedFlow<Int>(on: loop, replay: 1)
+            let function = unsafeBitCast(record, to: UnsafeRawPointer.self)
+            let stateSink = Sink()
+            let eventSink = Sink()
+            events.emit(7)  // replayed to the event subscriber
+            let released = Counter()
+            weak var weakInvoker: ForeignCallback<Int>?
+            let (stateHandle, eventHandle) = try {
+                // One invoker per kind of C function, shared by all its subscribers; only the
+                // records hold it from here on.
+                let invoker = ForeignCallback<Int> { value, function, userdata in
+                    unsafeBitCast(function, to: (@convention(c) (Int, UnsafeMutableRawPointer?) -> Void).self)(
+                        value, userdata)
+                }
+                weakInvoker = invoker
+                return (
+                    try state.subscribe(
+                        foreign: invoker, function: function,
+                        userdata: Unmanaged.passUnretained(stateSink).toOpaque(),
+                        onRelease: { released.increment() }),
+                    try events.subscribe(
+                        foreign: invoker, function: function,
+                        userdata: Unmanaged.passUnretained(eventSink).toOpaque(),
+                        onRelease: { released.increment() }))
+            }()
+            #expect(await eventually { stateSink.values.withLockedValue { $0 } == [0] })
+            state.value = 1
+            state.value = 2
+            events.emit(8)
+            #expect(await eventually { stateSink.values.withLockedValue { $0.last } == 2 })
+            #expect(await eventually { eventSink.values.withLockedValue { $0 } == [7, 8] })
+            #expect(weakInvoker != nil)
+            stateHandle.close()
+            eventHandle.close()
+            #expect(await eventually { released.current == 2 })
+            // Released with the last record that held it.
+            #expect(weakInvoker == nil)
+        }
+    }
+
+    @Test func anOpenSubscriptionWhoseHandleAndFlowAreGoneIsCompletedAtTeardown() async throws {
+        let loop = try EventLoop(name: "records")
+        let log = Recorder<String>()
+        weak var weakFlow: MutableStateFlow<Int>?
+        do {
+            let flow = MutableStateFlow(0, on: loop)
+            weakFlow = flow
+            _ = try flow.subscribe(
+                onState: { _ in }, onComplete: { log.append("complete") }, onRelease: { log.append("release") })
+            #expect(await eventually { flow.subscriptionCount.value == 1 })
+        }
+        // The handle and the flow are gone; the loop holds the flow's records until teardown.
+        let report = try loop.shutdown()
+        #expect(report.unclosedSubscriptions == 1)
+        #expect(log.all == ["complete", "release"])
+        _ = weakFlow
+    }
+}
