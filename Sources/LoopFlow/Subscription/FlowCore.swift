@@ -261,7 +261,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     }
 
     /// Closes `subscription` if its record is still its own and open; then queues the
-    /// record for retirement. Any thread (`onLoop`: whether it is the loop's). Returns
+    /// record for retirement if it was registered. Any thread (`onLoop`: whether it is the loop's). Returns
     /// whether this call closed it.
     func close(_ subscription: FlowSubscription, onLoop: Bool) -> Bool {
         let tag = subscription.entry.tag
@@ -273,6 +273,10 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             if exchanged { break }
             current = original
         }
+        // Not registered yet: its arrival is still to be handled, on the loop thread, and the
+        // registration (which sets `registered` on this same word) sees it closed and releases
+        // it. Nothing to retire.
+        guard current & SubscriberEntry.registeredBit != 0 else { return true }
         let closed = ClosedSlot(slot: subscription.slot, id: subscription.id)
         if onLoop {
             closedHere.append(closed)
@@ -458,23 +462,33 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         loop.assertInEventLoop()
         assertNotWalking()
         retireJobsRun += 1
-        swap(&closedHere, &retiring)
         retireQueuedHere = false
         lock.lock()
-        retiring.append(contentsOf: closedElsewhere)
-        closedElsewhere.removeAll(keepingCapacity: true)
+        swap(&closedElsewhere, &retiring)
         retireClaimed = false
         lock.unlock()
         for closed in retiring {
-            let entry = table.entry(closed.slot)
-            let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
-            // Released already (at registration, or by a terminal walk), or not yet
-            // registered (its registration releases it).
-            guard tag >> 2 == closed.id, tag & SubscriberEntry.registeredBit != 0 else { continue }
-            release(entry, slot: closed.slot)
+            retire(closed)
         }
         retiring.removeAll(keepingCapacity: true)
+        // By index: a release (user code) may close more on this thread, appending here;
+        // they are retired in this pass, and the array keeps its capacity for the next.
+        var index = 0
+        while index < closedHere.count {
+            retire(closedHere[index])
+            index += 1
+        }
+        closedHere.removeAll(keepingCapacity: true)
         returnFreed()
+    }
+
+    private func retire(_ closed: ClosedSlot) {
+        let entry = table.entry(closed.slot)
+        let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
+        // Released already (at registration, or by a terminal walk), or not yet registered
+        // (its registration releases it).
+        guard tag >> 2 == closed.id, tag & SubscriberEntry.registeredBit != 0 else { return }
+        release(entry, slot: closed.slot)
     }
 
     /// Walks call subscribers in place: releasing records during a walk over this flow
