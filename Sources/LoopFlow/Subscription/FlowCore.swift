@@ -28,9 +28,10 @@ import Synchronization
 /// Hot state is `@exclusivity(unchecked)`: it is guarded by `lock` or confined to the loop
 /// thread (ThreadSanitizer checks both), and the dynamic exclusivity check the compiler would
 /// otherwise make on every access cost more than the delivery itself (measured with callgrind).
+@usableFromInline
 final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     let loop: EventLoop
-    let lock = Lock()
+    @usableFromInline let lock = Lock()
 
     // Guarded by lock.
     /// The flow while a delivery is pending (claimed, not yet taken by `deliver()`), strong:
@@ -41,7 +42,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @exclusivity(unchecked) private var arrivals: [Int32] = []
     @exclusivity(unchecked) private(set) var terminal: FlowTerminal?
     /// `terminal != nil`, without copying the terminal (and its error) on every set.
-    @exclusivity(unchecked) private(set) var isFinished = false
+    @usableFromInline @exclusivity(unchecked) private(set) var isFinished = false
     /// Set by teardown's sweep: no one is admitted again and no delivery is claimed.
     @exclusivity(unchecked) private var tornDown = false
     /// Which records are in use (the records' own fields: see `SubscriberEntry`).
@@ -107,7 +108,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     /// Subscriptions not yet retired (a closed one counts until the loop has released it,
     /// within a loop turn). Caller holds `lock`.
-    var liveCount: Int { pool.inUse }
+    @usableFromInline var liveCount: Int { pool.inUse }
 
     // MARK: Subscription count
 
@@ -231,7 +232,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     /// Caller holds `lock` and is a call of the flow (so `source` is alive). Returns whether
     /// the caller must post a delivery job (`postDelivery()`, after unlocking).
-    func claimDeliveryLocked() -> Bool {
+    @usableFromInline func claimDeliveryLocked() -> Bool {
         guard pendingSource == nil, !tornDown else { return false }
         assert(source != nil, "a flow claimed a delivery before it was born")
         pendingSource = source
@@ -249,7 +250,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// Posts a delivery claimed under the lock. Refused only once teardown has begun: a
     /// core with subscribers is held by the loop, and its sweep makes the delivery still
     /// pending; one without has nothing to deliver, and lets go of the flow it claimed for.
-    func postDelivery() {
+    @usableFromInline func postDelivery() {
         do {
             try loop.enqueue(.deliver(Unmanaged.passUnretained(self)), isInternal: true)
         } catch {

@@ -9,6 +9,7 @@ import Musl
 /// Not `Synchronization.Mutex`: on Linux that contends through PI futexes, which
 /// ThreadSanitizer cannot see, so every TSan run would report false races.
 /// The lock is never held while user code runs (contract rule 1).
+@usableFromInline
 package final class Lock: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
 
@@ -26,13 +27,13 @@ package final class Lock: @unchecked Sendable {
         mutex.deallocate()
     }
 
-    @inline(__always)
+    @inline(__always) @usableFromInline
     package func lock() {
         let rc = pthread_mutex_lock(mutex)
         precondition(rc == 0, "pthread_mutex_lock failed: \(rc)")
     }
 
-    @inline(__always)
+    @inline(__always) @usableFromInline
     package func unlock() {
         let rc = pthread_mutex_unlock(mutex)
         precondition(rc == 0, "pthread_mutex_unlock failed: \(rc)")
