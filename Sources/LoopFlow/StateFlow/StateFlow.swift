@@ -100,17 +100,15 @@ extension StateFlow: DeliverySource {
             epoch &+= 1
             lastBroadcast = value
             // Records are not released during a walk (arrivals register before it, releases
-            // happen in retire jobs), so they are walked in place.
-            let epoch = self.epoch
+            // happen in retire jobs), so they are walked in place, read-only: a walk over a
+            // million records writes none of their cache lines.
             core.forEachLive { subscriber in
-                subscriber.cursor = epoch
                 callSubscriber(subscriber, value)
             }
         } else {
-            // The value everyone already has: only newcomers get it.
+            // The value everyone already has: only newcomers get it (each is a newcomer in
+            // exactly one delivery, so none of them has it yet).
             core.forEachNewcomer { subscriber in
-                guard subscriber.cursor != epoch else { return }
-                subscriber.cursor = epoch
                 callSubscriber(subscriber, value)
             }
         }

@@ -1,3 +1,4 @@
+import CLibUV
 import Synchronization
 
 /// One subscriber's record in a flow's `SubscriberTable`: 48 bytes of raw memory at an
@@ -88,6 +89,7 @@ struct SubscriberEntry: @unchecked Sendable {
 struct SubscriberPages: @unchecked Sendable {
     static let firstPageSlots = 16
     static let maxPages = 27
+    static let prefetchDistance = 8
 
     private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
 
@@ -146,6 +148,12 @@ struct SubscriberPages: @unchecked Sendable {
             let count = min(Self.slots(inPage: page), limit - first)
             let base = directory[page].unsafelyUnwrapped
             for index in 0..<count {
+                // What the callback `prefetchDistance` records ahead will read first: its
+                // closure context or userdata (the records themselves stream in order).
+                if index + Self.prefetchDistance < count {
+                    let ahead = base + (index + Self.prefetchDistance) * SubscriberEntry.stride
+                    sf_prefetch(ahead.load(fromByteOffset: 40, as: UnsafeRawPointer?.self))
+                }
                 body(SubscriberEntry(base + index * SubscriberEntry.stride))
             }
             first += Self.slots(inPage: page)
