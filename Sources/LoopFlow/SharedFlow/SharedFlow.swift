@@ -190,7 +190,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
     @discardableResult
     public func emit(_ event: Event) -> Bool {
         var evicted: (Sequenced?, Sequenced?) = (nil, nil)  // released after unlocking
-        let (accepted, post): (Bool, Bool) = lock.withLock {
+        let (accepted, post): (Bool, Bool) = core.lock.withLock {
             guard !core.isFinished else { return (false, false) }
             let listening = core.liveCount > 0
             if listening && pending.count >= bufferCapacity {

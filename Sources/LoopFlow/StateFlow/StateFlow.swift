@@ -33,7 +33,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
 
     /// The current value. Any thread.
     public var value: Value {
-        lock.withLock { current }
+        core.lock.withLock { current }
     }
 
     /// How many subscriptions are live, itself observable.
@@ -153,18 +153,19 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
     /// unspecialized, each of those costs a runtime metadata lookup on every set.
     @inlinable
     final func set(_ update: Value, ifCurrentIs expect: Value, compare: Bool) -> SetOutcome {
-        let lock = core.lock
-        lock.lock()
+        // `core.lock` each time, not a local: a local copy of the reference is a retain and a
+        // release per set, on a count every producer thread shares.
+        core.lock.lock()
         guard !core.isFinished else {
-            lock.unlock()
+            core.lock.unlock()
             return .finished
         }
         if compare && current != expect {
-            lock.unlock()
+            core.lock.unlock()
             return .mismatch
         }
         guard current != update else {
-            lock.unlock()
+            core.lock.unlock()
             return .set
         }
         // The replaced value leaves the critical section in `replaced`, so its deinit (user
@@ -173,7 +174,7 @@ public final class MutableStateFlow<Value: Sendable & Equatable>: StateFlow<Valu
         swap(&current, &replaced)
         // No one to tell: a later subscriber's own delivery hands it the value.
         let post = core.liveCount > 0 && core.claimDeliveryLocked()
-        lock.unlock()
+        core.lock.unlock()
         withExtendedLifetime(replaced) {}
         if post { core.postDelivery() }
         return .set

@@ -128,8 +128,13 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// Free until someone asks for `subscriptionCount`; then each change publishes the
     /// count of the moment under `countLock` (so publications never go backwards). Called
     /// after a change, without `lock`.
+    @inline(__always)
     private func publishCount() {
         guard countObserved.load(ordering: .sequentiallyConsistent) else { return }
+        publishCountNow()
+    }
+
+    private func publishCountNow() {
         countLock.withLock {
             countFlow?.value = lock.withLock { pool.inUse }
         }
@@ -261,14 +266,14 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         }
     }
 
-    /// Closes `subscription` if its record is still its own and open; then queues the
+    /// Closes the subscription `id` if its record is still its own and open; then queues the
     /// record for retirement if it was registered. Any thread (`onLoop`: whether it is the loop's). Returns
     /// whether this call closed it.
-    func close(_ subscription: FlowSubscription, onLoop: Bool) -> Bool {
-        let tag = subscription.entry.tag
+    func close(entry: SubscriberEntry, slot: Int32, id: UInt64, onLoop: Bool) -> Bool {
+        let tag = entry.tag
         var current = tag.pointee.load(ordering: .sequentiallyConsistent)
         while true {
-            guard current >> 2 == subscription.id, current & SubscriberEntry.closedBit == 0 else { return false }
+            guard current >> 2 == id, current & SubscriberEntry.closedBit == 0 else { return false }
             let (exchanged, original) = tag.pointee.compareExchange(
                 expected: current, desired: current | SubscriberEntry.closedBit, ordering: .sequentiallyConsistent)
             if exchanged { break }
@@ -278,7 +283,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         // registration (which sets `registered` on this same word) sees it closed and releases
         // it. Nothing to retire.
         guard current & SubscriberEntry.registeredBit != 0 else { return true }
-        let closed = ClosedSlot(slot: subscription.slot, id: subscription.id)
+        let closed = ClosedSlot(slot: slot, id: id)
         if onLoop {
             closedHere.append(closed)
             guard !retireQueuedHere else { return true }

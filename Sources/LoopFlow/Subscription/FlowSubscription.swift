@@ -70,7 +70,9 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
     @discardableResult
     public func close() -> Bool {
         let onLoop = core.loop.inEventLoop
-        let closed = core.close(self, onLoop: onLoop)
+        // The fields, not `self`: passing the handle (which holds `core`) to a method of
+        // `core` made the compiler retain and release the core around the call.
+        let closed = core.close(entry: entry, slot: slot, id: id, onLoop: onLoop)
         if !onLoop {
             core.gate.waitWhileWalking(ObjectIdentifier(core))
         }

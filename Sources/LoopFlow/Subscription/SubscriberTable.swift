@@ -124,9 +124,13 @@ struct SubscriberPages: @unchecked Sendable {
     }
 
     /// Makes the page of `slot` if it does not exist yet (its records free). Under the lock.
+    @inline(__always)
     func makePage(for slot: Int32) {
         let (page, _) = Self.page(of: slot)
-        guard directory[page] == nil else { return }
+        if directory[page] == nil { makePage(page) }
+    }
+
+    private func makePage(_ page: Int) {
         let count = Self.slots(inPage: page)
         let memory = UnsafeMutableRawPointer.allocate(byteCount: count * SubscriberEntry.stride, alignment: 16)
         for index in 0..<count {
@@ -174,6 +178,7 @@ struct SlotPool {
 
     /// A slot for a new subscriber: a recycled one, or the next fresh one (the caller makes
     /// its page). Nil when every `Int32` slot is in use.
+    @inline(__always)
     mutating func take() -> Int32? {
         if let slot = free.popLast() {
             inUse += 1
@@ -187,6 +192,7 @@ struct SlotPool {
 
     /// Returns `slot` (its record released and marked free). When none is in use any more,
     /// the pool starts over from slot 0, so walks stop scanning old holes.
+    @inline(__always)
     mutating func give(_ slot: Int32) {
         inUse -= 1
         if inUse == 0 {
