@@ -15,7 +15,9 @@ struct SubscriberRecordTests {
     @Test func aStaleHandleWhoseRecordWasRecycledClosesNothing() async throws {
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
+            let keeper = try state.subscribe(onState: { _ in })  // the pool never empties
             let old = try state.subscribe(onState: { _ in })
+            try await loop.submit {}  // registered
             #expect(old.close())
             try await loop.submit {}  // its retire job has run: the record is free
             let seen = Recorder<Int>()
@@ -30,6 +32,7 @@ struct SubscriberRecordTests {
             state.value = 1
             #expect(await eventually { seen.last == 1 })
             #expect(new.close())
+            keeper.close()
         }
     }
 
@@ -54,7 +57,8 @@ struct SubscriberRecordTests {
             try await loop.submit {}
             #expect(stateCanary != nil && eventCanary != nil)
             for handle in handles { handle.close() }
-            #expect(await eventually { stateCanary == nil && eventCanary == nil })
+            #expect(await eventually { stateCanary == nil && eventCanary == nil && released.current == 1 })
+            try await loop.submit {}
             #expect(released.current == 1)
         }
     }
@@ -183,9 +187,88 @@ struct SubscriberRecordTests {
             #expect(await eventually { flow.subscriptionCount.value == 1 })
         }
         // The handle and the flow are gone; the loop holds the flow's records until teardown.
+        #expect(weakFlow != nil)
         let report = try loop.shutdown()
         #expect(report.unclosedSubscriptions == 1)
         #expect(log.all == ["complete", "release"])
-        _ = weakFlow
+        // …and lets go of them then: nothing is left holding the flow.
+        #expect(weakFlow == nil)
+    }
+
+    @Test func aClosedSubscriberBeforeItsFirstDeliveryGetsNothingAndIsReleasedOnce() async throws {
+        try await withLoop { loop in
+            let events = try MutableSharedFlow<Int>(on: loop, replay: 2)
+            events.emit(1)
+            events.emit(2)
+            let state = MutableStateFlow(0, on: loop)
+            let calls = Counter()
+            let releases = Recorder<String>()
+            weak var weakInvoker: ForeignCallback<Int>?
+            let blocker = try LoopBlocker(loop)
+            do {
+                let invoker = ForeignCallback<Int> { _, _, _ in calls.increment() }
+                weakInvoker = invoker
+                let function = UnsafeRawPointer(bitPattern: 0x1)!  // never called
+                let handles = [
+                    try events.subscribe(onEvent: { _ in calls.increment() }, onRelease: { releases.append("events") }),
+                    try state.subscribe(onState: { _ in calls.increment() }, onRelease: { releases.append("state") }),
+                    try state.subscribe(
+                        foreign: invoker, function: function, userdata: nil, onRelease: { releases.append("foreign") }),
+                ]
+                // Closed while their first delivery waits behind the blocked loop.
+                for handle in handles { #expect(handle.close()) }
+            }
+            blocker.open()
+            // A later subscriber gets the replay the closed one would have, and nothing of it.
+            let seen = Recorder<Int>()
+            let later = try events.subscribe(onEvent: { seen.append($0) })
+            #expect(await eventually { seen.all == [1, 2] })
+            try await loop.submit {}
+            #expect(calls.current == 0)
+            #expect(releases.all.sorted() == ["events", "foreign", "state"])
+            #expect(weakInvoker == nil)
+            #expect(events.subscriptionCount.value == 1)
+            later.close()
+        }
+    }
+
+    @Test func aDeliveryRefusedAtTeardownDoesNotKeepItsFlowAlive() async throws {
+        // In teardown's last batch: a set whose delivery is refused (the loop stopped
+        // accepting work), then the retire job (accepted before) frees the flow's last
+        // record. No sweep comes for that flow then, and nothing may keep it alive.
+        let loop = try EventLoop(name: "records")
+        weak var weakFlow: MutableStateFlow<Int>?
+        let other = MutableStateFlow(0, on: loop)
+        let inLastBatch = Latch()
+        let setDone = Latch()
+        let shutdownDone = Latch()
+        let watcher = try other.subscribe(onState: { value in
+            guard value == 1 else { return }
+            inLastBatch.signal()
+            setDone.wait()
+        })
+        try await loop.submit {}
+        do {
+            let flow = MutableStateFlow(0, on: loop)
+            weakFlow = flow
+            let subscription = try flow.subscribe(onState: { _ in })
+            try await loop.submit {}  // registered
+            let blocker = try LoopBlocker(loop)
+            // Runs in the batch that sees the stop request; what it posts (both internal
+            // jobs) becomes teardown's last batch: other's delivery, then the retire job.
+            try loop.execute {
+                other.value = 1
+                subscription.close()
+            }
+            Thread { _ = try? loop.shutdown(); shutdownDone.signal() }.start()
+            #expect(await eventually { !loop.acceptsWork })
+            blocker.open()
+            inLastBatch.wait()
+            flow.value = 1  // claims a delivery; its job is refused
+        }
+        setDone.signal()
+        shutdownDone.wait()
+        #expect(weakFlow == nil)
+        _ = watcher
     }
 }

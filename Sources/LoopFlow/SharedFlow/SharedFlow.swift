@@ -18,6 +18,7 @@ public enum BufferOverflow: Sendable, Equatable {
 ///   once per observer. When it is full, `overflow` decides which event is lost, and
 ///   `droppedEvents` counts it. Emitting never blocks.
 /// - With no observers, events are only kept for replay; nothing is counted as dropped.
+///   (A closed observer counts until the loop has released it, within a loop turn.)
 public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     public let loop: EventLoop
     public let replay: Int
@@ -76,7 +77,9 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         lock.withLock { dropped }
     }
 
-    /// How many subscriptions are live, itself observable.
+    /// How many subscriptions are live, itself observable. Rises when `subscribe` returns;
+    /// a closed subscription still counts until the loop has released it (within a loop
+    /// turn of the close: retirement is batched).
     public var subscriptionCount: StateFlow<Int> { core.subscriptionCount() }
 
     /// Subscribes. `onEvent` receives the replayed events, then every event emitted after
@@ -108,7 +111,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     ) throws(LoopFlowError) -> FlowSubscription {
         try admit(
             words: (function, UnsafeRawPointer(userdata)),
-            foreign: UnsafeRawPointer(Unmanaged.passUnretained(callback).toOpaque()),
+            foreign: UnsafeRawPointer(Unmanaged.passRetained(callback).toOpaque()),
             extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
     }
 

@@ -36,7 +36,9 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         core.lock.withLock { current }
     }
 
-    /// How many subscriptions are live, itself observable.
+    /// How many subscriptions are live, itself observable. Rises when `subscribe` returns;
+    /// a closed subscription still counts until the loop has released it (within a loop
+    /// turn of the close: retirement is batched).
     public var subscriptionCount: StateFlow<Int> { core.subscriptionCount() }
 
     /// Subscribes. `onState` first receives the current value, then each distinct change;
@@ -71,7 +73,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
     ) throws(LoopFlowError) -> FlowSubscription {
         try core.admit(
             words: (function, UnsafeRawPointer(userdata)),
-            foreign: UnsafeRawPointer(Unmanaged.passUnretained(callback).toOpaque()),
+            foreign: UnsafeRawPointer(Unmanaged.passRetained(callback).toOpaque()),
             extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
     }
 

@@ -18,7 +18,9 @@ import Synchronization
 /// queues the slot for retirement; retirement is batched — every close since the last
 /// retire job costs that one job — and runs on the loop thread outside any walk, where it
 /// releases the record's callbacks (running `onRelease`) and returns the slot to the pool.
-/// Records are therefore never freed during a walk, and a walk reads them in place.
+/// The only releases inside a walk are a terminal walk's own, each record after its own
+/// terminal callback; slots return to the pool only after a walk. A walk reads records in
+/// place.
 ///
 /// While any record is in use, the loop holds the core (`EventLoop.hold`): an open
 /// subscription whose handle and flow were dropped still gets its completion and release at
@@ -51,6 +53,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @exclusivity(unchecked) private var closedElsewhere: [ClosedSlot] = []
     /// A retire job is queued for `closedElsewhere`.
     @exclusivity(unchecked) private var retireClaimed = false
+    /// A delivery was claimed but its job refused (teardown had begun) while records were
+    /// in use: the sweep would run it, unless the last record is freed first (`returnFreed`).
+    @exclusivity(unchecked) private var deliveryRefused = false
 
     /// The flow, set once at its birth. Unowned: the flow owns the core. Read only by the
     /// flow's own calls (a claim), so it is alive whenever it is read; the existential is
@@ -147,7 +152,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     func openSubscriptionCount() -> Int {
         lock.withLock {
             var open = 0
-            table.forEach(below: pool.highWater) { entry in
+            table.forEach(below: pool.highWater, prefetching: false) { entry in
                 let tag = entry.tag.pointee.load(ordering: .acquiring)
                 if tag >> 2 != 0 && tag & SubscriberEntry.closedBit == 0 { open += 1 }
             }
@@ -163,10 +168,11 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// released and none of the callbacks will ever run.
     ///
     /// - Parameters:
-    ///   - words: a Swift closure's two words (its context is retained here), or a C
-    ///     function pointer and userdata when `foreign` is given.
-    ///   - foreign: the flow's `ForeignCallback` for a C subscriber (retained here), or nil.
+    ///   - words: a Swift closure's two words, its context retained (`callbackWords`), or a
+    ///     C function pointer and userdata when `foreign` is given.
+    ///   - foreign: the flow's `ForeignCallback` for a C subscriber, retained, or nil.
     ///   - extras: a retained `SubscriberExtras`, or nil.
+    ///   On a refusal, the retained references are released here.
     func admit(
         words: (UnsafeRawPointer?, UnsafeRawPointer?),
         foreign: UnsafeRawPointer?,
@@ -174,7 +180,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         prepareLocked: (SubscriberEntry, UInt64) -> Void = { _, _ in }
     ) throws(LoopFlowError) -> FlowSubscription {
         guard loop.acceptsWork else {
-            releaseExtras(extras)
+            refuse(words: words, foreign: foreign, extras: extras)
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
         #if DEBUG
@@ -184,7 +190,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         guard !tornDown, let slot = pool.take() else {
             let full = !tornDown
             lock.unlock()
-            refuse(extras)
+            refuse(words: words, foreign: foreign, extras: extras)
             if full {
                 throw LoopFlowError(.invalidConfiguration, "a flow holds at most \(Int32.max) subscriptions")
             }
@@ -195,7 +201,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             pool.give(slot)
             tornDown = true
             lock.unlock()
-            refuse(extras)
+            refuse(words: words, foreign: foreign, extras: extras)
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")
         }
         if nextID == idLimit {
@@ -211,11 +217,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         entry.foreign = foreign
         entry.word0 = words.0
         entry.word1 = words.1
-        if let foreign {
-            _ = Unmanaged<AnyObject>.fromOpaque(foreign).retain()
-        } else if let context = words.1 {
-            _ = Unmanaged<AnyObject>.fromOpaque(context).retain()
-        }
         entry.tag.pointee.store(id << 2, ordering: .releasing)
         prepareLocked(entry, id)
         arrivals.append(slot)
@@ -226,12 +227,15 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
     }
 
-    /// Lets go of a refused admission's extras.
-    private func refuse(_ extras: UnsafeRawPointer?) {
-        releaseExtras(extras)
-    }
-
-    private func releaseExtras(_ extras: UnsafeRawPointer?) {
+    /// Lets go of what a refused admission was handed retained.
+    private func refuse(
+        words: (UnsafeRawPointer?, UnsafeRawPointer?), foreign: UnsafeRawPointer?, extras: UnsafeRawPointer?
+    ) {
+        if let foreign {
+            Unmanaged<AnyObject>.fromOpaque(foreign).release()
+        } else if let context = words.1 {
+            Unmanaged<AnyObject>.fromOpaque(context).release()
+        }
         if let extras { Unmanaged<SubscriberExtras>.fromOpaque(extras).release() }
     }
 
@@ -260,7 +264,11 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             try loop.enqueue(.deliver(Unmanaged.passUnretained(self)), isInternal: true)
         } catch {
             let source: (any DeliverySource)? = lock.withLock {
-                pool.inUse == 0 ? pendingSource.take() : nil
+                guard pool.inUse == 0 else {
+                    deliveryRefused = true
+                    return nil
+                }
+                return pendingSource.take()
             }
             withExtendedLifetime(source) {}
         }
@@ -320,6 +328,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             lock.unlock()
             return nil
         }
+        deliveryRefused = false
         swap(&arrivals, &arrivalBatch)
         walkLimit = pool.highWater
         let terminal = self.terminal
@@ -454,11 +463,23 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         guard !freeing.isEmpty else { return }
         lock.lock()
         for slot in freeing { pool.give(slot) }
-        let unused = pool.inUse == 0 ? loop.letGo(self) : nil
+        var unused: (any SubscriptionOwner)?
+        var refused: (any DeliverySource)?
+        if pool.inUse == 0 {
+            unused = loop.letGo(self)
+            // No sweep will come for a core the loop no longer holds: a delivery whose job
+            // was refused is dropped here (it has no one to deliver to), or the flow it holds
+            // would keep itself and this core alive forever.
+            if deliveryRefused {
+                deliveryRefused = false
+                refused = pendingSource.take()
+            }
+        }
         lock.unlock()
         freeing.removeAll(keepingCapacity: true)
         publishCount()
         withExtendedLifetime(unused) {}
+        withExtendedLifetime(refused) {}
     }
 
     // MARK: SubscriptionOwner
@@ -497,9 +518,10 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         release(entry, slot: closed.slot)
     }
 
-    /// Walks call subscribers in place: releasing records during a walk over this flow
-    /// would pull callbacks from under it. (No path does; this keeps a future one from
-    /// doing it silently in debug builds.)
+    /// Walks call subscribers in place: a retire job releasing records during a walk over
+    /// this flow would pull callbacks from under it. (Retire jobs never run inside a walk;
+    /// this keeps a future path from doing it silently in debug builds. A terminal walk
+    /// releases each record itself, after that record's last callback.)
     @inline(__always)
     private func assertNotWalking() {
         assert(!gate.isWalking(ObjectIdentifier(self)), "subscriber records released during a walk over them")

@@ -134,12 +134,19 @@ struct ValueCallback<Value> {
 
 }
 
-/// A Swift value closure's two words (function, context), not retained. A free function:
-/// a static one would name `ValueCallback<Value>` as its `self`, a metadata lookup in this
-/// unspecialized code.
+/// A Swift value closure's two words (function, context), its context retained while the
+/// struct holding the closure is still alive (so the words stay valid whatever the compiler
+/// made of the closure). A free function: a static one would name `ValueCallback<Value>` as
+/// its `self`, a metadata lookup in this unspecialized code.
 @inline(__always)
 func callbackWords<Value>(_ body: @escaping @Sendable (Value) -> Void) -> (UnsafeRawPointer?, UnsafeRawPointer?) {
-    unsafeBitCast(ValueCallback(body: body), to: (UnsafeRawPointer?, UnsafeRawPointer?).self)
+    let callback = ValueCallback(body: body)
+    let words = unsafeBitCast(callback, to: (UnsafeRawPointer?, UnsafeRawPointer?).self)
+    if let context = words.1 {
+        _ = Unmanaged<AnyObject>.fromOpaque(context).retain()
+    }
+    withExtendedLifetime(callback) {}
+    return words
 }
 
 /// The same two words, borrowed in a walk: noncopyable, so that calling through it borrows

@@ -80,7 +80,7 @@ struct SubscriberEntry: @unchecked Sendable {
 }
 
 /// A flow's subscriber records, in pages that never move (page p holds 16·2^p records, so
-/// 27 pages cover every `Int32` slot and the page directory has a fixed size). Immutable as
+/// 28 pages cover every `Int32` slot and the page directory has a fixed size). Immutable as
 /// a value (only the memory it points to changes), so the loop thread reads it without the
 /// lock while other threads take slots (`SlotPool`) under it.
 ///
@@ -88,7 +88,7 @@ struct SubscriberEntry: @unchecked Sendable {
 /// handed out, and never changes: the loop reads it for slots it was handed through the lock.
 struct SubscriberPages: @unchecked Sendable {
     static let firstPageSlots = 16
-    static let maxPages = 27
+    static let maxPages = 28
     static let prefetchDistance = 8
 
     private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
@@ -143,8 +143,12 @@ struct SubscriberPages: @unchecked Sendable {
 
     /// Calls `body` with each record below `limit` (a `SlotPool.highWater` the caller read
     /// under the lock), in slot order. The caller checks each record's tag.
+    ///
+    /// `prefetching` (the loop's walks only): also asks for the callback context of the record
+    /// `prefetchDistance` ahead, when that record is live — a live record's callback words
+    /// change only on the loop thread, so reading them here races with nothing.
     @inline(__always)
-    func forEach(below limit: Int32, _ body: (SubscriberEntry) -> Void) {
+    func forEach(below limit: Int32, prefetching: Bool = true, _ body: (SubscriberEntry) -> Void) {
         var first = 0
         var page = 0
         let limit = Int(limit)
@@ -154,9 +158,9 @@ struct SubscriberPages: @unchecked Sendable {
             for index in 0..<count {
                 // What the callback `prefetchDistance` records ahead will read first: its
                 // closure context or userdata (the records themselves stream in order).
-                if index + Self.prefetchDistance < count {
-                    let ahead = base + (index + Self.prefetchDistance) * SubscriberEntry.stride
-                    sf_prefetch(ahead.load(fromByteOffset: 40, as: UnsafeRawPointer?.self))
+                if prefetching && index + Self.prefetchDistance < count {
+                    let ahead = SubscriberEntry(base + (index + Self.prefetchDistance) * SubscriberEntry.stride)
+                    if ahead.isLive { sf_prefetch(ahead.word1) }
                 }
                 body(SubscriberEntry(base + index * SubscriberEntry.stride))
             }
