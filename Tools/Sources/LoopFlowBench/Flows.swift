@@ -1,5 +1,6 @@
 // LoopFlow's own figures against the raw libuv floor (CBaseline), interleaved in one run.
 import CBaseline
+import Dispatch
 import LoopFlow
 import Synchronization
 
@@ -133,13 +134,18 @@ func subscribeCloseRows(pairs: Int) throws -> [Row] {
     let loop = try EventLoop(name: "bench")
     defer { _ = try? loop.shutdown() }
     let flow = MutableStateFlow(0, on: loop)
-    /// Runs `body` on the loop thread and waits for it (and for everything queued before it).
+    /// Runs `body` on the loop thread and waits for it (and for everything queued before it),
+    /// asleep: a thread spinning meanwhile can share a physical core with the loop thread
+    /// (two vCPUs may be hyperthread siblings) and halve what it measures.
     func onLoopThread(_ body: @escaping @Sendable () -> Double) throws -> Double {
         let result = Mutex<Double?>(nil)
-        try loop.execute { result.withLock { $0 = body() } }
-        while true {
-            if let value = result.withLock({ $0 }) { return value }
+        let done = DispatchSemaphore(value: 0)
+        try loop.execute {
+            result.withLock { $0 = body() }
+            done.signal()
         }
+        done.wait()
+        return result.withLock { $0 }!
     }
     let loopPairs: @Sendable () -> Double = {
         let start = bl_now_ns()
