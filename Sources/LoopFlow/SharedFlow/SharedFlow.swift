@@ -93,9 +93,9 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        try admit(
-            words: callbackWords(onEvent), foreign: nil,
-            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
+        try core.admit(
+            .swift(onEvent), onError: onError, onComplete: onComplete, onRelease: onRelease,
+            prepareLocked: prepareArrivalLocked)
     }
 
     /// Subscribes a C (FFI) observer: `callback` calls `function` with each event and
@@ -109,21 +109,17 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        try admit(
-            words: (function, UnsafeRawPointer(userdata)),
-            foreign: UnsafeRawPointer(Unmanaged.passRetained(callback).toOpaque()),
-            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
+        try core.admit(
+            .foreign(callback, function: function, userdata: userdata),
+            onError: onError, onComplete: onComplete, onRelease: onRelease, prepareLocked: prepareArrivalLocked)
     }
 
-    private func admit(
-        words: (UnsafeRawPointer?, UnsafeRawPointer?), foreign: UnsafeRawPointer?, extras: UnsafeRawPointer?
-    ) throws(LoopFlowError) -> FlowSubscription {
-        try core.admit(words: words, foreign: foreign, extras: extras) { entry, id in
-            // Under the lock that orders emits: every event from here on is for it.
-            entry.cursor = nextSequence
-            if !replayBuffer.isEmpty {
-                backlogs[id] = replayBuffer.map(\.event)
-            }
+    /// Under the lock that orders emits, at admission: every event from here on is for the
+    /// new subscriber, after the replay it gets first.
+    private func prepareArrivalLocked(_ entry: SubscriberEntry, _ id: UInt64) {
+        entry.cursor = nextSequence
+        if !replayBuffer.isEmpty {
+            backlogs[id] = replayBuffer.map(\.event)
         }
     }
 

@@ -53,9 +53,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        try core.admit(
-            words: callbackWords(onState), foreign: nil,
-            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
+        try core.admit(.swift(onState), onError: onError, onComplete: onComplete, onRelease: onRelease)
     }
 
     /// Subscribes a C (FFI) observer: `callback` calls `function` with each value and
@@ -72,9 +70,8 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
         try core.admit(
-            words: (function, UnsafeRawPointer(userdata)),
-            foreign: UnsafeRawPointer(Unmanaged.passRetained(callback).toOpaque()),
-            extras: SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease))
+            .foreign(callback, function: function, userdata: userdata),
+            onError: onError, onComplete: onComplete, onRelease: onRelease)
     }
 
     /// The values as an `AsyncSequence`: the current one first, then each distinct change,

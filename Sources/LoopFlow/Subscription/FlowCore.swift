@@ -164,21 +164,20 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     /// Admits a subscriber: counts it live, then under `lock` takes a record, fills it
     /// with the callbacks, runs `prepareLocked` (for the flow's own bookkeeping) and queues
-    /// it for registration by the next delivery. On failure nothing is counted, `extras` is
-    /// released and none of the callbacks will ever run.
+    /// it for registration by the next delivery. On failure nothing is counted and none of
+    /// the callbacks will ever run.
     ///
-    /// - Parameters:
-    ///   - words: a Swift closure's two words, its context retained (`callbackWords`), or a
-    ///     C function pointer and userdata when `foreign` is given.
-    ///   - foreign: the flow's `ForeignCallback` for a C subscriber, retained, or nil.
-    ///   - extras: a retained `SubscriberExtras`, or nil.
-    ///   On a refusal, the retained references are released here.
+    /// `callback`'s references come retained; on a refusal they are released here.
     func admit(
-        words: (UnsafeRawPointer?, UnsafeRawPointer?),
-        foreign: UnsafeRawPointer?,
-        extras: UnsafeRawPointer?,
+        _ callback: AdmittedCallback,
+        onError: (@Sendable (any Error) -> Void)?,
+        onComplete: (@Sendable () -> Void)?,
+        onRelease: (@Sendable () -> Void)?,
         prepareLocked: (SubscriberEntry, UInt64) -> Void = { _, _ in }
     ) throws(LoopFlowError) -> FlowSubscription {
+        let words = callback.words
+        let foreign = callback.foreign
+        let extras = SubscriberExtras.make(onError: onError, onComplete: onComplete, onRelease: onRelease)
         guard loop.acceptsWork else {
             refuse(words: words, foreign: foreign, extras: extras)
             throw LoopFlowError(.loopShutDown, "the event loop '\(loop.name)' is shut down")

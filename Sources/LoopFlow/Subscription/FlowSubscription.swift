@@ -154,6 +154,28 @@ func callbackWords<Value>(_ body: @escaping @Sendable (Value) -> Void) -> (Unsaf
     return words
 }
 
+/// A subscriber's value callback as a record takes it: a Swift closure's two words (its
+/// context retained), or a C function pointer and userdata with the `ForeignCallback` that
+/// calls them (retained). Non-generic, so the one admission path serves every flow.
+struct AdmittedCallback {
+    let words: (UnsafeRawPointer?, UnsafeRawPointer?)
+    let foreign: UnsafeRawPointer?
+
+    @inline(__always)
+    static func swift<Value>(_ body: @escaping @Sendable (Value) -> Void) -> AdmittedCallback {
+        AdmittedCallback(words: callbackWords(body), foreign: nil)
+    }
+
+    @inline(__always)
+    static func foreign(
+        _ callback: AnyObject, function: UnsafeRawPointer, userdata: UnsafeMutableRawPointer?
+    ) -> AdmittedCallback {
+        AdmittedCallback(
+            words: (function, UnsafeRawPointer(userdata)),
+            foreign: UnsafeRawPointer(Unmanaged.passRetained(callback).toOpaque()))
+    }
+}
+
 /// The same two words, borrowed in a walk: noncopyable, so that calling through it borrows
 /// the closure in place instead of retaining and releasing its context around the call (a
 /// copyable view is copied out of the record first: measured, ~9 ns a callback).

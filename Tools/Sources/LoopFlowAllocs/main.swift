@@ -138,9 +138,9 @@ func perPair() throws -> (onLoop: Double, foreign: Double) {
     try onLoop {}
     let hop = try mallocs { try onLoop {} }
     let onLoopCount = try mallocs { try onLoop(loopPairs) } - hop
-    // Ten rounds: how many jobs a round posts depends on how the loop thread keeps up,
-    // so the loop's queues reach their steady size over more than one.
-    for _ in 0..<10 { try foreignPairs() }
+    // Fifty rounds: how many arrivals a delivery takes depends on how the loop thread keeps up,
+    // so the buffers (and the pool) reach their steady size only over many.
+    for _ in 0..<50 { try foreignPairs() }
     let foreignCount = try mallocs { try foreignPairs() } - hop
     return (Double(max(0, onLoopCount)) / Double(pairs), Double(max(0, foreignCount)) / Double(pairs))
 }
