@@ -113,7 +113,7 @@ if only.contains("latency") {
                 rows.append(Row(
                     name: "\(label) latency \(name), \(kind)", ours: percentile(sorted, p),
                     floor: percentile(floor, p), unit: "ns",
-                    target: target && (p == 0.5 || p == 0.99) ? .ratioAtMost(2) : nil))
+                    target: target && (p == 0.5 || p == 0.99) ? .ratioAtMost(1.2) : nil))
             }
         }
         if peers {
