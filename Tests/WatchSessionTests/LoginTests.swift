@@ -457,7 +457,9 @@ struct WatchSessionLoginTests {
         let url = try #require(shown.flatMap(URL.init(string:)), "\(cli.screen)")
         #expect(url.absoluteString.hasPrefix("\(server.issuer)/oauth/authorize?"))
         #expect(url.absoluteString.contains("code_challenge_method=S256"))
-        #expect(cli.stdout.text.contains("Waiting for the browser to come back to http://127.0.0.1:"), "\(cli.screen)")
+        // Written right after the line above, by a separate write: wait for it (read at once,
+        // it was missing in a CI run).
+        #expect(await cli.wait(for: "Waiting for the browser to come back to http://127.0.0.1:"), "\(cli.screen)")
         // xdg-open was given exactly that URL.
         #expect(await eventually(timeout: .seconds(10), every: .milliseconds(20)) {
             (try? String(contentsOfFile: opener.opened, encoding: .utf8)) == url.absoluteString + "\n"
