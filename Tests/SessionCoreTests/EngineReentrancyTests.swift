@@ -80,6 +80,35 @@ struct EngineReentrancyTests {
         #expect(h.authority.refreshCount == 1)
     }
 
+    /// Issue 17, point 3: waiters of one refresh were answered one after another with the
+    /// token the refresh brought, even after an earlier waiter had logged out inline.
+    @Test(arguments: ["logout", "shutdown"])
+    func afterAnEarlierWaiterEndsTheSessionNoLaterWaiterGetsAToken(action: String) async throws {
+        let h = try await dueSession()
+        h.authority.enqueue(.grant(h.authority.nextGrant()))
+        let manager = h.manager
+        let answers = LockedBox<[Result<Secret, SessionError>]>([])
+        // Given three callers waiting for one refresh, the first of which ends the session
+        // from inside its answer (as a C host's token callback may),
+        try manager.freshAccessToken { result in
+            answers.withLockedValue { $0.append(result) }
+            if action == "logout" { _ = try? manager.logoutAndWait() } else { manager.engine.close() }
+        }
+        for _ in 0..<2 {
+            try manager.freshAccessToken { result in answers.withLockedValue { $0.append(result) } }
+        }
+        try await h.settle()
+        let seen = answers.withLockedValue { $0 }
+        try #require(seen.count == 3)
+        // then the first got the token, and the others an error, not the token of a session
+        // that no longer exists.
+        #expect((try? seen[0].get()) != nil)
+        for later in seen.dropFirst() {
+            #expect(throws: SessionError.self) { try later.get() }
+        }
+        if action == "logout" { #expect(h.manager.state.value == .loggedOut) }
+    }
+
     @Test func aManualStartStartsFromWhatTheStoreHoldsThenNotWhatItHeldAtCreation() async throws {
         let store = MemoryCredentialStore(StoredSession(
             accessToken: Sentinel.access(1), refreshToken: Sentinel.refresh(1),

@@ -48,7 +48,7 @@ extension SessionEngine {
                     })
             case .answer(let waiters, let result):
                 publishSnapshot()
-                for waiter in waiters { waiter(result) }
+                answer(waiters, result)
             case .setMemberID(let member):
                 memberID = member
             case .persist:
@@ -137,7 +137,22 @@ extension SessionEngine {
     func fail(_ waiters: [TokenCompletion], _ error: SessionError) {
         guard !waiters.isEmpty else { return }
         publishSnapshot()
-        for waiter in waiters { waiter(.failure(error)) }
+        answer(waiters, .failure(error))
+    }
+
+    /// Answers waiters one after another. Each is user code that may end the session from
+    /// inside its answer (log out, switch account, close): every waiter answered after that
+    /// gets the error a new request would get then, never the token of a session that has
+    /// ended (the refresh generation tells: every end of a session moves it).
+    func answer(_ waiters: [TokenCompletion], _ result: Result<Secret, SessionError>) {
+        let generation = refresh.generation
+        for waiter in waiters {
+            if refresh.generation == generation && !closed {
+                waiter(result)
+            } else {
+                waiter(.failure(notUsableError()))
+            }
+        }
     }
 
     /// The rule `perform` relies on for re-entrancy: after `.answer`, only `.releaseLock`.
