@@ -38,6 +38,13 @@
  *
  * ERRORS: functions return SF_OK (0) or a negative SF_E* code. sf_strerror and
  * sf_err_name return static strings. Codes are only ever appended.
+ *
+ * LIMITS: the loop never queues without bound. At most 65 536 requests (any call that
+ * hands work to the loop: tokens, sign-in, logout, resume...) wait for the loop at once,
+ * and at most 10 000 token requests wait for an answer; a call beyond either limit
+ * returns SF_EBUSY and queues nothing (a loop stuck in a host callback, or a refresh that
+ * hangs). Answers to work already accepted are never refused. Destroy with a full queue
+ * answers every accepted request and returns.
  */
 #ifndef SESSIONFLOW_H
 #define SESSIONFLOW_H
@@ -66,7 +73,7 @@ const char *sf_version_string(void);
 #define SF_ERRNO_MAP(XX)                                                                  \
     XX(EINVAL, -1, "invalid argument")                                                    \
     XX(ECLOSED, -2, "unknown, closed or already completed handle")                        \
-    XX(EBUSY, -3, "would wait for itself: called on the loop thread it waits for")        \
+    XX(EBUSY, -3, "busy: would wait for itself, or too many requests already waiting")   \
     XX(ETHREAD, -4, "must be called on the thread that runs the borrowed loop")           \
     XX(ESTATE, -5, "not allowed in the current session state")                            \
     XX(ESTORE, -6, "credential store failure")                                            \
@@ -490,15 +497,21 @@ int sf_session_logout_all(sf_runtime *runtime);
 /* Asks for a usable access token: the current one, or a refreshed one when within the
  * margin of expiry (one refresh shared by every caller). `callback` runs once on the
  * loop thread with the token or the reason there is none (SF_ENOTLOGGEDIN,
- * SF_EAUTH, SF_ENETWORK, SF_ECONFIG, SF_ESESSIONENDED, SF_ESHUTDOWN).
- * Returns SF_OK (the callback will run), or SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN (it
- * will not). Any thread. */
+ * SF_EAUTH, SF_ENETWORK, SF_ECONFIG, SF_ESESSIONENDED, SF_ESHUTDOWN). Callbacks of one
+ * refresh run one after another: once one of them ends the session (sf_session_logout,
+ * a switch of account, destroy), the later ones get SF_ENOTLOGGEDIN (or SF_EAUTH,
+ * SF_ESHUTDOWN), never the token.
+ * Returns SF_OK (the callback will run), or SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN, or
+ * SF_EBUSY (it will not): at most 10 000 token requests (this call's and
+ * sf_session_notify_unauthorized's) wait for an answer at once, and at most 65 536
+ * requests of any kind wait for the loop (a loop stuck in a callback, a hung refresh);
+ * beyond that nothing is queued. Any thread. */
 int sf_session_fresh_token(sf_runtime *runtime, sf_token_fn callback, void *userdata);
 
 /* A request failed with HTTP 401 using `access_token` (copied): if it is still the
  * current token it is refreshed (once, whoever else reports it); otherwise nothing
  * happens. Get the token to retry with from sf_session_fresh_token. Returns SF_OK,
- * SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN. Any thread. */
+ * SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN, SF_EBUSY (see LIMITS). Any thread. */
 int sf_session_notify_unauthorized(sf_runtime *runtime, const char *access_token);
 
 /* The host is back from the background: validate the session (expiry check and a

@@ -44,6 +44,7 @@ func errorCode(_ error: SessionError) -> Int32 {
     case .store: SF_ESTORE.code
     case .storeUnavailable: SF_ESTORE.code
     case .shutDown: SF_ESHUTDOWN.code
+    case .busy: SF_EBUSY.code
     case .invalidArgument: SF_EINVAL.code
     case .cancelled: SF_ECANCELLED.code
     case .accessDenied: SF_EDENIED.code

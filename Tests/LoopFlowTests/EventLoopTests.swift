@@ -339,3 +339,57 @@ struct ManualClockTests {
         }
     }
 }
+
+/// Issue 17, point 2: the loop's queue had no limit, so a loop stuck in a callback could be
+/// buried under requests. `executeBounded` admits at most `boundedJobLimit` waiting jobs.
+@Suite("EventLoop: bounded jobs")
+struct BoundedJobTests {
+    @Test func boundedJobsBeyondTheLimitAreRefusedAndTheOthersStillRun() async throws {
+        let loop = try EventLoop(name: "bounded", boundedJobLimit: 8)
+        defer { _ = try? loop.shutdown() }
+        // Given a loop stuck in a callback,
+        let stuck = DispatchSemaphore(value: 0)
+        let inside = DispatchSemaphore(value: 0)
+        try loop.execute { inside.signal(); stuck.wait() }
+        inside.wait()
+        let ran = LockedBox(0)
+        // eight bounded jobs are accepted and the ninth refused: overloaded, not queued;
+        for _ in 0..<8 { try loop.executeBounded { ran.withLockedValue { $0 += 1 } } }
+        let refused = #expect(throws: LoopFlowError.self) { try loop.executeBounded { ran.withLockedValue { $0 += 100 } } }
+        #expect(refused?.code == .overloaded)
+        #expect(loop.boundedJobsPending == 8)
+        // unbounded work (the answers of admitted work) is still accepted.
+        let answered = LockedBox(false)
+        try loop.execute { answered.withLockedValue { $0 = true } }
+        stuck.signal()
+        try await loop.submit {}
+        #expect(ran.withLockedValue { $0 } == 8)
+        #expect(answered.withLockedValue { $0 })
+        #expect(loop.boundedJobsPending == 0)
+        // Room again once they ran.
+        try loop.executeBounded { ran.withLockedValue { $0 += 1 } }
+        try await loop.submit {}
+        #expect(ran.withLockedValue { $0 } == 9)
+    }
+
+    @Test func aFullQueueIsRunAtShutdownAndShutdownReturns() throws {
+        let loop = try EventLoop(name: "bounded-stop", boundedJobLimit: 1_000)
+        let stuck = DispatchSemaphore(value: 0)
+        let inside = DispatchSemaphore(value: 0)
+        try loop.execute { inside.signal(); stuck.wait() }
+        inside.wait()
+        let ran = LockedBox(0)
+        while (try? loop.executeBounded({ ran.withLockedValue { $0 += 1 } })) != nil {}
+        #expect(loop.boundedJobsPending == 1_000)
+        stuck.signal()
+        try loop.shutdown()
+        #expect(ran.withLockedValue { $0 } == 1_000)
+        let afterShutdown = #expect(throws: LoopFlowError.self) { try loop.executeBounded {} }
+        #expect(afterShutdown?.code == .loopShutDown)
+    }
+
+    @Test func aLimitBelowOneIsRefused() {
+        let error = #expect(throws: LoopFlowError.self) { _ = try EventLoop(name: "bad", boundedJobLimit: 0) }
+        #expect(error?.code == .invalidConfiguration)
+    }
+}

@@ -91,8 +91,10 @@ public final class EventLoop: @unchecked Sendable {
     public convenience init(
         name: String = "loopflow",
         clock: LoopClock = .system,
+        boundedJobLimit: Int = EventLoop.defaultBoundedJobLimit,
         logger: Logger = Logger(label: "sessionflow.loopflow")
     ) throws(LoopFlowError) {
+        try Self.check(boundedJobLimit: boundedJobLimit)
         try clock.claim()
         let loop = UnsafeMutablePointer<uv_loop_t>.allocate(capacity: 1)
         let rc = uv_loop_init(loop)
@@ -100,7 +102,8 @@ public final class EventLoop: @unchecked Sendable {
             loop.deallocate()
             throw LoopFlowError(.libuv, "uv_loop_init: \(String(cString: uv_strerror(rc)))")
         }
-        try self.init(mode: .owned, name: name, uvLoop: loop, clock: clock, logger: logger)
+        try self.init(
+            mode: .owned, name: name, uvLoop: loop, clock: clock, boundedJobLimit: boundedJobLimit, logger: logger)
         let context = Unmanaged.passRetained(self).toOpaque()
         let created = pthread_create(&thread, nil, eventLoopThreadMain, context)
         precondition(created == 0, "pthread_create failed: \(created)")
@@ -114,24 +117,38 @@ public final class EventLoop: @unchecked Sendable {
     public convenience init(
         borrowing loop: UnsafeMutablePointer<uv_loop_t>,
         clock: LoopClock = .system,
+        boundedJobLimit: Int = EventLoop.defaultBoundedJobLimit,
         logger: Logger = Logger(label: "sessionflow.loopflow")
     ) throws(LoopFlowError) {
+        try Self.check(boundedJobLimit: boundedJobLimit)
         try clock.claim()
-        try self.init(mode: .borrowed, name: "borrowed", uvLoop: loop, clock: clock, logger: logger)
+        try self.init(
+            mode: .borrowed, name: "borrowed", uvLoop: loop, clock: clock, boundedJobLimit: boundedJobLimit,
+            logger: logger)
         loopThread.store(UInt(pthread_self()), ordering: .releasing)
         selfRetain = Unmanaged.passRetained(self)
     }
 
+    /// How many bounded jobs (`executeBounded`) may wait at once unless a loop is made with
+    /// another limit.
+    public static let defaultBoundedJobLimit = 65_536
+
+    private static func check(boundedJobLimit: Int) throws(LoopFlowError) {
+        guard boundedJobLimit >= 1 else {
+            throw LoopFlowError(.invalidConfiguration, "boundedJobLimit must be at least 1, got \(boundedJobLimit)")
+        }
+    }
+
     private init(
         mode: Mode, name: String, uvLoop: UnsafeMutablePointer<uv_loop_t>,
-        clock: LoopClock, logger: Logger
+        clock: LoopClock, boundedJobLimit: Int, logger: Logger
     ) throws(LoopFlowError) {
         self.mode = mode
         self.name = name
         self.uvLoop = uvLoop
         self.logger = logger
         self.wakeHandle = .allocate(capacity: 1)
-        self.jobs = JobQueue(wakeHandle: wakeHandle)
+        self.jobs = JobQueue(wakeHandle: wakeHandle, boundedLimit: boundedJobLimit)
         self.resources = LoopResources(timers: clock.makeBackend())
         let rc = uv_async_init(uvLoop, wakeHandle, eventLoopWakeCallback)
         guard rc == 0 else {
@@ -197,6 +214,36 @@ public final class EventLoop: @unchecked Sendable {
     public func execute(_ body: @escaping @Sendable () -> Void) throws(LoopFlowError) {
         try enqueue(.run(body), isInternal: false)
     }
+
+    /// Runs `body` on the loop thread, later, like `execute` — unless `boundedJobLimit` jobs
+    /// posted this way are already waiting (queued, or in the batch the loop is running):
+    /// then nothing is queued and `overloaded` is thrown. For new work from outside (a
+    /// caller's request), so that a loop stuck in a callback, or far behind, cannot be
+    /// buried under requests; the answers of work already admitted (a worker's or the
+    /// network's) use `execute`, which is never refused while the loop runs, so that no
+    /// admitted work loses its answer.
+    ///
+    /// - Throws: `LoopFlowError.overloaded` when the limit is reached,
+    ///   `LoopFlowError.loopShutDown` once `shutdown()` has been called; `body` is then
+    ///   never run.
+    public func executeBounded(_ body: @escaping @Sendable () -> Void) throws(LoopFlowError) {
+        switch jobs.enqueueBounded(body) {
+        case .accepted:
+            return
+        case .refused:
+            throw LoopFlowError(.loopShutDown, "the event loop '\(name)' is shut down")
+        case .full:
+            throw LoopFlowError(
+                .overloaded,
+                "the event loop '\(name)' has \(jobs.boundedLimit) requests waiting (is a callback blocking it?); nothing was queued")
+        }
+    }
+
+    /// The limit of `executeBounded`.
+    public var boundedJobLimit: Int { jobs.boundedLimit }
+
+    /// Bounded jobs waiting now (queued, or in the batch the loop is running).
+    public var boundedJobsPending: Int { jobs.boundedPendingCount }
 
     /// Runs `body` on the loop thread and returns its result.
     @discardableResult

@@ -25,6 +25,9 @@ protocol SubscriptionOwner: AnyObject, Sendable {
 /// reference, so marking a flow dirty allocates nothing in steady state.
 enum Job {
     case run(@Sendable () -> Void)
+    /// A job admitted under the loop's limit of pending bounded jobs
+    /// (`EventLoop.executeBounded`): counted until it has run.
+    case bounded(@Sendable () -> Void)
     /// Unretained: the core keeps its flow (and the flow its core) while a delivery is
     /// pending; see `FlowCore.claimDeliveryLocked`.
     case deliver(Unmanaged<FlowCore>)

@@ -26,6 +26,11 @@ final class JobQueue: @unchecked Sendable {
     @exclusivity(unchecked) private var state = RunState()
     /// `state.acceptsWork`, readable without the lock (subscribe's early check).
     private let accepting = Atomic<Bool>(true)
+    /// Bounded jobs (`Job.bounded`) queued or in the batch being run, not yet run; at most
+    /// `boundedLimit` (checked and raised under the lock, lowered by the loop as each runs).
+    private let boundedPending = Atomic<Int>(0)
+    /// The most bounded jobs that may be pending at once.
+    let boundedLimit: Int
     /// Senders that claimed the wake-up under the lock and send it after releasing it.
     /// Teardown waits for them before the handle is closed.
     private let wakeSenders = Atomic<Int>(0)
@@ -34,9 +39,22 @@ final class JobQueue: @unchecked Sendable {
     @exclusivity(unchecked) private var batch: [Job] = []
     @exclusivity(unchecked) private var batchIndex = 0
 
-    init(wakeHandle: UnsafeMutablePointer<uv_async_t>) {
+    init(wakeHandle: UnsafeMutablePointer<uv_async_t>, boundedLimit: Int) {
         self.wakeHandle = wakeHandle
+        self.boundedLimit = boundedLimit
     }
+
+    /// What became of a bounded job.
+    enum BoundedOutcome {
+        case accepted
+        /// The run state refuses work (shut down).
+        case refused
+        /// `boundedLimit` bounded jobs are pending already.
+        case full
+    }
+
+    /// Bounded jobs pending now (queued or in the batch being run).
+    var boundedPendingCount: Int { boundedPending.load(ordering: .relaxed) }
 
     /// Whether public work is still accepted.
     var acceptsWork: Bool { accepting.load(ordering: .acquiring) }
@@ -57,6 +75,30 @@ final class JobQueue: @unchecked Sendable {
             lock.unlock()
             if wake { sendWake() }
             return true
+        }
+    }
+
+    /// Appends `body` as a bounded job unless `boundedLimit` of them are pending: the check
+    /// and the count are made under the lock, so the limit is never passed.
+    func enqueueBounded(_ body: @escaping @Sendable () -> Void) -> BoundedOutcome {
+        lock.lock()
+        guard boundedPending.load(ordering: .relaxed) < boundedLimit else {
+            // Only a running queue can be full; a refusing one says so first.
+            let refusing = !accepting.load(ordering: .relaxed)
+            lock.unlock()
+            return refusing ? .refused : .full
+        }
+        switch state.enqueue(isInternal: false) {
+        case .refuse:
+            lock.unlock()
+            return .refused
+        case .append(let wake):
+            boundedPending.wrappingAdd(1, ordering: .relaxed)
+            queue.append(.bounded(body))
+            if wake { wakeSenders.wrappingAdd(1, ordering: .relaxed) }
+            lock.unlock()
+            if wake { sendWake() }
+            return .accepted
         }
     }
 
@@ -134,6 +176,9 @@ final class JobQueue: @unchecked Sendable {
             switch batch[batchIndex] {
             case .run(let body):
                 body()
+            case .bounded(let body):
+                body()
+                boundedPending.wrappingSubtract(1, ordering: .relaxed)
             case .deliver(let core):
                 // The core holds its flow (which holds the core) until the delivery is
                 // over; the flow is let go after the call, not inside it.

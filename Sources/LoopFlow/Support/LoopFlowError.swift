@@ -7,7 +7,7 @@
 public struct LoopFlowError: Error, Hashable, CustomStringConvertible, Sendable {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Base: Hashable, Sendable {
-            case loopShutDown, busy, wrongThread, invalidConfiguration, alreadyShutDown, libuv
+            case loopShutDown, busy, wrongThread, invalidConfiguration, alreadyShutDown, libuv, overloaded
         }
         private let base: Base
         private init(_ base: Base) { self.base = base }
@@ -24,6 +24,9 @@ public struct LoopFlowError: Error, Hashable, CustomStringConvertible, Sendable 
         public static let alreadyShutDown = Code(.alreadyShutDown)
         /// libuv reported an error (the message carries `uv_strerror`).
         public static let libuv = Code(.libuv)
+        /// The loop's limit of waiting requests is reached (`EventLoop.executeBounded`):
+        /// nothing was queued. The loop is stuck in a callback or far behind; retry later.
+        public static let overloaded = Code(.overloaded)
 
         public var description: String {
             switch base {
@@ -33,6 +36,7 @@ public struct LoopFlowError: Error, Hashable, CustomStringConvertible, Sendable 
             case .invalidConfiguration: "invalidConfiguration"
             case .alreadyShutDown: "alreadyShutDown"
             case .libuv: "libuv"
+            case .overloaded: "overloaded"
             }
         }
     }

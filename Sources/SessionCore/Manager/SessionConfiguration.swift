@@ -12,6 +12,11 @@ public struct SessionConfiguration: Sendable {
     public var storeRetryInterval: Duration = .seconds(5)
     /// Events that may wait for delivery to an observer before the oldest is dropped.
     public var eventBufferCapacity = 64
+    /// Token requests (`freshAccessToken`, `refreshNow`, `handleUnauthorized`) that may be
+    /// accepted and not yet answered at once; beyond it a request fails with `busy` at once
+    /// and nothing is queued. A refresh answers all its waiters together, so only a stuck
+    /// loop or a hung authority with thousands of callers reaches it.
+    public var tokenRequestLimit = 10_000
     /// A number in [0, 1) for jitter. Tests pin it.
     public var random: @Sendable () -> Double = { Double.random(in: 0..<1) }
     /// The wall clock, as time since the Unix epoch. Used only to store an expiry that

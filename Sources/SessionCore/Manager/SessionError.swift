@@ -32,6 +32,10 @@ public struct SessionError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let invalidArgument = Code("invalidArgument")
         /// The event loop is shut down.
         public static let shutDown = Code("shutDown")
+        /// Too many requests are waiting already (the loop's limit of waiting requests, or
+        /// `SessionConfiguration.tokenRequestLimit`): nothing was queued, no callback will run.
+        /// The loop is stuck in a callback or far behind, or the authority is slow; retry later.
+        public static let busy = Code("busy")
         /// A sign-in was cancelled (its flow stopped; nothing was signed in).
         public static let cancelled = Code("cancelled")
         /// The user (or the authority for them) refused the sign-in (`access_denied`).

@@ -48,8 +48,8 @@ extension SessionManager {
         completion: @escaping @Sendable (Result<Void, SessionError>) -> Void
     ) {
         let cancelled = SessionError(.cancelled, "the sign-in was cancelled")
-        do {
-            try loop.execute { [self] in
+        do throws(SessionError) {
+            try admit { [self] in
                 // Never inside the call that caused it: a cancel before the start completes on
                 // the next turn.
                 guard !handle.isCancelled else {
@@ -79,8 +79,9 @@ extension SessionManager {
                 _ = handle.started(running)
             }
         } catch {
-            // The loop is gone: nothing will run on it; answer here (no callback of ours ran).
-            completion(.failure(SessionError(.shutDown, "the event loop is shut down")))
+            // The loop is gone (or has too many requests waiting): nothing will run on it;
+            // answer here (no callback of ours ran).
+            completion(.failure(error))
         }
     }
 }

@@ -1,4 +1,5 @@
 import LoopFlow
+import Synchronization
 
 /// An authenticated session that keeps itself alive, on an `EventLoop`.
 ///
@@ -31,6 +32,9 @@ public final class SessionManager: Sendable {
     let pointerWorker: StoreWorker?
     /// The sessions: changed on the loop thread only; read (under the lock) from any thread.
     let sessions: LockedBox<Sessions>
+    /// Token requests accepted and not yet answered (posted, or waiting for a refresh): at
+    /// most `configuration.tokenRequestLimit`.
+    let tokenRequestsPending = Atomic<Int>(0)
 
     struct Sessions {
         /// The active account's session (or a signed-out one, with no account).
@@ -61,6 +65,10 @@ public final class SessionManager: Sendable {
         store: any CredentialStore = MemoryCredentialStore(),
         configuration: SessionConfiguration = SessionConfiguration()
     ) throws(SessionError) {
+        guard configuration.tokenRequestLimit >= 1 else {
+            throw SessionError(
+                .invalidArgument, "tokenRequestLimit must be at least 1, got \(configuration.tokenRequestLimit)")
+        }
         self.loop = loop
         self.authority = authority
         self.configuration = configuration
@@ -94,12 +102,8 @@ public final class SessionManager: Sendable {
     /// loop thread, never inside this call.
     /// - Throws: `shutDown` if the loop is shut down.
     public func start() throws(SessionError) {
-        do {
-            try loop.execute { [self] in
-                for engine in sessions.withLockedValue({ $0.all }) { engine.start() }
-            }
-        } catch {
-            throw SessionError(.shutDown, "the event loop is shut down")
+        try admit { [self] in
+            for engine in sessions.withLockedValue({ $0.all }) { engine.start() }
         }
     }
 
@@ -231,7 +235,7 @@ public final class SessionManager: Sendable {
 
     /// The same, answered on the loop thread (usable from inside a flow callback).
     public func freshAccessToken(_ completion: @escaping TokenCompletion) throws(SessionError) {
-        try post { engine in engine.freshAccessToken(completion) }
+        try postTokenRequest(completion) { engine, answer in engine.freshAccessToken(answer) }
     }
 
     /// Refreshes now, whatever the margin says (shares a refresh already in flight).
@@ -249,7 +253,7 @@ public final class SessionManager: Sendable {
 
     /// The same, answered on the loop thread.
     public func handleUnauthorized(token: Secret, _ completion: @escaping TokenCompletion) throws(SessionError) {
-        try post { engine in engine.handleUnauthorized(token: token, completion) }
+        try postTokenRequest(completion) { engine, answer in engine.handleUnauthorized(token: token, answer) }
     }
 
     /// The host is back from the background: validate the session (through the authority
@@ -318,13 +322,9 @@ public final class SessionManager: Sendable {
         }
         let done = Latch()
         let outcome = LockedBox<Result<Void, SessionError>>(.success(()))
-        do {
-            try loop.execute { [self] in
-                outcome.withLockedValue { $0 = Result { () throws(SessionError) in try body(self) } }
-                done.signal()
-            }
-        } catch {
-            throw SessionError(.shutDown, "the event loop is shut down")
+        try admit { [self] in
+            outcome.withLockedValue { $0 = Result { () throws(SessionError) in try body(self) } }
+            done.signal()
         }
         done.wait()
         try outcome.withLockedValue { $0 }.get()
@@ -333,10 +333,53 @@ public final class SessionManager: Sendable {
     // MARK: - Hops to the loop
 
     private func post(_ body: @escaping @Sendable (SessionEngine) -> Void) throws(SessionError) {
+        try admit { [self] in body(engine) }
+    }
+
+    /// Queues a caller's request for the loop, under the loop's limit of waiting requests
+    /// (`EventLoop.executeBounded`): a loop stuck in a callback, or far behind, refuses new
+    /// requests with `busy` instead of piling them up.
+    func admit(_ body: @escaping @Sendable () -> Void) throws(SessionError) {
         do {
-            try loop.execute { [self] in body(engine) }
+            try loop.executeBounded(body)
         } catch {
-            throw SessionError(.shutDown, "the event loop is shut down")
+            throw Self.sessionError(error)
+        }
+    }
+
+    static func sessionError(_ error: LoopFlowError) -> SessionError {
+        if error.code == .overloaded { return SessionError(.busy, error.message) }
+        return SessionError(.shutDown, "the event loop is shut down")
+    }
+
+    /// Counts a token request against `tokenRequestLimit`, or refuses it with `busy`
+    /// (nothing queued). The completion returned gives the place back when it is called
+    /// (exactly once, as every token completion is).
+    private func admitTokenRequest(_ completion: @escaping TokenCompletion) throws(SessionError) -> TokenCompletion {
+        let limit = configuration.tokenRequestLimit
+        guard tokenRequestsPending.wrappingAdd(1, ordering: .relaxed).oldValue < limit else {
+            tokenRequestsPending.wrappingSubtract(1, ordering: .relaxed)
+            throw SessionError(
+                .busy, "\(limit) token requests are waiting for an answer already (is a callback blocking the loop?); nothing was queued")
+        }
+        return { [self] result in
+            tokenRequestsPending.wrappingSubtract(1, ordering: .relaxed)
+            completion(result)
+        }
+    }
+
+    /// A token request from a caller: counted, then posted (the count given back if the
+    /// post is refused).
+    private func postTokenRequest(
+        _ completion: @escaping TokenCompletion,
+        _ body: @escaping @Sendable (SessionEngine, @escaping TokenCompletion) -> Void
+    ) throws(SessionError) {
+        let answer = try admitTokenRequest(completion)
+        do {
+            try post { engine in body(engine, answer) }
+        } catch {
+            tokenRequestsPending.wrappingSubtract(1, ordering: .relaxed)
+            throw error
         }
     }
 
@@ -346,8 +389,8 @@ public final class SessionManager: Sendable {
         thenStore: Bool = false, _ body: @escaping @Sendable (SessionManager) throws(SessionError) -> Void
     ) async throws(SessionError) {
         let result: Result<Void, SessionError> = await withCheckedContinuation { continuation in
-            do {
-                try loop.execute { [self] in
+            do throws(SessionError) {
+                try admit { [self] in
                     // Every session's store work: a switch or a sign-out may involve several
                     // (those there before, and those made by the call).
                     let before = sessions.withLockedValue { $0.all }
@@ -363,7 +406,7 @@ public final class SessionManager: Sendable {
                     }
                 }
             } catch {
-                continuation.resume(returning: .failure(SessionError(.shutDown, "the event loop is shut down")))
+                continuation.resume(returning: .failure(error))
             }
         }
         try result.get()
@@ -380,12 +423,10 @@ public final class SessionManager: Sendable {
         _ body: @escaping @Sendable (SessionEngine, @escaping TokenCompletion) -> Void
     ) async throws(SessionError) -> Secret {
         let result: Result<Secret, SessionError> = await withCheckedContinuation { continuation in
-            do {
-                try loop.execute { [self] in
-                    body(engine) { continuation.resume(returning: $0) }
-                }
+            do throws(SessionError) {
+                try postTokenRequest({ continuation.resume(returning: $0) }, body)
             } catch {
-                continuation.resume(returning: .failure(SessionError(.shutDown, "the event loop is shut down")))
+                continuation.resume(returning: .failure(error))
             }
         }
         return try result.get()
