@@ -299,22 +299,48 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         public var accounts: [String: Record] = [:]
 
         public init() {}
+
+        static let secretsKey = CodingUserInfoKey(rawValue: "sessionflow.secrets")!
+        static let placeholdersKey = CodingUserInfoKey(rawValue: "sessionflow.placeholders")!
+        /// The members that hold tokens.
+        static let secretMembers: Set<String> = ["accessToken", "refreshToken"]
+
+        /// The document's JSON, in memory a secret owns: the tokens never pass through a
+        /// `String` (encoded as placeholders, then spliced in).
+        func plaintext() throws -> Secret {
+            let placeholders = SecretJSON.Placeholders()
+            let encoder = JSONEncoder()
+            encoder.userInfo[Self.placeholdersKey] = placeholders
+            return SecretJSON.splice(Array(try encoder.encode(self)), placeholders)
+        }
+
+        /// The document in `plaintext` (which the caller zeroes), its tokens read into secrets.
+        static func decode(plaintext: UnsafeRawBufferPointer) throws -> Document {
+            guard let redacted = SecretJSON.redact(plaintext, keys: secretMembers) else {
+                throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "The given data was not valid JSON."))
+            }
+            let decoder = JSONDecoder()
+            decoder.userInfo[secretsKey] = redacted
+            return try decoder.decode(Document.self, from: Data(redacted.json))
+        }
     }
 
     @_spi(Fuzzing) public struct Record: Codable {
         /// The account this record is filed under (set when sealed, checked when opened: a
         /// record found under another account is damaged). Nil only in version-1 files.
         var account: String?
-        var accessToken: String?
-        var refreshToken: String?
+        /// The tokens: never `String`s. Encoded as placeholders that `SecretJSON.splice` fills
+        /// in, decoded from the placeholders `SecretJSON.redact` left (see `plaintext(of:)`).
+        var accessToken: Secret?
+        var refreshToken: Secret?
         var expiresAtNanoseconds: Int64?
         var memberID: String?
         var externalUserID: String?
         var expired: Bool
 
         init(_ session: StoredSession) {
-            accessToken = session.accessToken?.reveal()
-            refreshToken = session.refreshToken?.reveal()
+            accessToken = session.accessToken
+            refreshToken = session.refreshToken
             expiresAtNanoseconds = session.accessTokenExpiresAt.map { duration in
                 let (seconds, attoseconds) = duration.components
                 return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
@@ -326,9 +352,46 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
         public var session: StoredSession {
             StoredSession(
-                accessToken: accessToken.map(Secret.init), refreshToken: refreshToken.map(Secret.init),
+                accessToken: accessToken, refreshToken: refreshToken,
                 accessTokenExpiresAt: expiresAtNanoseconds.map { .nanoseconds($0) },
                 memberID: memberID, externalUserID: externalUserID, expired: expired)
+        }
+
+        private enum CodingKeys: String, CodingKey {
+            case account, accessToken, refreshToken, expiresAtNanoseconds, memberID, externalUserID, expired
+        }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            let secrets = decoder.userInfo[Document.secretsKey] as? SecretJSON.Redacted
+            func secret(_ key: CodingKeys) throws -> Secret? {
+                guard let text = try container.decodeIfPresent(String.self, forKey: key) else { return nil }
+                return secrets?.secret(for: text) ?? Secret(text)
+            }
+            account = try container.decodeIfPresent(String.self, forKey: .account)
+            accessToken = try secret(.accessToken)
+            refreshToken = try secret(.refreshToken)
+            expiresAtNanoseconds = try container.decodeIfPresent(Int64.self, forKey: .expiresAtNanoseconds)
+            memberID = try container.decodeIfPresent(String.self, forKey: .memberID)
+            externalUserID = try container.decodeIfPresent(String.self, forKey: .externalUserID)
+            expired = try container.decode(Bool.self, forKey: .expired)
+        }
+
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            let placeholders = encoder.userInfo[Document.placeholdersKey] as? SecretJSON.Placeholders
+            func put(_ secret: Secret?, _ key: CodingKeys) throws {
+                guard let secret else { return }
+                // Without placeholders (only a test or a fuzzer encodes so) the text itself.
+                try container.encode(placeholders?.placeholder(for: secret) ?? secret.reveal(), forKey: key)
+            }
+            try container.encodeIfPresent(account, forKey: .account)
+            try put(accessToken, .accessToken)
+            try put(refreshToken, .refreshToken)
+            try container.encodeIfPresent(expiresAtNanoseconds, forKey: .expiresAtNanoseconds)
+            try container.encodeIfPresent(memberID, forKey: .memberID)
+            try container.encodeIfPresent(externalUserID, forKey: .externalUserID)
+            try container.encode(expired, forKey: .expired)
         }
     }
 
@@ -409,7 +472,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             throw StoreDecodeFailure(.missingKey, header.source == .secretService ? "its key is missing" : "its key file is missing")
         }
         let box = try AES.GCM.SealedBox(combined: bytes.dropFirst(header.count))
-        let plaintext: Data
+        var plaintext: Data
         if header.version == 1 {
             var opened: Data?
             for key in keys where opened == nil {
@@ -423,7 +486,8 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             }
             plaintext = try AES.GCM.open(box, using: key, authenticating: header.authenticatedData(name: name))
         }
-        let document = try JSONDecoder().decode(Document.self, from: plaintext)
+        defer { plaintext.withUnsafeMutableBytes { zeroSecretMemory($0) } }
+        let document = try plaintext.withUnsafeBytes { bytes in try Document.decode(plaintext: bytes) }
         if header.version >= 2 {
             for (account, record) in document.accounts where record.account != account {
                 throw StoreDecodeFailure(.binding, "a record is filed under another account than its own")
@@ -445,7 +509,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         var document = document
         document.version = max(document.version, 2)
         for account in document.accounts.keys { document.accounts[account]?.account = account }
-        return try seal(JSONEncoder().encode(document), key: key, name: name, source: source)
+        return try document.plaintext().withUnsafeBytes { plaintext in
+            try seal(plaintext, key: key, name: name, source: source)
+        }
     }
 
     /// A store file's bytes around any plaintext: header (version 2: source, key id), then

@@ -230,9 +230,9 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
     private func exchange(_ code: Secret) {
         closeListener()
         guard let verifier else { return }
-        let form = [
-            ("grant_type", "authorization_code"), ("code", code.reveal()), ("redirect_uri", redirectURI),
-            ("code_verifier", verifier.reveal()),
+        let form: [(String, FormValue)] = [
+            ("grant_type", .text("authorization_code")), ("code", .secret(code)), ("redirect_uri", .text(redirectURI)),
+            ("code_verifier", .secret(verifier)),
         ]
         post(configuration.tokenEndpoint, form: form, secrets: [code, verifier]) { [self] outcome in
             let answer: HTTPAnswer

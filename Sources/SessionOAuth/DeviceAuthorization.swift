@@ -105,8 +105,8 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
     func begin() {
         loop.assertInEventLoop()
         guard watchTeardown(), makeAuthority(), let endpoint = configuration.deviceAuthorizationEndpoint else { return }
-        var form: [(String, String)] = []
-        if let scope = flow.scope { form.append(("scope", scope)) }
+        var form: [(String, FormValue)] = []
+        if let scope = flow.scope { form.append(("scope", .text(scope))) }
         post(endpoint, form: form, secrets: []) { [self] outcome in authorized(outcome) }
     }
 
@@ -155,7 +155,7 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
 
     private func poll() {
         guard !finished, !isCancelled, let deviceCode else { return }
-        let form = [("grant_type", DeviceAuthorization.grantType), ("device_code", deviceCode.reveal())]
+        let form: [(String, FormValue)] = [("grant_type", .text(DeviceAuthorization.grantType)), ("device_code", .secret(deviceCode))]
         post(configuration.tokenEndpoint, form: form, secrets: [deviceCode]) { [self] outcome in polled(outcome) }
     }
 
@@ -225,24 +225,23 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
             .failure(SessionError(.configuration, "the device authorization answer \(why)"))
         }
         guard let object = answer.json else { return refuse("is not JSON") }
-        guard let code = object["device_code"]?.string, !code.isEmpty, code.utf8.count <= 4096 else {
+        guard let secret = object.secret("device_code"), secret.count > 0, secret.count <= 4096 else {
             return refuse("has no usable device_code")
         }
-        let secret = Secret(code)
         guard let userCode = object["user_code"]?.string, !userCode.isEmpty, userCode.utf8.count <= 128,
               userCode.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F && !(0x80...0x9F).contains($0.value) }),
-              !userCode.contains(code)
+              !secret.occurs(in: userCode)
         else {
             return refuse("has no usable user_code")
         }
         // (`verification_url`: the name some servers used before the RFC.)
         guard let verification = usableURL(object["verification_uri"]?.string ?? object["verification_url"]?.string),
-              !verification.absoluteString.contains(code)
+              !secret.occurs(in: verification.absoluteString)
         else {
             return refuse("has no verification_uri that is https (or http to loopback)")
         }
         let complete = usableURL(object["verification_uri_complete"]?.string).flatMap {
-            $0.absoluteString.contains(code) ? nil : $0
+            secret.occurs(in: $0.absoluteString) ? nil : $0
         }
         let lifetime = clamp(seconds(object["expires_in"]) ?? 600, DeviceAuthorization.lifetimeRange)
         let interval = clamp(seconds(object["interval"]) ?? 5, DeviceAuthorization.intervalRange)

@@ -290,7 +290,7 @@ private final class DiscoveryRun: SignInCancellable, @unchecked Sendable {
             return finish(.failure(OAuthDiscoveryError(.cancelled, message: "the discovery was cancelled")))
         }
         let request = HTTPPost(
-            url: url, headers: ["Accept: application/json"], body: [], timeout: template.requestTimeout,
+            url: url, headers: ["Accept: application/json"], body: Secret(""), timeout: template.requestTimeout,
             maximumAnswerSize: template.maximumAnswerSize,
             allowsLoopbackHTTP: true,  // only an issuer that passed the rule reaches here
             method: .get)
@@ -306,7 +306,7 @@ private final class DiscoveryRun: SignInCancellable, @unchecked Sendable {
             case .success(let response) where response.status == 404 && fallback != nil:
                 fetch(fallback!, fallback: nil)
             case .success(let response) where response.status == 200:
-                finish(OAuthDiscovery.configuration(metadata: response.body, issuer: issuer, template: template))
+                finish(OAuthDiscovery.configuration(metadata: response.bytes, issuer: issuer, template: template))
             case .success(let response) where (300...399).contains(response.status):
                 finish(.failure(OAuthDiscoveryError(.http, message:
                     "the metadata request got HTTP \(response.status): the server redirects elsewhere; "

@@ -129,8 +129,8 @@ public final class OAuthAuthority: SessionAuthority {
     // MARK: SessionAuthority
 
     public func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
-        var form = [("grant_type", "refresh_token"), ("refresh_token", request.refreshToken.reveal())]
-        if let scope = configuration.scope { form.append(("scope", scope)) }
+        var form: [(String, FormValue)] = [("grant_type", .text("refresh_token")), ("refresh_token", .secret(request.refreshToken))]
+        if let scope = configuration.scope { form.append(("scope", .text(scope))) }
         let call = post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken]) { [configuration] outcome in
             completion.complete(outcome.flatMap { response in
                 TokenResponse.grant(from: response, defaultLifetime: configuration.defaultLifetime)
@@ -147,7 +147,7 @@ public final class OAuthAuthority: SessionAuthority {
             return
         }
         let hint = refreshToken != nil ? "refresh_token" : "access_token"
-        let call = post(endpoint, form: [("token", token.reveal()), ("token_type_hint", hint)], secrets: [token]) { outcome in
+        let call = post(endpoint, form: [("token", .secret(token)), ("token_type_hint", .text(hint))], secrets: [token]) { outcome in
             // RFC 7009 §2.2: 200 whether or not the token was valid.
             completion.complete(outcome.flatMap { response in
                 response.status == 200 ? .success(()) : .failure(TokenResponse.error(from: response))
@@ -163,7 +163,7 @@ public final class OAuthAuthority: SessionAuthority {
             completion.fail(.configuration("unsupported", "no introspection endpoint"))
             return
         }
-        let call = post(endpoint, form: [("token", accessToken.reveal()), ("token_type_hint", "access_token")],
+        let call = post(endpoint, form: [("token", .secret(accessToken)), ("token_type_hint", .text("access_token"))],
              secrets: [accessToken]) { outcome in
             completion.complete(outcome.flatMap { response in
                 guard response.status == 200 else { return .failure(TokenResponse.error(from: response)) }
@@ -180,19 +180,19 @@ public final class OAuthAuthority: SessionAuthority {
 
     /// One form POST; the outcome carries status, headers and body, or the error it stands for.
     func post(
-        _ url: URL, form: [(String, String)], secrets: [Secret],
+        _ url: URL, form: [(String, FormValue)], secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
         var fields = form
-        fields.append(("client_id", configuration.clientID))
-        if let secret = configuration.clientSecret { fields.append(("client_secret", secret.reveal())) }
+        fields.append(("client_id", .text(configuration.clientID)))
+        if let secret = configuration.clientSecret { fields.append(("client_secret", .secret(secret))) }
         let redactions = secrets + [configuration.clientSecret].compactMap { $0 }
         let timeout = configuration.requestTimeout
         let limit = configuration.maximumAnswerSize
         let request = HTTPPost(
             url: url.absoluteString,
             headers: ["Content-Type: application/x-www-form-urlencoded", "Accept: application/json"],
-            body: Array(FormEncoding.encode(fields).utf8), timeout: timeout, maximumAnswerSize: limit,
+            body: FormEncoding.body(fields), timeout: timeout, maximumAnswerSize: limit,
             allowsLoopbackHTTP: true)  // only a URL that passed `validate` reaches here
         return http.post(request) { result in
             switch result {
@@ -203,7 +203,7 @@ public final class OAuthAuthority: SessionAuthority {
             case .success(let response):
                 done(.success(HTTPAnswer(
                     status: response.status, retryAfter: RetryAfter.parse(response.retryAfter),
-                    body: Data(response.body), redactions: redactions)))
+                    secretBody: response.body, redactions: redactions)))
             case .failure(let failure):
                 done(.failure(Self.error(for: failure, timeout: timeout, limit: limit, redactions: redactions)))
             }
@@ -219,8 +219,9 @@ public final class OAuthAuthority: SessionAuthority {
         let timeout = configuration.requestTimeout
         let limit = configuration.maximumAnswerSize
         let request = HTTPPost(
-            url: url.absoluteString, headers: ["Authorization: Bearer \(bearer.reveal())", "Accept: application/json"],
-            body: [], timeout: timeout, maximumAnswerSize: limit,
+            url: url.absoluteString, headers: ["Accept: application/json"],
+            secretHeader: Self.bearerHeader(bearer),
+            body: Secret(""), timeout: timeout, maximumAnswerSize: limit,
             allowsLoopbackHTTP: true,  // only a URL that passed `validate` reaches here
             method: .get)
         return http.post(request) { result in
@@ -231,9 +232,20 @@ public final class OAuthAuthority: SessionAuthority {
             case .success(let response):
                 done(.success(HTTPAnswer(
                     status: response.status, retryAfter: RetryAfter.parse(response.retryAfter),
-                    body: Data(response.body), redactions: redactions)))
+                    secretBody: response.body, redactions: redactions)))
             case .failure(let failure):
                 done(.failure(Self.error(for: failure, timeout: timeout, limit: limit, redactions: redactions)))
+            }
+        }
+    }
+
+    /// `Authorization: Bearer <token>`, written into a `Secret`.
+    static func bearerHeader(_ token: Secret) -> Secret {
+        let prefix = Array("Authorization: Bearer ".utf8)
+        return Secret(count: prefix.count + token.count) { out in
+            for (index, byte) in prefix.enumerated() { out[index] = byte }
+            token.withUnsafeBytes { bytes in
+                for (index, byte) in bytes.enumerated() { out[prefix.count + index] = byte }
             }
         }
     }
@@ -261,19 +273,51 @@ public final class OAuthAuthority: SessionAuthority {
 @_spi(Fuzzing) public struct HTTPAnswer: Sendable {
     public let status: Int
     public let retryAfter: Duration?
-    public let body: Data
+    /// The body, in memory a secret owns (zeroed when the answer goes).
+    let secretBody: Secret
     public let redactions: [Secret]
 
+    /// The members whose string values are secrets: parsed into `Secret`s, never `String`s.
+    static let secretMembers: Set<String> = ["access_token", "refresh_token", "id_token", "device_code"]
+
     public init(status: Int, retryAfter: Duration?, body: Data, redactions: [Secret]) {
+        self.init(
+            status: status, retryAfter: retryAfter,
+            secretBody: body.withUnsafeBytes { Secret(copying: $0) }, redactions: redactions)
+    }
+
+    init(status: Int, retryAfter: Duration?, secretBody: Secret, redactions: [Secret]) {
         self.status = status
         self.retryAfter = retryAfter
-        self.body = body
+        self.secretBody = secretBody
         self.redactions = redactions
     }
 
-    /// The body as a JSON object (its top-level members), nil if it is not one.
-    var json: [String: JSONMember]? {
-        try? JSONDecoder().decode([String: JSONMember].self, from: body)
+    /// A copy of the body (tests and fuzzers; the library reads `json`).
+    public var body: Data { secretBody.withUnsafeBytes { Data($0) } }
+
+    /// The body as a JSON object (its top-level members), nil if it is not one. The values
+    /// of `secretMembers` are read into secrets (`JSONObject.secret`), never into strings.
+    var json: JSONObject? {
+        guard let redacted = secretBody.withUnsafeBytes({ SecretJSON.redact($0, keys: Self.secretMembers) }),
+            let members = try? JSONDecoder().decode([String: JSONMember].self, from: Data(redacted.json))
+        else { return nil }
+        return JSONObject(members: members, redacted: redacted)
+    }
+}
+
+/// A JSON object's top-level members, with the secrets of `HTTPAnswer.secretMembers` kept apart.
+struct JSONObject {
+    let members: [String: JSONMember]
+    let redacted: SecretJSON.Redacted
+
+    /// A member (a secret member reads as a placeholder string: use `secret`).
+    subscript(_ key: String) -> JSONMember? { members[key] }
+
+    /// The string value of a secret member, nil if absent or not a string.
+    func secret(_ key: String) -> Secret? {
+        guard case .string(let placeholder)? = members[key] else { return nil }
+        return redacted.secret(for: placeholder)
     }
 }
 
@@ -314,11 +358,11 @@ public final class OAuthAuthority: SessionAuthority {
         guard let object = answer.json else {
             return .failure(.transient("the token answer is not JSON"))
         }
-        guard let access = object["access_token"]?.string, !access.isEmpty else {
+        guard let access = object.secret("access_token"), access.count > 0 else {
             return .failure(.transient("the token answer has no access_token"))
         }
         if let type = object["token_type"]?.string, type.lowercased() != "bearer" {
-            let shown = ErrorText.description(type, secrets: answer.redactions + [Secret(access)]) ?? ""
+            let shown = ErrorText.description(type, secrets: answer.redactions + [access]) ?? ""
             return .failure(.configuration("unsupported_token_type", "token_type \(shown) is not Bearer"))
         }
         let lifetime: Duration
@@ -332,8 +376,8 @@ public final class OAuthAuthority: SessionAuthority {
         case .string(let text)? where Int(text) != nil: lifetime = .seconds(min(max(Int(text)!, 0), Int(ceiling)))
         default: lifetime = defaultLifetime
         }
-        let refresh = object["refresh_token"]?.string.flatMap { $0.isEmpty ? nil : Secret($0) }
-        return .success(TokenGrant(accessToken: Secret(access), refreshToken: refresh, expiresIn: lifetime))
+        let refresh = object.secret("refresh_token").flatMap { $0.count == 0 ? nil : $0 }
+        return .success(TokenGrant(accessToken: access, refreshToken: refresh, expiresIn: lifetime))
     }
 
     /// The error an unsuccessful answer stands for (RFC 6749 §5.2).
@@ -361,10 +405,63 @@ public final class OAuthAuthority: SessionAuthority {
     }
 }
 
+/// A form field's value: text, or a secret that is percent-encoded straight into the body.
+enum FormValue {
+    case text(String)
+    case secret(Secret)
+}
+
 /// `application/x-www-form-urlencoded`.
 enum FormEncoding {
     static func encode(_ fields: [(String, String)]) -> String {
         fields.map { "\(escape($0.0))=\(escape($0.1))" }.joined(separator: "&")
+    }
+
+    /// The body of `fields`, written into a `Secret` (its length counted first, so no
+    /// buffer that held a secret is ever grown, copied or left unzeroed).
+    static func body(_ fields: [(String, FormValue)]) -> Secret {
+        func encodedLength(_ bytes: UnsafeRawBufferPointer) -> Int {
+            bytes.reduce(0) { $0 + (unreserved.contains($1) || $1 == UInt8(ascii: " ") ? 1 : 3) }
+        }
+        func length(_ value: FormValue) -> Int {
+            switch value {
+            case .text(var text): return text.withUTF8 { encodedLength(UnsafeRawBufferPointer($0)) }
+            case .secret(let secret): return secret.withUnsafeBytes { encodedLength($0) }
+            }
+        }
+        var total = max(fields.count - 1, 0)
+        for (name, value) in fields { total += escape(name).utf8.count + 1 + length(value) }
+        return Secret(count: total) { out in
+            var at = 0
+            func put(_ byte: UInt8) {
+                out[at] = byte
+                at += 1
+            }
+            func put(encoding bytes: UnsafeRawBufferPointer) {
+                let hex = Array("0123456789ABCDEF".utf8)
+                for byte in bytes {
+                    if unreserved.contains(byte) {
+                        put(byte)
+                    } else if byte == UInt8(ascii: " ") {
+                        put(UInt8(ascii: "+"))
+                    } else {
+                        put(UInt8(ascii: "%"))
+                        put(hex[Int(byte >> 4)])
+                        put(hex[Int(byte & 0xF)])
+                    }
+                }
+            }
+            for (index, (name, value)) in fields.enumerated() {
+                if index > 0 { put(UInt8(ascii: "&")) }
+                var name = name
+                name.withUTF8 { put(encoding: UnsafeRawBufferPointer($0)) }
+                put(UInt8(ascii: "="))
+                switch value {
+                case .text(var text): text.withUTF8 { put(encoding: UnsafeRawBufferPointer($0)) }
+                case .secret(let secret): secret.withUnsafeBytes { put(encoding: $0) }
+                }
+            }
+        }
     }
 
     private static let unreserved = Set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._*".utf8)

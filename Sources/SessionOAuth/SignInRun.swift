@@ -71,7 +71,7 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     /// in flight, ended at once if the run was cancelled meanwhile. `done` runs unless the run
     /// has finished by then.
     final func post(
-        _ url: URL, form: [(String, String)], secrets: [Secret],
+        _ url: URL, form: [(String, FormValue)], secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) {
         guard let authority, !finished, !isCancelled else { return }
@@ -129,7 +129,7 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         }
         guard tokens.memberID == nil else { return finish(.success(tokens)) }
         guard let endpoint = configuration.introspectionEndpoint else { return userinfo() }
-        let form = [("token", grant.accessToken.reveal()), ("token_type_hint", "access_token")]
+        let form: [(String, FormValue)] = [("token", .secret(grant.accessToken)), ("token_type_hint", .text("access_token"))]
         post(endpoint, form: form, secrets: secrets) { outcome in
             if case .success(let answer) = outcome, answer.status == 200,
                let memberID = Self.memberID(in: answer.json, keys: ["sub", "username"]) {
@@ -181,7 +181,7 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     }
 
     /// The first of `keys` that is a plausible member id (a short printable string).
-    static func memberID(in object: [String: JSONMember]?, keys: [String]) -> String? {
+    static func memberID(in object: JSONObject?, keys: [String]) -> String? {
         for key in keys {
             guard let value = object?[key]?.string, !value.isEmpty, value.utf8.count <= 256,
                   value.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })

@@ -4,6 +4,7 @@ import CLoopHTTP
 import Glibc
 #endif
 import LoopFlow
+import SessionCore
 
 /// The request methods the client speaks.
 enum HTTPMethod: Sendable {
@@ -17,8 +18,10 @@ enum HTTPMethod: Sendable {
 struct HTTPPost: Sendable {
     var url: String
     var headers: [String]
-    /// The form body (it carries secrets: the C side zeroes its copy when the request ends).
-    var body: [UInt8]
+    /// A header line that carries a secret (`Authorization: Bearer ...`), sent after `headers`.
+    var secretHeader: Secret? = nil
+    /// The form body, in memory a secret owns (the C side zeroes its copy when the request ends).
+    var body: Secret
     /// The overall deadline.
     var timeout: Duration
     var maximumAnswerSize: Int
@@ -31,8 +34,12 @@ struct HTTPPost: Sendable {
 /// A complete HTTP answer.
 struct HTTPResponse: Sendable {
     let status: Int
-    let body: [UInt8]
+    /// The body, in memory a secret owns: a token answer's tokens are read from it in place.
+    let body: Secret
     let retryAfter: String?
+
+    /// A copy of the body, for answers that carry no secret (metadata).
+    var bytes: [UInt8] { body.withUnsafeBytes { Array($0) } }
 }
 
 /// Why a request produced no answer.
@@ -85,8 +92,9 @@ final class HTTPCall: @unchecked Sendable {
         let result: Result<HTTPResponse, HTTPFailure>
         switch answer.outcome {
         case LH_ANSWERED:
+            // Copied into memory of its own; the C side zeroes its buffer when this returns.
             let body = answer.body_length == 0 || answer.body == nil
-                ? [] : Array(UnsafeBufferPointer(start: answer.body, count: answer.body_length))
+                ? Secret("") : Secret(copying: UnsafeRawBufferPointer(start: answer.body, count: answer.body_length))
             result = .success(HTTPResponse(
                 status: answer.status, body: body, retryAfter: answer.retry_after.map { String(cString: $0) }))
         case LH_CANCELLED:
@@ -162,7 +170,7 @@ final class LoopHTTPClient: @unchecked Sendable {
         }
         let context = Unmanaged.passRetained(call)
         var request: OpaquePointer?
-        let rc = withCStrings(post.headers) { headers in
+        let rc = withCStrings(post.headers, secret: post.secretHeader) { headers in
             post.url.withCString { url in
                 post.body.withUnsafeBytes { body in
                     var options = lh_post_options(
@@ -205,13 +213,21 @@ private func httpCallFinished(_ answer: UnsafePointer<lh_answer>?, _ userdata: U
     Unmanaged<HTTPCall>.fromOpaque(userdata).takeRetainedValue().finished(answer)
 }
 
-/// `strings` as a NULL-terminated array of C strings, for the duration of `body`.
-private func withCStrings<T>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> T) -> T {
+/// `strings` (then `secret`, in place: no copy) as a NULL-terminated array of C strings, for
+/// the duration of `body`.
+private func withCStrings<T>(
+    _ strings: [String], secret: Secret?, _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> T
+) -> T {
     let copies = strings.map { strdup($0) }
     defer { copies.forEach { free($0) } }
     var pointers: [UnsafePointer<CChar>?] = copies.map { UnsafePointer($0) }
-    pointers.append(nil)
-    return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+    func run(_ secretLine: UnsafePointer<CChar>?) -> T {
+        if let secretLine { pointers.append(secretLine) }
+        pointers.append(nil)
+        return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+    }
+    guard let secret else { return run(nil) }
+    return secret.withCString { run($0) }
 }
 
 extension Duration {
