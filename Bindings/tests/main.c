@@ -47,6 +47,7 @@
     XX(limits_token_requests_beyond_the_limit_are_ebusy)             \
     XX(limits_destroy_with_a_full_queue_answers_everyone_and_returns) \
     XX(limits_no_waiter_gets_a_token_after_a_logout)                 \
+    XX(memory_no_token_or_key_is_left_after_logout_and_destroy)      \
     XX(secrets_never_reach_a_host_or_the_logs)                       \
     XX(accounts_listed_switched_and_signed_out_one_by_one)          \
     XX(accounts_restart_restores_the_active_one_and_lists_the_others) \

@@ -95,6 +95,9 @@ int http_request(const char *url, const char *form, char *body, size_t length, c
         if (n <= 0) break;
         sent += (int)n;
     }
+    /* The buffers held tokens (a form, a token answer): zeroed, so that the memory test
+     * (test_memory.c) counts only the library's copies. */
+    explicit_bzero(request, request_size);
     free(request);
     size_t capacity = 1 << 16, used = 0;
     char *answer = malloc(capacity + 1);
@@ -128,6 +131,7 @@ int http_request(const char *url, const char *form, char *body, size_t length, c
     if (body && length && end) {
         snprintf(body, length, "%s", end + 4);
     }
+    explicit_bzero(answer, capacity + 1);
     free(answer);
     return status;
 }

@@ -12,6 +12,7 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,7 +61,38 @@ struct lh_request {
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static CURLcode global_result = CURLE_FAILED_INIT;
 
-static void global_init(void) { global_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
+/* libcurl's memory: every block it frees is zeroed first. Its receive buffers hold the
+ * token answers (and its send buffers the refresh token) as they crossed the socket; freed
+ * unzeroed, they would outlive the session in the heap. realloc moves through a new block so
+ * the old one is zeroed too. Installed when this library initializes libcurl; a host that
+ * initialized libcurl first keeps its own functions (curl_global_init_mem then changes
+ * nothing). */
+static void zeroing_free(void *block) {
+    if (block == NULL) return;
+    explicit_bzero(block, malloc_usable_size(block));
+    free(block);
+}
+
+static void *zeroing_realloc(void *block, size_t size) {
+    if (block == NULL) return malloc(size);
+    size_t old = malloc_usable_size(block);
+    void *moved = malloc(size ? size : 1);
+    if (moved == NULL) return NULL;
+    memcpy(moved, block, old < size ? old : size);
+    zeroing_free(block);
+    return moved;
+}
+
+static char *zeroing_strdup(const char *text) {
+    size_t length = strlen(text) + 1;
+    char *copy = malloc(length);
+    if (copy != NULL) memcpy(copy, text, length);
+    return copy;
+}
+
+static void global_init(void) {
+    global_result = curl_global_init_mem(CURL_GLOBAL_DEFAULT, malloc, zeroing_free, zeroing_realloc, zeroing_strdup, calloc);
+}
 
 /* ---- URLs ------------------------------------------------------------------------- */
 

@@ -476,7 +476,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         if header.version == 1 {
             var opened: Data?
             for key in keys where opened == nil {
-                opened = try? AES.GCM.open(box, using: key, authenticating: header.bytes)
+                opened = try? withCipherStateScrubbed { try AES.GCM.open(box, using: key, authenticating: header.bytes) }
             }
             guard let opened else { throw StoreDecodeFailure(.authentication, "authentication failed") }
             plaintext = opened
@@ -484,7 +484,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
             guard let key = keys.first(where: { StoreKeyID.of($0) == header.keyID }) else {
                 throw StoreDecodeFailure(.unknownKey, "its key (id \(StoreKeyID.hex(header.keyID))) is not among the store's keys")
             }
-            plaintext = try AES.GCM.open(box, using: key, authenticating: header.authenticatedData(name: name))
+            plaintext = try withCipherStateScrubbed {
+                try AES.GCM.open(box, using: key, authenticating: header.authenticatedData(name: name))
+            }
         }
         defer { plaintext.withUnsafeMutableBytes { zeroSecretMemory($0) } }
         let document = try plaintext.withUnsafeBytes { bytes in try Document.decode(plaintext: bytes) }
@@ -522,7 +524,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         _ plaintext: some DataProtocol, key: SymmetricKey, name: String = "session.sfstore", source: KeySourceTag = .keyFile
     ) throws -> [UInt8] {
         let header = StoreHeader(source: source, keyID: StoreKeyID.of(key))
-        let box = try AES.GCM.seal(plaintext, using: key, authenticating: header.authenticatedData(name: name))
+        let box = try withCipherStateScrubbed {
+            try AES.GCM.seal(plaintext, using: key, authenticating: header.authenticatedData(name: name))
+        }
         guard let combined = box.combined else { throw StoreDecodeFailure(.header, "no combined form") }
         return header.bytes + Array(combined)
     }

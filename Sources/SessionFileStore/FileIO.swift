@@ -3,6 +3,7 @@ import LoopFlow
 
 #if canImport(Glibc)
 import Glibc
+import SessionCore
 #endif
 
 /// The store's directory, opened once per store operation and trusted only after it is checked:
@@ -210,8 +211,14 @@ enum FileIO {
         case .failed(_, let message), .refused(let message): return .failed(message)
         }
         defer { close(fd) }
+        // Key files pass through here: the buffer is sized from the file's size up front, so
+        // it is not grown (a grown array leaves a copy behind in freed memory), and the chunk
+        // is zeroed after.
+        var status = stat()
         var bytes: [UInt8] = []
+        if fstat(fd, &status) == 0, status.st_size > 0 { bytes.reserveCapacity(Int(status.st_size) + 1) }
         var chunk = [UInt8](repeating: 0, count: 16384)
+        defer { chunk.zeroSecretBytes() }
         while true {
             let count = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
             if count < 0 {

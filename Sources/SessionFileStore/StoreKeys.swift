@@ -126,7 +126,14 @@ private let wrappedMagic: [UInt8] = Array("SFKEYW".utf8) + [1]
 extension FileCredentialStore {
     /// The key ring's bytes: the keys, newest first.
     private static func ringBytes(_ keys: [SymmetricKey]) -> [UInt8] {
-        keys.flatMap { key in key.withUnsafeBytes { Array($0) } }
+        // Sized up front and filled in place: no intermediate array holds a key.
+        var bytes = [UInt8](repeating: 0, count: keys.count * 32)
+        bytes.withUnsafeMutableBytes { out in
+            for (index, key) in keys.enumerated() {
+                key.withUnsafeBytes { out.baseAddress!.advanced(by: index * 32).copyMemory(from: $0.baseAddress!, byteCount: 32) }
+            }
+        }
+        return bytes
     }
 
     private static func ring(from bytes: [UInt8]) -> [SymmetricKey]? {
@@ -207,20 +214,26 @@ extension FileCredentialStore {
     func loadRing(_ home: KeyHome, in directory: TrustedDirectory) throws(StoreFailure) -> [SymmetricKey] {
         switch home {
         case .file, .wrapped:
-            let bytes: [UInt8]
+            var bytes: [UInt8]
             switch FileIO.readAll(keyName, in: directory) {
             case .missing: return []
             case .failed(let message): throw .unavailable("the key file cannot be used: \(message)")
             case .read(let content): bytes = content
             }
+            defer { wipe(&bytes) }
             if case .wrapped(let kek) = home {
                 guard bytes.count > wrappedMagic.count, Array(bytes.prefix(wrappedMagic.count)) == wrappedMagic else {
                     throw .unavailable("the key file \(keyPath) is not sealed with a host's key, but the store was opened with one")
                 }
                 guard let box = try? AES.GCM.SealedBox(combined: bytes.dropFirst(wrappedMagic.count)),
-                    let plain = try? AES.GCM.open(box, using: kek, authenticating: wrappedMagic + Array(name.utf8)),
-                    let keys = Self.ring(from: Array(plain))
+                    var plain = try? withCipherStateScrubbed({ try AES.GCM.open(box, using: kek, authenticating: wrappedMagic + Array(name.utf8)) })
                 else {
+                    throw .unavailable("the key file \(keyPath) does not open with the key the host provided (another key?)")
+                }
+                defer { plain.withUnsafeMutableBytes { zeroSecretMemory($0) } }
+                var ringBytes = Array(plain)
+                defer { wipe(&ringBytes) }
+                guard let keys = Self.ring(from: ringBytes) else {
                     throw .unavailable("the key file \(keyPath) does not open with the key the host provided (another key?)")
                 }
                 return keys
@@ -281,7 +294,7 @@ extension FileCredentialStore {
             var content = plain
             defer { wipe(&content) }
             if case .wrapped(let kek) = home {
-                guard let box = try? AES.GCM.seal(plain, using: kek, authenticating: wrappedMagic + Array(name.utf8)),
+                guard let box = try? withCipherStateScrubbed({ try AES.GCM.seal(plain, using: kek, authenticating: wrappedMagic + Array(name.utf8)) }),
                     let combined = box.combined
                 else { throw .unavailable("cannot seal the store's key with the host's key") }
                 content = wrappedMagic + Array(combined)
@@ -322,7 +335,7 @@ extension FileCredentialStore {
 
 /// Overwrites a buffer that held key material (best effort: copies made on the way are not reached).
 func wipe<T: FixedWidthInteger>(_ bytes: inout [T]) {
-    for index in bytes.indices { bytes[index] = 0 }
+    bytes.withUnsafeMutableBytes { zeroSecretMemory($0) }
 }
 
 private func text(_ message: [CChar]) -> String {

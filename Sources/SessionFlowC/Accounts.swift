@@ -58,8 +58,8 @@ public func sf_session_switch_account(_ pointer: OpaquePointer!, _ account: Unsa
 public func sf_session_add_account(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
     guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
     let sessionTokens = SessionTokens(
-        accessToken: Secret(String(cString: tokens.access_token)),
-        refreshToken: string(tokens.refresh_token).map(Secret.init),
+        accessToken: secret(tokens.access_token),
+        refreshToken: tokens.refresh_token.map(secret),
         expiresIn: .seconds(tokens.expires_in),
         memberID: string(tokens.member_id))
     return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.addAccountAndWait(sessionTokens) }

@@ -53,7 +53,7 @@ final class HostAuthority: SessionAuthority {
                 cancel(pointer(for: id), userdata.pointer)
             }
         }
-        request.refreshToken.reveal().withCString { token in
+        request.refreshToken.withCString { token in
             refresh(pointer(for: id), token, userdata.pointer)
         }
     }
@@ -88,7 +88,7 @@ func readTokens(_ tokens: UnsafePointer<sf_tokens>?) -> sf_tokens? {
     withUnsafeMutableBytes(of: &result) { target in
         target.copyMemory(from: UnsafeRawBufferPointer(start: tokens, count: count))
     }
-    guard let access = result.access_token, !Secret(String(cString: access)).isBlank else { return nil }
+    guard let access = result.access_token, !secret(access).isBlank else { return nil }
     return result
 }
 
@@ -102,8 +102,8 @@ public func sf_refresh_request_succeed(_ request: OpaquePointer!, _ tokens: Unsa
     guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
     guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
     open.completion.succeed(TokenGrant(
-        accessToken: Secret(String(cString: tokens.access_token)),
-        refreshToken: string(tokens.refresh_token).map(Secret.init),
+        accessToken: secret(tokens.access_token),
+        refreshToken: tokens.refresh_token.map(secret),
         expiresIn: .seconds(tokens.expires_in),
         memberID: string(tokens.member_id)))
     return SF_OK.code

@@ -2,6 +2,10 @@ import CSessionFlow
 import LoopFlow
 import SessionCore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The C callback of one token request, carried to the loop thread.
 struct TokenCallback: @unchecked Sendable {
     let function: sf_token_fn
@@ -10,11 +14,18 @@ struct TokenCallback: @unchecked Sendable {
     func callAsFunction(_ result: Result<Secret, SessionError>) {
         switch result {
         case .success(let token):
-            token.reveal().withCString { function(SF_OK.code, $0, userdata) }
+            // In place: the host borrows the secret's own bytes (no copy to zero).
+            token.withCString { function(SF_OK.code, $0, userdata) }
         case .failure(let error):
             function(errorCode(error), nil, userdata)
         }
     }
+}
+
+/// A secret copied straight from a host's C string (never through a `String`, which could
+/// not be zeroed). The host's own buffer stays the host's.
+func secret(_ text: UnsafePointer<CChar>) -> Secret {
+    Secret(copying: UnsafeRawBufferPointer(start: text, count: strlen(text)))
 }
 
 /// A call that waits for the loop's answer: on a borrowed loop, only from its thread.
@@ -38,8 +49,8 @@ private func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(Session
 private func signIn(_ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens>?, replacingStore: Bool) -> Int32 {
     guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
     let sessionTokens = SessionTokens(
-        accessToken: Secret(String(cString: tokens.access_token)),
-        refreshToken: string(tokens.refresh_token).map(Secret.init),
+        accessToken: secret(tokens.access_token),
+        refreshToken: tokens.refresh_token.map(secret),
         expiresIn: .seconds(tokens.expires_in),
         memberID: string(tokens.member_id))
     return synchronousCall(pointer) { runtime throws(SessionError) in
@@ -92,7 +103,7 @@ public func sf_session_fresh_token(_ pointer: OpaquePointer!, _ callback: sf_tok
 @c @implementation
 public func sf_session_notify_unauthorized(_ pointer: OpaquePointer!, _ accessToken: UnsafePointer<CChar>!) -> Int32 {
     guard let accessToken else { return SF_EINVAL.code }
-    let token = Secret(String(cString: accessToken))
+    let token = secret(accessToken)
     return posting(pointer) { runtime throws(SessionError) in
         try runtime.session.handleUnauthorized(token: token) { _ in }
     }

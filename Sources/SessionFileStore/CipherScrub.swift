@@ -1,0 +1,26 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// swift-crypto's AES-GCM keeps BoringSSL's `EVP_AEAD_CTX` inline in an object it frees
+/// after every seal and open, and `EVP_AEAD_CTX_cleanup` does not cleanse it: the AES-256
+/// key schedule left in that freed block begins with the raw key (measured: one copy of
+/// each store key found in the worker thread's heap after logout and destroy,
+/// `Bindings/tests/test_memory.c`). Until that is fixed upstream, every seal and open runs
+/// through `withCipherStateScrubbed`, which afterwards takes back the blocks glibc's
+/// per-thread cache hands out first in the size classes around that object's (the most
+/// recently freed of each, LIFO), zeroes them whole and frees them again.
+func withCipherStateScrubbed<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+    defer { scrubRecentlyFreedBlocks() }
+    return try body()
+}
+
+/// The object is 16 bytes of Swift header and a ~584-byte `EVP_AEAD_CTX`: the size classes
+/// from 512 to 768 bytes cover it with room for other layouts.
+private func scrubRecentlyFreedBlocks() {
+    for size in stride(from: 512, through: 768, by: 16) {
+        guard let block = malloc(size) else { continue }
+        explicit_bzero(block, size)
+        free(block)
+    }
+}
