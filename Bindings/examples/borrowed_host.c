@@ -56,7 +56,7 @@ int main(void) {
         fprintf(stderr, "sf_runtime_create_on_loop: %s\n", sf_strerror(rc));
         return 1;
     }
-    sf_observer observer = {on_state, NULL, NULL, NULL, &a};
+    sf_observer observer = {.size = sizeof(sf_observer), .on_state = on_state, .userdata = &a};
     sf_subscribe_session_state(a.runtime, &observer, &a.subscription);
 
     uv_run(&a.loop, UV_RUN_DEFAULT); /* returns once the runtime and the heartbeat are gone */

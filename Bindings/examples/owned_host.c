@@ -85,8 +85,8 @@ int main(void) {
         return 1;
     }
 
-    sf_observer observer = {on_state, NULL, NULL, on_release, "state observer"};
-    sf_event_observer events = {on_event, NULL, NULL, on_release, "event observer"};
+    sf_observer observer = {.size = sizeof(sf_observer), .on_state = on_state, .release = on_release, .userdata = "state observer"};
+    sf_event_observer events = {.size = sizeof(sf_event_observer), .on_event = on_event, .release = on_release, .userdata = "event observer"};
     sf_subscription state_subscription = 0, event_subscription = 0;
     sf_subscribe_session_state(runtime, &observer, &state_subscription);
     sf_subscribe_events(runtime, &events, &event_subscription);

@@ -107,7 +107,11 @@ const char *sf_err_name(int code);
 typedef struct sf_runtime sf_runtime;
 
 /* A subscription handle. 0 is "none"; handles are never reused within a process, so a
- * closed or unknown handle yields SF_ECLOSED, never a crash. */
+ * closed or unknown handle yields SF_ECLOSED, never a crash.
+ * Every handle (runtime, refresh request, subscription, sign-in) is a number from one
+ * process-wide counter carrying its kind in its low 3 bits: no two handles are equal, and a
+ * handle of one kind given where another kind is expected finds nothing (SF_ECLOSED, as an
+ * unknown one), never the object of another kind. */
 typedef uint64_t sf_subscription;
 
 /* A refresh the host performs (see sf_options.refresh). Opaque. */
@@ -122,8 +126,14 @@ typedef enum sf_session_state {
     SF_SESSION_EXPIRED = 2
 } sf_session_state;
 
-/* Observer of the session state. Any callback may be NULL. */
+/* Observer of the session state. Any callback may be NULL, but not all of them (SF_EINVAL: a
+ * subscription that can call nothing would only leak). `size` first, as in every struct a
+ * host passes in: only sizes of released layouts are accepted (SF_EINVAL otherwise), so a
+ * host built against another header is refused, never read half-way through a pointer.
+ * Initialize with a designated initializer:
+ *     sf_observer observer = {.size = sizeof(sf_observer), .on_state = on_state, .userdata = p}; */
 typedef struct sf_observer {
+    size_t size; /* set to sizeof(sf_observer); any other value is SF_EINVAL */
     void (*on_state)(sf_session_state state, void *userdata);
     void (*on_error)(int code, const char *message, void *userdata);
     void (*on_complete)(void *userdata);
@@ -158,6 +168,7 @@ typedef struct sf_event {
 
 /* Observer of session events. Any callback may be NULL. */
 typedef struct sf_event_observer {
+    size_t size; /* set to sizeof(sf_event_observer); any other value is SF_EINVAL */
     void (*on_event)(const sf_event *event, void *userdata);
     void (*on_error)(int code, const char *message, void *userdata);
     void (*on_complete)(void *userdata);
@@ -182,6 +193,7 @@ typedef enum sf_store_status {
 /* Observer of the store status. Any callback may be NULL. `reason` (borrowed for the call)
  * is "" unless the status is SF_STORE_UNAVAILABLE; it names paths and causes, never a token. */
 typedef struct sf_store_observer {
+    size_t size; /* set to sizeof(sf_store_observer); any other value is SF_EINVAL */
     void (*on_status)(sf_store_status status, const char *reason, void *userdata);
     void (*on_error)(int code, const char *message, void *userdata);
     void (*on_complete)(void *userdata);

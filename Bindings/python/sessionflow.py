@@ -62,6 +62,7 @@ _STORE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_
 
 class _Observer(ctypes.Structure):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("on_state", _STATE_FN),
         ("on_error", _ERROR_FN),
         ("on_complete", _VOID_FN),
@@ -89,6 +90,7 @@ _EVENT_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Event), ctypes.c_void_p)
 
 class _EventObserver(ctypes.Structure):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("on_event", _EVENT_FN),
         ("on_error", _ERROR_FN),
         ("on_complete", _VOID_FN),
@@ -176,6 +178,7 @@ class _SignInObserver(ctypes.Structure):
 
 class _StoreObserver(ctypes.Structure):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("on_status", _STORE_FN),
         ("on_error", _ERROR_FN),
         ("on_complete", _VOID_FN),
@@ -500,7 +503,7 @@ class Runtime:
 
         callbacks = (_STATE_FN(state_cb), _ERROR_FN(error_cb), _VOID_FN(complete_cb), _VOID_FN(release_cb))
         key = _keep(callbacks)
-        observer = _Observer(*callbacks, None)
+        observer = _Observer(ctypes.sizeof(_Observer), *callbacks, None)
         handle = ctypes.c_uint64()
         code = _subscribe_state(self._pointer, ctypes.byref(observer), ctypes.byref(handle))
         if code < 0:
@@ -528,7 +531,7 @@ class Runtime:
 
         callbacks = (_EVENT_FN(event_cb), _ERROR_FN(error_cb), _VOID_FN(complete_cb), _VOID_FN(release_cb))
         key = _keep(callbacks)
-        observer = _EventObserver(*callbacks, None)
+        observer = _EventObserver(ctypes.sizeof(_EventObserver), *callbacks, None)
         handle = ctypes.c_uint64()
         code = _subscribe_events(self._pointer, ctypes.byref(observer), ctypes.byref(handle))
         if code < 0:
@@ -566,7 +569,7 @@ class Runtime:
 
         callbacks = (_STORE_FN(status_cb), _ERROR_FN(error_cb), _VOID_FN(complete_cb), _VOID_FN(release_cb))
         key = _keep(callbacks)
-        observer = _StoreObserver(*callbacks, None)
+        observer = _StoreObserver(ctypes.sizeof(_StoreObserver), *callbacks, None)
         handle = ctypes.c_uint64()
         code = _subscribe_store_status(self._pointer, ctypes.byref(observer), ctypes.byref(handle))
         if code < 0:

@@ -63,6 +63,7 @@ void recorder_init(recorder *r) {
 sf_observer recorder_observer(recorder *r) {
     sf_observer observer;
     memset(&observer, 0, sizeof observer);
+    observer.size = sizeof observer;
     observer.on_state = on_state;
     observer.on_error = on_error;
     observer.on_complete = on_complete;

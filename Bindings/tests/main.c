@@ -48,6 +48,9 @@
     XX(limits_destroy_with_a_full_queue_answers_everyone_and_returns) \
     XX(limits_no_waiter_gets_a_token_after_a_logout)                 \
     XX(memory_no_token_or_key_is_left_after_logout_and_destroy)      \
+    XX(abi_struct_sizes_of_released_layouts_only)                    \
+    XX(abi_an_observer_without_any_callback_is_refused)              \
+    XX(abi_handles_of_one_kind_are_never_taken_for_another)          \
     XX(secrets_never_reach_a_host_or_the_logs)                       \
     XX(accounts_listed_switched_and_signed_out_one_by_one)          \
     XX(accounts_restart_restores_the_active_one_and_lists_the_others) \

@@ -209,7 +209,7 @@ void test_refresher_absurd_retry_after_is_capped(void) {
     sf_runtime *runtime = runtime_with(&host);
     retries r;
     memset(&r, 0, sizeof r);
-    sf_event_observer observer = {.on_event = on_retry_event, .userdata = &r};
+    sf_event_observer observer = {.size = sizeof(sf_event_observer), .on_event = on_retry_event, .userdata = &r};
     sf_subscription subscription = 0;
     CHECK_CODE(sf_subscribe_events(runtime, &observer, &subscription), SF_OK);
     sf_tokens tokens = test_tokens("access-1", "refresh-1", 0, NULL);

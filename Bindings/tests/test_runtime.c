@@ -49,6 +49,7 @@ void test_runtime_destroy_from_its_loop_thread_is_ebusy(void) {
     atomic_int result = 0;
     sf_observer observer;
     memset(&observer, 0, sizeof observer);
+    observer.size = sizeof observer;
     observer.on_state = destroy_from_callback;
     observer.userdata = &result;
     sf_subscription subscription = 0;
@@ -98,9 +99,10 @@ void test_runtime_options_are_validated(void) {
     options.size = 0;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_EINVAL);
     CHECK(runtime == NULL);
-    /* An older, shorter struct: the missing fields take their defaults. */
+    /* An older, shorter struct (the first released layout, which ended before
+     * min_refresh_interval_ms): the missing fields take their defaults. */
     sf_options_init(&options);
-    options.size = sizeof(size_t) + sizeof(int64_t);
+    options.size = offsetof(sf_options, min_refresh_interval_ms);
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }

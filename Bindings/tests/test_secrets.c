@@ -98,7 +98,7 @@ void test_secrets_never_reach_a_host_or_the_logs(void) {
     options.min_refresh_interval_ms = 10;
     sf_runtime *runtime = NULL;
     int created = sf_runtime_create(&options, &runtime);
-    sf_event_observer events = {.on_event = on_event, .on_error = on_error, .userdata = &s};
+    sf_event_observer events = {.size = sizeof(sf_event_observer), .on_event = on_event, .on_error = on_error, .userdata = &s};
     sf_subscription subscription = 0;
     int subscribed = sf_subscribe_events(runtime, &events, &subscription);
 

@@ -123,6 +123,7 @@ void test_store_status_tells_an_unreadable_store_from_no_session(void) {
     atomic_store(&log.last, -1);
     sf_store_observer observer;
     memset(&observer, 0, sizeof observer);
+    observer.size = sizeof observer;
     observer.on_status = log_status;
     observer.on_complete = log_complete;
     observer.release = log_release;

@@ -42,6 +42,7 @@ void test_subscribe_bad_input_takes_no_ownership(void) {
     CHECK_CODE(sf_subscribe_session_state(NULL, &observer, &subscription), SF_EINVAL);
     sf_event_observer events;
     memset(&events, 0, sizeof events);
+    events.size = sizeof events;
     CHECK_CODE(sf_subscribe_events(runtime, NULL, &subscription), SF_EINVAL);
     CHECK_CODE(sf_subscribe_events(NULL, &events, &subscription), SF_EINVAL);
     CHECK_EQ_INT(subscription, 0);
@@ -113,6 +114,7 @@ void test_close_from_inside_its_own_callback(void) {
     memset(&s, 0, sizeof s);
     sf_observer observer;
     memset(&observer, 0, sizeof observer);
+    observer.size = sizeof observer;
     observer.on_state = close_self;
     observer.release = count_release;
     observer.userdata = &s;
@@ -155,6 +157,7 @@ void test_close_from_another_thread_waits_for_the_running_callback(void) {
     memset(&s, 0, sizeof s);
     sf_observer observer;
     memset(&observer, 0, sizeof observer);
+    observer.size = sizeof observer;
     observer.on_state = slow_state;
     observer.release = slow_release;
     observer.userdata = &s;
@@ -227,6 +230,7 @@ static event_log *subscribe_event_log(sf_runtime *runtime, sf_subscription *subs
     event_log *log = calloc(1, sizeof *log);
     sf_event_observer observer;
     memset(&observer, 0, sizeof observer);
+    observer.size = sizeof observer;
     observer.on_event = log_event;
     observer.release = log_release;
     observer.userdata = log;

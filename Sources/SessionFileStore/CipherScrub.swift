@@ -15,12 +15,20 @@ func withCipherStateScrubbed<T, E: Error>(_ body: () throws(E) -> T) throws(E) -
     return try body()
 }
 
-/// The object is 16 bytes of Swift header and a ~584-byte `EVP_AEAD_CTX`: the size classes
-/// from 512 to 768 bytes cover it with room for other layouts.
+/// The object is 16 bytes of Swift header and a ~600-byte `EVP_AEAD_CTX`: the size classes
+/// from 512 to 768 bytes cover it with room for other layouts. Sixteen blocks of each are
+/// taken before any is given back (the per-thread cache holds seven of a class; blocks
+/// freed after the cipher's, of the same class, would otherwise come out first).
 private func scrubRecentlyFreedBlocks() {
+    let perClass = 16
+    var blocks: [UnsafeMutableRawPointer] = []
+    blocks.reserveCapacity(17 * perClass)
     for size in stride(from: 512, through: 768, by: 16) {
-        guard let block = malloc(size) else { continue }
-        explicit_bzero(block, size)
-        free(block)
+        for _ in 0..<perClass {
+            guard let block = malloc(size) else { continue }
+            explicit_bzero(block, size)
+            blocks.append(block)
+        }
     }
+    for block in blocks { free(block) }
 }

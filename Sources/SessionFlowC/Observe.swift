@@ -4,7 +4,7 @@ import SessionCore
 
 /// Open subscriptions by handle (the subscription's own process-unique id). An entry goes
 /// when the host closes it or when its `release` runs, whichever comes first.
-let subscriptions = HandleTable<FlowSubscription>()
+let subscriptions = HandleTable<FlowSubscription>(.subscription)
 
 extension SessionState {
     var c: sf_session_state {
@@ -117,6 +117,12 @@ public func sf_subscribe_store_status(
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
+    let o = observer.pointee
+    guard usableObserver(
+        "sf_subscribe_store_status", "sf_store_observer", size: o.size, expected: MemoryLayout<sf_store_observer>.size,
+        callbacks: [unsafeBitCast(o.on_status, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
+                    unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
+    else { return SF_EINVAL.code }
     let function = rawFunction(observer.pointee.on_status)
     let userdata = observer.pointee.userdata
     let terminal = TerminalCallbacks(
@@ -139,9 +145,10 @@ public func sf_subscribe_store_status(
     }
 }
 
-/// Subscribes through `subscribe` and publishes the handle. The table entry goes when
-/// `release` runs — which, at a teardown racing this call, can be before the entry is
-/// made; the shared record settles who removes it.
+/// Subscribes through `subscribe` and publishes the handle (a tagged handle of the
+/// process-wide counter, mapped to the subscription). The table entry goes when `release`
+/// runs — which, at a teardown racing this call, can be before the entry is made; the
+/// shared record settles who removes it.
 private func register(
     _ out: UnsafeMutablePointer<sf_subscription>,
     _ subscribe: (_ onRelease: @escaping @Sendable () -> Void) throws(LoopFlowError) -> FlowSubscription
@@ -159,14 +166,32 @@ private func register(
     } catch {
         return SF_ESHUTDOWN.code
     }
-    subscriptions.insert(subscription, as: subscription.id)
+    let handle = subscriptions.insert(subscription)
     let releasedAlready = record.withLockedValue { record in
-        record.id = subscription.id
+        record.id = handle
         return record.released
     }
-    if releasedAlready { _ = subscriptions.remove(subscription.id) }
-    out.pointee = subscription.id
+    if releasedAlready { _ = subscriptions.remove(handle) }
+    out.pointee = handle
     return SF_OK.code
+}
+
+/// Whether an observer the host passed is usable: its `size` that of the released layout
+/// (the observers gained `size` in 0.x; one layout since), and at least one callback set —
+/// a subscription that can call nothing, release nothing, would only leak. Logs why not.
+private func usableObserver(
+    _ name: String, _ structName: String, size: Int, expected: Int, callbacks: [UnsafeRawPointer?]
+) -> Bool {
+    guard acceptedSize(size, [expected]) else {
+        makeLogger().error(
+            "\(name): SF_EINVAL: \(structName).size is \(size), not \(expected) (set it to sizeof(\(structName)))")
+        return false
+    }
+    guard callbacks.contains(where: { $0 != nil }) else {
+        makeLogger().error("\(name): SF_EINVAL: \(structName) has no callback at all (the subscription could only leak)")
+        return false
+    }
+    return true
 }
 
 @c @implementation
@@ -174,6 +199,12 @@ public func sf_subscribe_session_state(
     _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_observer>!, _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
+    let o = observer.pointee
+    guard usableObserver(
+        "sf_subscribe_session_state", "sf_observer", size: o.size, expected: MemoryLayout<sf_observer>.size,
+        callbacks: [unsafeBitCast(o.on_state, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
+                    unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
+    else { return SF_EINVAL.code }
     let function = rawFunction(observer.pointee.on_state)
     let userdata = observer.pointee.userdata
     let terminal = TerminalCallbacks(
@@ -202,6 +233,12 @@ public func sf_subscribe_events(
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
+    let o = observer.pointee
+    guard usableObserver(
+        "sf_subscribe_events", "sf_event_observer", size: o.size, expected: MemoryLayout<sf_event_observer>.size,
+        callbacks: [unsafeBitCast(o.on_event, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
+                    unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
+    else { return SF_EINVAL.code }
     let function = rawFunction(observer.pointee.on_event)
     let userdata = observer.pointee.userdata
     let terminal = TerminalCallbacks(
@@ -226,6 +263,7 @@ public func sf_subscribe_events(
 
 @c @implementation
 public func sf_subscription_close(_ subscription: sf_subscription) -> Int32 {
+    // A handle of another kind (a runtime's, a sign-in's) finds nothing, like an unknown one.
     guard subscription != 0, let open = subscriptions.remove(subscription) else { return SF_ECLOSED.code }
     return open.close() ? SF_OK.code : SF_ECLOSED.code
 }

@@ -14,7 +14,7 @@ final class RefreshRequest: Sendable {
     }
 }
 
-let refreshRequests = HandleTable<RefreshRequest>()
+let refreshRequests = HandleTable<RefreshRequest>(.refreshRequest)
 
 /// The host-supplied refresher of `sf_options.refresh`, as a `SessionAuthority`.
 ///
@@ -82,9 +82,10 @@ struct RefreshRelease: @unchecked Sendable {
 func readTokens(_ tokens: UnsafePointer<sf_tokens>?) -> sf_tokens? {
     guard let tokens else { return nil }
     let declared = tokens.pointee.size
-    guard declared >= MemoryLayout<sf_tokens>.offset(of: \.member_id)! else { return nil }
+    // One released layout so far.
+    guard acceptedSize(declared, [MemoryLayout<sf_tokens>.size]) else { return nil }
     var result = sf_tokens()
-    let count = min(declared, MemoryLayout<sf_tokens>.size)
+    let count = declared
     withUnsafeMutableBytes(of: &result) { target in
         target.copyMemory(from: UnsafeRawBufferPointer(start: tokens, count: count))
     }

@@ -48,13 +48,15 @@ final class Runtime: Sendable {
     }
 }
 
-let runtimes = HandleTable<Runtime>()
+let runtimes = HandleTable<Runtime>(.runtime)
 
 /// The one place a C `sf_runtime *` is resolved: runs `body` with the runtime behind
 /// `pointer` and returns its result (a thrown session error as its C code). NULL is
 /// SF_EINVAL; an unknown or destroyed runtime is SF_ECLOSED (`body` then never runs).
 func withRuntime(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Int32) -> Int32 {
     guard let id = handle(of: pointer) else { return SF_EINVAL.code }
+    // A handle of another kind (a refresh request's, a subscription's) finds nothing, like
+    // an unknown one.
     guard let runtime = runtimes.lookup(id) else { return SF_ECLOSED.code }
     do {
         return try body(runtime)
@@ -75,15 +77,29 @@ func makeLogger() -> Logger {
     return logger
 }
 
+/// The sizes of `sf_options` in the released headers, oldest first: each field group added
+/// since (min_refresh_interval_ms; the built-in OAuth client and the store; refresh_release;
+/// start_manually; refresh_cancel; the store key; issuer) ends one.
+let releasedOptionsSizes: [Int] = [
+    MemoryLayout<sf_options>.offset(of: \.min_refresh_interval_ms)!,
+    MemoryLayout<sf_options>.offset(of: \.token_endpoint)!,
+    MemoryLayout<sf_options>.offset(of: \.refresh_release)!,
+    MemoryLayout<sf_options>.offset(of: \.start_manually)!,
+    MemoryLayout<sf_options>.offset(of: \.refresh_cancel)!,
+    MemoryLayout<sf_options>.offset(of: \.store_key)!,
+    MemoryLayout<sf_options>.offset(of: \.issuer)!,
+    MemoryLayout<sf_options>.size,
+]
+
 /// The options the host gave, read up to the size it declared (older hosts pass a
-/// shorter struct), over the defaults.
+/// shorter struct: one of `releasedOptionsSizes`, anything else is nil), over the defaults.
 func readOptions(_ options: UnsafePointer<sf_options>?) -> sf_options? {
     var result = sf_options()
     sf_options_init(&result)
     guard let options else { return result }
     let declared = options.pointee.size
-    guard declared >= MemoryLayout<Int>.size else { return nil }
-    let count = min(declared, MemoryLayout<sf_options>.size)
+    guard acceptedSize(declared, releasedOptionsSizes) else { return nil }
+    let count = declared
     withUnsafeMutableBytes(of: &result) { target in
         target.copyMemory(from: UnsafeRawBufferPointer(start: options, count: count))
     }
@@ -295,9 +311,13 @@ private func create(
     _ options: UnsafePointer<sf_options>?, _ out: UnsafeMutablePointer<OpaquePointer?>?, borrowed: Bool,
     makeLoop: () throws(LoopFlowError) -> EventLoop
 ) -> Int32 {
-    guard let out, let options = readOptions(options), optionsAreUsable(options) else {
+    guard let out else { return SF_EINVAL.code }
+    guard let options = readOptions(options) else {
+        makeLogger().error(
+            "sf_runtime_create: SF_EINVAL: sf_options.size is not the size of a released sf_options (use sf_options_init)")
         return SF_EINVAL.code
     }
+    guard optionsAreUsable(options) else { return SF_EINVAL.code }
     let loop: EventLoop
     do {
         loop = try makeLoop()

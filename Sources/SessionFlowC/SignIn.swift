@@ -10,7 +10,7 @@ import SessionOAuth
 
 /// Running sign-ins by handle. An entry goes when its on_done is called (or the runtime's
 /// teardown ends it); a handle is never reused.
-let signIns = HandleTable<SignInRecord>()
+let signIns = HandleTable<SignInRecord>(.signIn)
 
 /// What a runtime's sf_options say about sign-in flows: the client, and the endpoints when
 /// a token endpoint is named (whether or not the host refreshes itself).
@@ -312,8 +312,9 @@ func readSignInOptions(_ options: UnsafePointer<sf_sign_in_options>?) -> sf_sign
     sf_sign_in_options_init(&result)
     guard let options else { return result }
     let declared = options.pointee.size
-    guard declared >= MemoryLayout<Int>.size else { return nil }
-    let count = min(declared, MemoryLayout<sf_sign_in_options>.size)
+    // One released layout so far.
+    guard acceptedSize(declared, [MemoryLayout<sf_sign_in_options>.size]) else { return nil }
+    let count = declared
     withUnsafeMutableBytes(of: &result) { target in
         target.copyMemory(from: UnsafeRawBufferPointer(start: options, count: count))
     }
@@ -427,7 +428,7 @@ private func startSignIn(
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
     guard let options = readSignInOptions(options) else {
-        makeLogger().error("\(name): SF_EINVAL: sf_sign_in_options.size is too small (use sf_sign_in_options_init)")
+        makeLogger().error("\(name): SF_EINVAL: sf_sign_in_options.size is not the size of a released sf_sign_in_options (use sf_sign_in_options_init)")
         return SF_EINVAL.code
     }
     let callbacks = SignInCallbacks(observer: observer.pointee)

@@ -100,7 +100,7 @@ int bl_sessionflow_fanout(const char *path, int subscribers, int updates, double
     int opened = 0;
     for (; opened < subscribers; opened++) {
         slots[opened] = (fanout_slot){.shared = &shared, .index = opened};
-        sf_observer observer = {.on_state = on_state, .userdata = &slots[opened]};
+        sf_observer observer = {.size = sizeof(sf_observer), .on_state = on_state, .userdata = &slots[opened]};
         rc = api.subscribe_session_state(runtime, &observer, &handles[opened]);
         if (rc != SF_OK) {
             result = fail(error, error_length, "sf_subscribe_session_state", rc);
