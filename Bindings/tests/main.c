@@ -51,6 +51,7 @@
     XX(abi_struct_sizes_of_released_layouts_only)                    \
     XX(abi_an_observer_without_any_callback_is_refused)              \
     XX(abi_handles_of_one_kind_are_never_taken_for_another)          \
+    XX(abi_a_late_refresh_answer_after_logout_is_eclosed)            \
     XX(secrets_never_reach_a_host_or_the_logs)                       \
     XX(accounts_listed_switched_and_signed_out_one_by_one)          \
     XX(accounts_restart_restores_the_active_one_and_lists_the_others) \

@@ -166,3 +166,39 @@ void test_abi_handles_of_one_kind_are_never_taken_for_another(void) {
     CHECK_CODE(sf_subscription_close(subscription), SF_OK);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
+
+void test_abi_a_late_refresh_answer_after_logout_is_eclosed(void) {
+    for (int fail = 0; fail <= 1; fail++) {
+        held h;
+        memset(&h, 0, sizeof h);
+        sf_options options;
+        sf_options_init(&options);
+        options.refresh = hold_request;
+        options.refresh_userdata = &h;
+        options.refresh_timeout_ms = 60000;
+        sf_runtime *runtime = NULL;
+        CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+        sf_tokens tokens = test_tokens("a-1", "r-1", 0, "m");
+        CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+        atomic_int answers = 0;
+        CHECK_CODE(sf_session_fresh_token(runtime, ignore_token, &answers), SF_OK);
+        WAIT_FOR(atomic_load(&h.request) != 0);
+        sf_refresh_request *request = (sf_refresh_request *)atomic_load(&h.request);
+        /* The user logs out while the host's refresh is under way; its answer comes after. */
+        CHECK_CODE(sf_session_logout(runtime), SF_OK);
+        sf_tokens rotated = test_tokens("a-2", "r-2", 3600, NULL);
+        if (fail) {
+            CHECK_CODE(sf_refresh_request_fail(request, SF_ENETWORK, -1), SF_ECLOSED);
+        } else {
+            CHECK_CODE(sf_refresh_request_succeed(request, &rotated), SF_ECLOSED);
+        }
+        /* Said so, and nothing of it used: still signed out, the answer not repeatable. */
+        CHECK_CODE(sf_refresh_request_succeed(request, &rotated), SF_ECLOSED);
+        sf_test_sleep_ms(20);
+        CHECK_EQ_INT(sf_session_is_logged_in(runtime), 0);
+        sf_session_state state = SF_LOGGED_IN;
+        CHECK_CODE(sf_session_state_get(runtime, &state), SF_OK);
+        CHECK_EQ_INT(state, SF_LOGGED_OUT);
+        CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+    }
+}

@@ -15,15 +15,20 @@ func withCipherStateScrubbed<T, E: Error>(_ body: () throws(E) -> T) throws(E) -
     return try body()
 }
 
-/// The object is 16 bytes of Swift header and a ~600-byte `EVP_AEAD_CTX`: the size classes
-/// from 512 to 768 bytes cover it with room for other layouts. Sixteen blocks of each are
-/// taken before any is given back (the per-thread cache holds seven of a class; blocks
-/// freed after the cipher's, of the same class, would otherwise come out first).
+/// The same holds for a key's id (`StoreKeyID.of`): SHA-256 over a label and the key keeps
+/// both in its context's partial-block buffer, and swift-crypto's `finalize()` frees copies
+/// of that context uncleansed.
+///
+/// The cipher object is 16 bytes of Swift header and a ~600-byte `EVP_AEAD_CTX`, the digest
+/// object 16 and a 112-byte `SHA256_CTX`: the size classes from 96 to 256 and from 512 to
+/// 768 bytes cover both with room for other layouts. Sixteen blocks of each are taken before
+/// any is given back (the per-thread cache holds seven of a class; blocks freed after the
+/// cipher's, of the same class, would otherwise come out first).
 private func scrubRecentlyFreedBlocks() {
     let perClass = 16
     var blocks: [UnsafeMutableRawPointer] = []
-    blocks.reserveCapacity(17 * perClass)
-    for size in stride(from: 512, through: 768, by: 16) {
+    blocks.reserveCapacity(28 * perClass)
+    for size in Array(stride(from: 96, through: 256, by: 16)) + Array(stride(from: 512, through: 768, by: 16)) {
         for _ in 0..<perClass {
             guard let block = malloc(size) else { continue }
             explicit_bzero(block, size)

@@ -85,10 +85,12 @@ import Glibc
 /// check value: it tells keys apart, and reveals nothing usable about the key).
 @_spi(Fuzzing) public enum StoreKeyID {
     public static func of(_ key: SymmetricKey) -> [UInt8] {
-        var hash = SHA256()
-        hash.update(data: Array("SessionFlow store key id".utf8))
-        key.withUnsafeBytes { hash.update(bufferPointer: $0) }
-        return Array(hash.finalize().prefix(8))
+        withCipherStateScrubbed {
+            var hash = SHA256()
+            hash.update(data: Array("SessionFlow store key id".utf8))
+            key.withUnsafeBytes { hash.update(bufferPointer: $0) }
+            return Array(hash.finalize().prefix(8))
+        }
     }
 
     static func hex(_ id: [UInt8]) -> String {

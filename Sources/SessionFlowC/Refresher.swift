@@ -102,6 +102,11 @@ public func sf_refresh_request_succeed(_ request: OpaquePointer!, _ tokens: Unsa
     guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
     guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
     guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
+    guard !open.completion.isAbandoned else {
+        // The session that asked has ended (logout, a new sign-in): the tokens are not used.
+        open.completion.fail(.cancelled)
+        return SF_ECLOSED.code
+    }
     open.completion.succeed(TokenGrant(
         accessToken: secret(tokens.access_token),
         refreshToken: tokens.refresh_token.map(secret),
@@ -127,6 +132,10 @@ public func sf_refresh_request_fail(_ request: OpaquePointer!, _ code: Int32, _ 
         return SF_EINVAL.code
     }
     guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
+    guard !open.completion.isAbandoned else {
+        open.completion.fail(.cancelled)
+        return SF_ECLOSED.code
+    }
     open.completion.fail(error)
     return SF_OK.code
 }

@@ -101,6 +101,7 @@ public struct RefreshRequest: Sendable, CustomStringConvertible {
 /// cannot be cancelled; its attempt is given up at the timeout as before.
 public final class AuthorityCompletion<Output: Sendable>: Sendable {
     private let completed = Atomic<Bool>(false)
+    private let abandoned = Atomic<Bool>(false)
     private let deliver: @Sendable (Result<Output, AuthorityError>, _ receivedAt: Duration) -> Void
     private let clock: @Sendable () -> Duration
     private let cancellation = LockedBox(Cancellation())
@@ -179,6 +180,19 @@ public final class AuthorityCompletion<Output: Sendable>: Sendable {
         handler()
         return true
     }
+
+    /// The session that asked has ended (logout, a new sign-in, another account): its answer
+    /// will be discarded, whatever it is. Asks for cancellation too.
+    @discardableResult
+    public func abandon() -> Bool {
+        abandoned.store(true, ordering: .releasing)
+        return requestCancellation()
+    }
+
+    /// Whether the session that asked has ended (`abandon`): an answer now is discarded — the
+    /// tokens of a late success are never used or stored. (A cancellation for a timeout is
+    /// not an abandonment: tokens that arrive after it are kept.)
+    public var isAbandoned: Bool { abandoned.load(ordering: .acquiring) }
 
     /// Whether the authority said how to cancel and has not answered yet.
     public var isCancellable: Bool {

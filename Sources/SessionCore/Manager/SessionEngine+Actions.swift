@@ -38,7 +38,12 @@ extension SessionEngine {
             case .cancelRequest(let identity):
                 if let call = requestInFlight, call.attempt == identity.id {
                     requestInFlight = nil
-                    call.completion.requestCancellation()
+                    if identity.generation != refresh.generation {
+                        // The session ended (its generation moved): the answer is discarded.
+                        call.completion.abandon()
+                    } else {
+                        call.completion.requestCancellation()
+                    }
                 }
             case .validate(let token, let generation):
                 authority.validate(
