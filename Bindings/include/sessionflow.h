@@ -226,7 +226,18 @@ typedef void (*sf_refresh_fn)(sf_refresh_request *request, const char *refresh_t
 
 typedef struct sf_options {
     size_t size;                 /* set by sf_options_init */
-    int64_t refresh_margin_ms;   /* refresh this long before expiry (default 300000) */
+    /* When a token is refreshed by itself. Its latest point is expiry − m, where m is
+     * min(refresh_margin_ms, half the token's lifetime) (default margin 300000: a 1-hour
+     * token's latest point is 55 min; a 5-minute token's, half-life). The refresh is due at a
+     * random point of a window that ends at that latest point and reaches back 46% of the
+     * time from the token's issue to it, at most one hour; the density falls linearly
+     * towards the earliest point (on average a third of the way back). So a 1-hour token is
+     * refreshed between 29.7 and 55 min after issue, on average at 46.6 min — never after the
+     * latest point, never before issue, and never sooner than min_refresh_interval_ms after
+     * the last refresh. A token request (sf_session_fresh_token) within m of expiry refreshes
+     * at once. 0 refreshes only at expiry (and on request). README "Fleet simulation" says
+     * why the jitter has this shape. */
+    int64_t refresh_margin_ms;
     int64_t refresh_timeout_ms;  /* an unanswered refresh fails after this (default 30000) */
     int64_t min_backoff_ms;      /* first retry delay after a transient failure (default 1000) */
     int64_t max_backoff_ms;      /* cap of the doubling retry delay (default 30000) */
@@ -656,15 +667,17 @@ int sf_sign_in_cancel(sf_sign_in sign_in);
 /* ---- Host-supplied refresher ---------------------------------------------------- */
 
 /* Completes `request` with new tokens (refresh_token / member_id NULL: keep the old).
- * Returns SF_OK, SF_EINVAL (NULL or blank access token; the request stays open),
- * SF_ECLOSED (unknown or already completed request). Any thread. */
+ * Returns SF_OK, SF_EINVAL (NULL or blank access token, a `size` that is not
+ * sizeof(sf_tokens); the request stays open), SF_ECLOSED (unknown or already completed
+ * request, or a request of a session that has ended since it was asked — logout, a new
+ * sign-in: the tokens are then discarded, never used or stored). Any thread. */
 int sf_refresh_request_succeed(sf_refresh_request *request, const sf_tokens *tokens);
 
 /* Completes `request` with a failure: SF_EAUTH (terminal: the session expires),
  * SF_ENETWORK (transient: retried after max(backoff, retry_after_ms), retry_after_ms
  * honoured up to one hour; retry_after_ms < 0 for none), SF_ECONFIG (never retried
  * automatically). Returns SF_OK, SF_EINVAL (another code; the request stays open),
- * SF_ECLOSED. Any thread. */
+ * SF_ECLOSED (as for sf_refresh_request_succeed). Any thread. */
 int sf_refresh_request_fail(sf_refresh_request *request, int code, int64_t retry_after_ms);
 
 #ifdef __cplusplus
