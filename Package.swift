@@ -104,7 +104,7 @@ let package = Package(
         .executableTarget(
             name: "WatchSession",
             dependencies: [
-                "LoopFlow", "SessionCore", "SessionFileStore", "SessionOAuth",
+                "CLibUV", "LoopFlow", "SessionCore", "SessionFileStore", "SessionOAuth",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -2,6 +2,7 @@
 #define SESSIONFLOW_CLIBUV_SHIM_H
 #include <uv.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 
 /* glibc declares this only under _GNU_SOURCE, which a module map cannot set. */
 extern int pthread_setname_np(pthread_t thread, const char *name);
@@ -9,4 +10,10 @@ extern int pthread_setname_np(pthread_t thread, const char *name);
 /* A read prefetch hint (Swift has none): a flow's walk asks for the callback context of a
    subscriber a few records ahead while it calls the current one. */
 static inline void sf_prefetch(const void *address) { __builtin_prefetch(address, 0, 3); }
+
+/* prctl(2) is variadic, which Swift cannot call: the two calls a process that holds tokens
+   makes. PR_SET_DUMPABLE 0: no core dump, and no other process of the user (a debugger,
+   a crash reporter) may read its memory. */
+static inline int sf_set_not_dumpable(void) { return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); }
+static inline int sf_is_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0); }
 #endif

@@ -36,11 +36,29 @@ final class Presenter: @unchecked Sendable {
         return formatter
     }()
 
-    private func paint(_ text: String, _ code: String) -> String {
-        colour ? "\u{1B}[\(code)m\(text)\u{1B}[0m" : text
+    /// A part of a line: text, or text in a colour. Both are escaped (`Terminal.escape`)
+    /// when the line is written; the colour's own escape sequences are added after.
+    enum Segment {
+        case plain(String)
+        case styled(String, String)
     }
 
-    private func write(_ line: String) {
+    private func render(_ segments: [Segment]) -> String {
+        segments.map { segment in
+            switch segment {
+            case .plain(let text): Terminal.escape(text)
+            case .styled(let text, let code):
+                colour ? "\u{1B}[\(code)m\(Terminal.escape(text))\u{1B}[0m" : Terminal.escape(text)
+            }
+        }.joined()
+    }
+
+    /// The one way a line reaches standard output: escaped, whatever it holds.
+    private func write(_ segments: Segment...) {
+        write(rendered: render(segments))
+    }
+
+    private func write(rendered line: String) {
         lock.withLock {
             var out = ""
             if statusShown { out += "\r\u{1B}[2K" }
@@ -50,13 +68,20 @@ final class Presenter: @unchecked Sendable {
         }
     }
 
+    /// The status line, drawn in place (terminal only): escaped like every line.
+    private func drawStatus(_ text: String) {
+        FileHandle.standardOutput.write(Data("\r\u{1B}[2K  \(render([.styled(text, "2")]))".utf8))
+    }
+
     private func emitJSON(_ fields: [String: Any]) {
         var object = fields
         object["time"] = ISO8601DateFormatter().string(from: Date())
         if let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) {
-            write(String(decoding: data, as: UTF8.self))
+            write(rendered: Terminal.escapeJSON(String(decoding: data, as: UTF8.self)))
         }
     }
+
+    private var now: Segment { .plain("\(Self.clock.string(from: Date()))  ") }
 
     func state(_ state: SessionState) {
         if json {
@@ -68,7 +93,7 @@ final class Presenter: @unchecked Sendable {
         case .loggedOut: "1;33"
         case .sessionExpired: "1;31"
         }
-        write("\(Self.clock.string(from: Date()))  \(paint("STATE → \(state.rawValue)", code))")
+        write(now, .styled("STATE → \(state.rawValue)", code))
     }
 
     /// The store status, shown next to the state: `loggedOut` with the store `available` is
@@ -87,7 +112,7 @@ final class Presenter: @unchecked Sendable {
         }
         let code = if case .unavailable = status { "1;31" } else { "2" }
         let text = reason.map { "STORE → \(name): \($0) (the stored session is not known until it can be read)" } ?? "STORE → \(name)"
-        write("\(Self.clock.string(from: Date()))  \(paint(text, code))")
+        write(now, .styled(text, code))
     }
 
     func event(_ event: SessionEvent) {
@@ -109,7 +134,7 @@ final class Presenter: @unchecked Sendable {
             emitJSON(fields)
             return
         }
-        write("\(Self.clock.string(from: Date()))  \(Self.describe(event))")
+        write(now, .plain(Self.describe(event)))
     }
 
     /// The accounts of the store (several accounts): keys, states, the active one.
@@ -124,22 +149,21 @@ final class Presenter: @unchecked Sendable {
             ? "none"
             : accounts.map { "\(Self.printable($0.key)) (\($0.isActive ? "active, " : "")\($0.state.rawValue))" }
                 .joined(separator: " · ")
-        write("\(Self.clock.string(from: Date()))  \(paint("ACCOUNTS \(list)", "1;36"))")
+        write(now, .styled("ACCOUNTS \(list)", "1;36"))
     }
 
-    /// `text` with every control character (escape sequences included) shown as `?`: names from
-    /// a store or a server never drive the terminal.
+    /// `text` with every control and formatting character shown as its escape
+    /// (`Terminal.escape`). Every line is escaped when written anyway; this is for text built
+    /// into other text first (JSON fields, messages).
     static func printable(_ text: String) -> String {
-        String(String.UnicodeScalarView(text.unicodeScalars.map { scalar in
-            scalar.properties.generalCategory == .control || scalar.properties.generalCategory == .format ? "?" : scalar
-        }))
+        Terminal.escape(text)
     }
 
     func note(_ text: String) {
         if json {
             emitJSON(["kind": "note", "text": text])
         } else {
-            write("\(Self.clock.string(from: Date()))  \(paint(text, "1"))")
+            write(now, .styled(text, "1"))
         }
     }
 
@@ -156,7 +180,7 @@ final class Presenter: @unchecked Sendable {
         guard !parts.isEmpty else { return }
         lock.withLock {
             statusShown = true
-            FileHandle.standardOutput.write(Data("\r\u{1B}[2K  \(paint(parts.joined(separator: " · "), "2"))".utf8))
+            drawStatus(parts.joined(separator: " · "))
         }
     }
 
@@ -179,10 +203,9 @@ final class Presenter: @unchecked Sendable {
             ])
             return
         }
-        var lines = ["To sign in, open \(uri) and enter \(paint(code, "1"))"]
-        if let complete { lines.append("or open \(complete) (the code is filled in)") }
-        lines.append("The code expires in \(Self.minutes(seconds)). Waiting for the approval… (Ctrl-C cancels)")
-        for line in lines { write(line) }
+        write(.plain("To sign in, open \(uri) and enter "), .styled(code, "1"))
+        if let complete { write(.plain("or open \(complete) (the code is filled in)")) }
+        write(.plain("The code expires in \(Self.minutes(seconds)). Waiting for the approval… (Ctrl-C cancels)"))
     }
 
     /// The browser flow's prompt: the authorization URL (alone at the end of its line), opened
@@ -198,11 +221,11 @@ final class Presenter: @unchecked Sendable {
             ])
             return
         }
-        write(opening
+        write(.plain(opening
             ? "Opening \(url) in your browser… If it does not open, visit the URL yourself."
-            : "To sign in, open this URL in your browser: \(url)")
-        write("Waiting for the browser to come back to \(Self.printable(prompt.redirectURI.absoluteString)) "
-            + "(for \(Self.minutes(seconds)); Ctrl-C cancels)")
+            : "To sign in, open this URL in your browser: \(url)"))
+        write(.plain("Waiting for the browser to come back to \(Self.printable(prompt.redirectURI.absoluteString)) "
+            + "(for \(Self.minutes(seconds)); Ctrl-C cancels)"))
     }
 
     /// The sign-in waiting for the user ended: the countdown goes; in JSON, the outcome.
@@ -243,12 +266,13 @@ final class Presenter: @unchecked Sendable {
                 if text != waiting.shown {
                     waiting.shown = text
                     statusShown = true
-                    FileHandle.standardOutput.write(Data("\r\u{1B}[2K  \(paint(text, "2"))".utf8))
+                    drawStatus(text)
                 }
             } else {
                 let step = (left + 29) / 30
                 if let last = waiting.step, step < last {
-                    FileHandle.standardOutput.write(Data("\(Self.clockTime())  \(waiting.label) \(Self.minutes(left))\n".utf8))
+                    FileHandle.standardOutput.write(Data(
+                        "\(Self.clockTime())  \(Terminal.escape(waiting.label)) \(Self.minutes(left))\n".utf8))
                 }
                 waiting.step = step
             }
@@ -272,27 +296,27 @@ final class Presenter: @unchecked Sendable {
         }
         guard outcome.failure == nil || outcome.wasSignedIn else { return }  // said on standard error
         guard outcome.wasSignedIn else {
-            write("nothing to sign out: the store holds no session")
+            write(.plain("nothing to sign out: the store holds no session"))
             return
         }
         let who = outcome.member.map { " \(Self.printable($0))" } ?? ""
         let state = outcome.previousState == .sessionExpired ? " (the session had expired)" : ""
-        write("signed out\(who)\(state): the session is wiped from the store")
+        write(.plain("signed out\(who)\(state): the session is wiped from the store"))
         switch outcome.revoked {
         case true?:
-            write("the refresh token was revoked at \(Self.printable(outcome.revocationEndpoint ?? "the server"))")
+            write(.plain("the refresh token was revoked at \(Self.printable(outcome.revocationEndpoint ?? "the server"))"))
         case false?:
             break  // the failure goes to standard error
         case nil:
             if outcome.previousState == .sessionExpired {
-                write("nothing to revoke: the server had refused the refresh token already")
+                write(.plain("nothing to revoke: the server had refused the refresh token already"))
             } else {
                 let why = outcome.issuerGiven ? "the issuer's metadata names no revocation_endpoint" : "no --issuer given"
-                write("not revoked at the server (\(why)): the refresh token stays valid there until it expires")
+                write(.plain("not revoked at the server (\(why)): the refresh token stays valid there until it expires"))
             }
         }
         if !outcome.remainingAccounts.isEmpty {
-            write("still signed in: \(outcome.remainingAccounts.map(Self.printable).joined(separator: ", "))")
+            write(.plain("still signed in: \(outcome.remainingAccounts.map(Self.printable).joined(separator: ", "))"))
         }
     }
 

@@ -190,7 +190,7 @@ struct Login: AsyncParsableCommand {
         case .interrupted:
             throw ExitCode(ExitCodes.interrupted)
         case .failed(let message, let code):
-            FileHandle.standardError.write(Data("watch-session: \(message)\n".utf8))
+            FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
             throw ExitCode(code)
         }
     }
@@ -244,7 +244,7 @@ struct Logout: AsyncParsableCommand {
         ).run()
         presenter.signOut(outcome)
         if let message = outcome.failure {
-            FileHandle.standardError.write(Data("watch-session: \(message)\n".utf8))
+            FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
         }
         if outcome.code != 0 { throw ExitCode(outcome.code) }
     }
@@ -484,7 +484,7 @@ struct StoreOptions: ParsableArguments {
         do {
             _ = try OAuthDiscovery.wellKnownLocations(url)
         } catch {
-            throw ValidationError("--issuer: \(error)")
+            throw ValidationError("--issuer: \(Terminal.escape("\(error)"))")
         }
         return url
     }

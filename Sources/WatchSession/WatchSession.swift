@@ -1,4 +1,5 @@
 import ArgumentParser
+import CLibUV
 import Foundation
 import LoopFlow
 import SessionCore
@@ -43,8 +44,10 @@ let helpText = """
     loggedOut with the store unavailable means "the stored session cannot be read yet", \
     not "signed out"; it is restored when the store can be read again.
 
-    Keys on a terminal: l logout, r refresh now, u simulate a 401, a next account, q quit \
-    (after login also: s sign in again). Ctrl-C exits (130).
+    Keys on a terminal, when watching a store or a server (--store, --token-endpoint, login): \
+    l logout, r refresh now, u simulate a 401, a next account, q quit (after login also: s \
+    sign in again); the demo plays by itself. Ctrl-C or SIGTERM exits (130) in every mode, \
+    the demo's temporary store removed first.
 
     Exit codes: 0 done, 1 failed, 2 discovery failed, 3 sign-in denied, 4 sign-in code or \
     wait expired, 5 sign-in failed otherwise, 6 signed out here but the revocation failed, \
@@ -63,8 +66,16 @@ struct WatchSession: AsyncParsableCommand {
               (every option of each: watch-session help watch|login|logout)
             """,
         discussion: helpText,
+        version: "watch-session \(SessionFlowVersion.string)",
         subcommands: [Watch.self, Login.self, Logout.self],
         defaultSubcommand: Watch.self)
+
+    /// Before anything: the process holds tokens, so it is made non-dumpable (no core dump;
+    /// no other process of the user, Swift's crash reporter included, may read its memory).
+    static func main() async {
+        _ = sf_set_not_dumpable()
+        await Self.main(nil)
+    }
 }
 
 /// The live watch and the demo: what `watch-session` does without a subcommand.
@@ -116,7 +127,7 @@ struct Watch: AsyncParsableCommand {
             do {
                 try oauthConfiguration()?.validate()
             } catch {
-                throw ValidationError("--token-endpoint: \(error)")
+                throw ValidationError("--token-endpoint: \(Terminal.escape("\(error)"))")
             }
         }
         if account != nil && store == nil {
@@ -147,7 +158,7 @@ struct Watch: AsyncParsableCommand {
             try FileManager.default.createDirectory(
                 atPath: parent, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw ValidationError("cannot create \(parent) for the default store: \(error.localizedDescription)")
+            throw ValidationError(Terminal.escape("cannot create \(parent) for the default store: \(error.localizedDescription)"))
         }
     }
 
@@ -160,7 +171,7 @@ struct Watch: AsyncParsableCommand {
         if let store {
             var isDirectory: ObjCBool = false
             if FileManager.default.fileExists(atPath: store, isDirectory: &isDirectory), !isDirectory.boolValue {
-                throw ValidationError("--store is not a directory: \(store)")
+                throw ValidationError("--store is not a directory: \(Terminal.escape(store))")
             }
         }
     }
@@ -168,7 +179,13 @@ struct Watch: AsyncParsableCommand {
     func run() async throws {
         let presenter = Presenter(json: json)
         guard store != nil || tokenEndpoint != nil else {
-            let outcome = try await Demo(scenario: scenario, speed: speed, presenter: presenter).play()
+            let outcome: String
+            do {
+                outcome = try await Demo(scenario: scenario, speed: speed, presenter: presenter).play()
+            } catch is DemoInterrupted {
+                presenter.note("demo interrupted")
+                throw ExitCode(ExitCodes.interrupted)
+            }
             presenter.note(outcome)
             return
         }
@@ -185,7 +202,7 @@ struct Watch: AsyncParsableCommand {
         case .interrupted:
             throw ExitCode(130)
         case .failed(let message, let code):
-            FileHandle.standardError.write(Data("watch-session: \(message)\n".utf8))
+            FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
             throw ExitCode(code)
         }
     }
@@ -200,7 +217,7 @@ struct Watch: AsyncParsableCommand {
         do {
             return try FileCredentialStore.Key.fromFile(path)
         } catch {
-            throw ValidationError("\(origin): \(error.message)")
+            throw ValidationError("\(origin): \(Terminal.escape(error.message))")
         }
     }
 
@@ -208,16 +225,16 @@ struct Watch: AsyncParsableCommand {
     private func oauthConfiguration() throws -> OAuthConfiguration? {
         guard let tokenEndpoint else { return nil }
         guard let url = URL(string: tokenEndpoint) else {
-            throw ValidationError("--token-endpoint is not a URL: \(tokenEndpoint)")
+            throw ValidationError("--token-endpoint is not a URL: \(Terminal.escape(tokenEndpoint))")
         }
         return OAuthConfiguration(tokenEndpoint: url, clientID: clientID ?? "")
     }
 
     private func readRefreshToken(_ path: String) throws -> Secret {
         let data = path == "-" ? FileHandle.standardInput.readDataToEndOfFile() : FileManager.default.contents(atPath: path)
-        guard let data else { throw ValidationError("cannot read --refresh-token-file \(path)") }
+        guard let data else { throw ValidationError("cannot read --refresh-token-file \(Terminal.escape(path))") }
         let token = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !token.isEmpty else { throw ValidationError("--refresh-token-file \(path) is empty") }
+        guard !token.isEmpty else { throw ValidationError("--refresh-token-file \(Terminal.escape(path)) is empty") }
         return Secret(token)
     }
 }
@@ -266,6 +283,9 @@ extension Demo {
         presenter.note("the refresh answered after the logout: discarded, nothing stored, still \(manager.state.value)")
     }
 }
+
+/// Ctrl-C or SIGTERM during the demo (after its cleanup).
+struct DemoInterrupted: Error {}
 
 /// One demo run: an in-process authority, a temporary store, a session, and what it says.
 struct Demo {
@@ -338,30 +358,44 @@ struct Demo {
             presenter.status(expiresIn: timing.expiresIn, nextRefreshIn: timing.nextRefreshIn)
         }
 
-        if scenario != .offlineStart {
-            try await manager.signIn(SessionTokens(
-                accessToken: DemoAuthority.token("access"), refreshToken: DemoAuthority.token("refresh"),
-                expiresIn: lifetime, memberID: "demo-user"))
+        // Ctrl-C and SIGTERM end the demo as they end a live watch: everything is closed, the
+        // temporary store removed (the `defer` above), and the exit status is 130.
+        let interrupted = LockedBox(false)
+        let signals = Signals {
+            interrupted.withLockedValue { $0 = true }
+            finished.continuation.yield("demo interrupted")
         }
-        switch scenario {
-        case .unauthorizedStorm:
-            try await unauthorizedStorm(manager)
-            finished.continuation.yield("demo finished: one refresh answered twenty 401s")
-        case .logoutDuringRefresh:
-            try await logoutDuringRefresh(manager, authority: authority)
-            finished.continuation.yield("demo finished: the late answer changed nothing")
-        case .story, .offlineStart:
-            break
+        defer { signals.stop() }
+        let script = Task { [self] in
+            if scenario != .offlineStart {
+                try await manager.signIn(SessionTokens(
+                    accessToken: DemoAuthority.token("access"), refreshToken: DemoAuthority.token("refresh"),
+                    expiresIn: lifetime, memberID: "demo-user"))
+            }
+            switch scenario {
+            case .unauthorizedStorm:
+                try await unauthorizedStorm(manager)
+                finished.continuation.yield("demo finished: one refresh answered twenty 401s")
+            case .logoutDuringRefresh:
+                try await logoutDuringRefresh(manager, authority: authority)
+                finished.continuation.yield("demo finished: the late answer changed nothing")
+            case .story, .offlineStart:
+                break
+            }
         }
         var outcome = "demo finished"
         for await line in finished.stream {
             outcome = line
             break
         }
+        script.cancel()
+        let scripted = await script.result
         ticker.cancel()
         for subscription in subscriptions { subscription.close() }
         await manager.close()
         try loop.shutdown()
+        if interrupted.withLockedValue({ $0 }) { throw DemoInterrupted() }
+        try scripted.get()
         return outcome
     }
 }

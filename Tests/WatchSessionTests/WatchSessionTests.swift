@@ -205,7 +205,7 @@ struct WatchSessionLiveTests {
         // An account the store does not hold: one clear line, exit 1, nothing changed.
         let unknown = try watchSession(["--store", directory, "--account", "carol\u{1B}]0;owned\u{07}"])
         #expect(unknown.status == 1)
-        #expect(unknown.stderr.contains("no account \"carol?]0;owned?\" in the store (accounts: bob)"), "\(unknown.stderr)")
+        #expect(unknown.stderr.contains(#"no account "carol\u{1B}]0;owned\u{7}" in the store (accounts: bob)"#), "\(unknown.stderr)")
         #expect(!unknown.stderr.contains("\u{1B}"))
         #expect(store.readAccounts() == .present(StoredAccounts(keys: ["bob"], active: "bob")))
         let orphan = try watchSession(["--account", "bob"])
