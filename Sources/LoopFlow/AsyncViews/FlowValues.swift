@@ -43,6 +43,39 @@ public struct FlowValues<Element: Sendable>: AsyncSequence, Sendable {
     }
 }
 
+/// A flow's values or events as an `AsyncSequence` that tells a failure from an end: a
+/// terminal error (`finish(throwing:)`, a flow's `onError`) is thrown by `next()` once the
+/// elements before it are consumed; completion ends it with nil, as does cancelling the
+/// iterating task (no error is thrown for a cancellation). A loop already shut down when the
+/// iterator is made throws `LoopFlowError.loopShutDown`. Otherwise as `FlowValues`.
+public struct ThrowingFlowValues<Element: Sendable>: AsyncSequence, Sendable {
+    public typealias Failure = any Error
+
+    let values: FlowValues<Element>
+
+    public func makeAsyncIterator() -> Iterator {
+        let buffer = AsyncViewBuffer<Element>(policy: values.policy)
+        do {
+            buffer.attach(try values.subscribe(buffer))
+        } catch {
+            buffer.finish(throwing: error)
+        }
+        return Iterator(buffer: buffer)
+    }
+
+    public struct Iterator: AsyncIteratorProtocol {
+        let buffer: AsyncViewBuffer<Element>
+
+        public mutating func next() async throws -> Element? {
+            try await buffer.nextThrowing()
+        }
+
+        public mutating func next(isolation actor: isolated (any Actor)?) async throws(any Error) -> Element? {
+            try await buffer.nextThrowing()
+        }
+    }
+}
+
 /// Where loop-thread callbacks leave elements for an async consumer on another thread.
 public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
     struct Policy: Sendable {
@@ -63,6 +96,9 @@ public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
     private var lastYielded: Element?
     private var waiter: CheckedContinuation<Element?, Never>?
     private var done = false
+    /// The terminal error, for the throwing view (thrown once, after the elements before it).
+    private var failure: (any Error)?
+    private var cancelled = false
     private var subscription: FlowSubscription?
     private var dropped = 0
 
@@ -122,9 +158,11 @@ public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
         lock.unlock()
     }
 
-    /// The flow ended: the consumer drains what is buffered, then gets nil.
-    func finish() {
+    /// The flow ended: the consumer drains what is buffered, then gets nil (the throwing
+    /// view: `error`, if the flow failed).
+    func finish(throwing error: (any Error)? = nil) {
         lock.lock()
+        if !done, let error { failure = error }
         done = true
         let waiter = self.waiter
         self.waiter = nil
@@ -136,6 +174,7 @@ public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
     func cancel() {
         lock.lock()
         done = true
+        cancelled = true
         items.removeAll()
         let waiter = self.waiter
         self.waiter = nil
@@ -144,6 +183,18 @@ public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
         lock.unlock()
         waiter?.resume(returning: nil)
         subscription?.close()
+    }
+
+    /// `next()`, then the terminal error once the elements are drained (never after a
+    /// cancellation).
+    func nextThrowing() async throws -> Element? {
+        if let element = await next() { return element }
+        let error: (any Error)? = lock.withLock {
+            defer { failure = nil }
+            return cancelled ? nil : failure
+        }
+        if let error { throw error }
+        return nil
     }
 
     func next() async -> Element? {

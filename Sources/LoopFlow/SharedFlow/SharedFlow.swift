@@ -19,6 +19,15 @@ public enum BufferOverflow: Sendable, Equatable {
 ///   `droppedEvents` counts it. Emitting never blocks.
 /// - With no observers, events are only kept for replay; nothing is counted as dropped.
 ///   (A closed observer counts until the loop has released it, within a loop turn.)
+/// - A newcomer's replay waits in its buffer like any event, as in kotlinx.coroutines
+///   (where the replay cache is the head of the one buffer): until its first delivery, the
+///   replayed events it has not received and the events emitted since it subscribed share
+///   `bufferCapacity` (or `replay`, if larger: a replay is never cut by itself). When they
+///   would exceed it, `.dropOldest` drops the oldest of them for
+///   that newcomer — the replayed ones first — and `.dropLatest` refuses the new event (for
+///   everyone, as a full buffer does). So `replay: 1, bufferCapacity: 1, .dropOldest` hands a
+///   subscriber that joins just before an emit only the new event; with `bufferCapacity: 2`,
+///   the replayed one and the new one. Each event lost so is counted in `droppedEvents`.
 public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     public let loop: EventLoop
     public let replay: Int
@@ -38,12 +47,17 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     @exclusivity(unchecked) var nextSequence: UInt64 = 0
     @exclusivity(unchecked) var dropped = 0
     /// The replay each subscriber admitted since the last snapshot gets first, by id (only
-    /// when there is one).
-    @exclusivity(unchecked) var backlogs: [UInt64: [Event]] = [:]
+    /// when there is one), with the sequence the subscriber's live events start at.
+    @exclusivity(unchecked) var backlogs: [UInt64: Backlog] = [:]
+
+    struct Backlog {
+        var events: Deque<Event>
+        let start: UInt64
+    }
 
     // Loop-confined.
     @exclusivity(unchecked) private var delivering = Deque<Sequenced>()
-    @exclusivity(unchecked) private var deliveringBacklogs: [UInt64: [Event]] = [:]
+    @exclusivity(unchecked) private var deliveringBacklogs: [UInt64: Backlog] = [:]
 
     init(loop: EventLoop, replay: Int, bufferCapacity: Int, overflow: BufferOverflow) throws(LoopFlowError) {
         guard replay >= 0 else {
@@ -119,21 +133,27 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
     private func prepareArrivalLocked(_ entry: SubscriberEntry, _ id: UInt64) {
         entry.cursor = nextSequence
         if !replayBuffer.isEmpty {
-            backlogs[id] = replayBuffer.map(\.event)
+            // The replay waits in the subscriber's buffer like any event.
+            backlogs[id] = Backlog(events: Deque(replayBuffer.map(\.event)), start: nextSequence)
         }
     }
 
     /// The events as an `AsyncSequence`. The consumer has a buffer of its own with this
     /// flow's capacity and overflow policy. Cancelling the task or dropping the iterator
-    /// closes the subscription. A terminal error ends the sequence.
+    /// closes the subscription. A terminal error ends the sequence just as completion does:
+    /// to tell them apart, iterate `throwingValues`.
     public var values: FlowValues<Event> {
         FlowValues(.bounded(bufferCapacity, overflow)) { [self] buffer in
             try subscribe(
                 onEvent: { [weak buffer] in buffer?.push($0) },
-                onError: { [weak buffer] _ in buffer?.finish() },
+                onError: { [weak buffer] in buffer?.finish(throwing: $0) },
                 onComplete: { [weak buffer] in buffer?.finish() })
         }
     }
+
+    /// `values`, but a terminal error is thrown (after the events before it); completion and
+    /// cancellation end it without one.
+    public var throwingValues: ThrowingFlowValues<Event> { ThrowingFlowValues(values: values) }
 
 }
 
@@ -150,7 +170,7 @@ extension SharedFlow: DeliverySource {
         if !deliveringBacklogs.isEmpty {
             core.forEachNewcomer { newcomer in
                 guard let backlog = deliveringBacklogs[newcomer.id] else { return }
-                for event in backlog where newcomer.isOpen {
+                for event in backlog.events where newcomer.isOpen {
                     callSubscriber(newcomer, event)
                 }
             }
@@ -201,6 +221,7 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
                     return (false, false)
                 }
             }
+            if listening && !backlogs.isEmpty && !makeRoomInBacklogsLocked() { return (false, false) }
             let item = Sequenced(sequence: nextSequence, event: event)
             nextSequence += 1
             if replay > 0 {
@@ -214,6 +235,27 @@ public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unche
         withExtendedLifetime(evicted) {}
         if post { core.postDelivery() }
         return accepted
+    }
+
+    /// Under the lock, before an event is added: newcomers whose replay and live events would
+    /// exceed `bufferCapacity` with it. `.dropOldest` drops their oldest replayed event;
+    /// `.dropLatest` refuses the new one (false). Only while a newcomer waits for its first
+    /// delivery (`backlogs` is empty otherwise).
+    private func makeRoomInBacklogsLocked() -> Bool {
+        for id in backlogs.keys {
+            guard let backlog = backlogs[id], !backlog.events.isEmpty else { continue }
+            let live = min(pending.count, Int(nextSequence - backlog.start))
+            guard backlog.events.count + live + 1 > max(bufferCapacity, replay) else { continue }
+            switch overflow {
+            case .dropOldest:
+                backlogs[id]!.events.removeFirst()
+                dropped += 1
+            case .dropLatest:
+                dropped += 1
+                return false
+            }
+        }
+        return true
     }
 
     /// Ends the flow: observers receive the events still buffered, then `onComplete`, or

@@ -76,15 +76,20 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
 
     /// The values as an `AsyncSequence`: the current one first, then each distinct change,
     /// conflated to the latest for a consumer that falls behind. Cancelling the task or
-    /// dropping the iterator closes the subscription. A terminal error ends the sequence.
+    /// dropping the iterator closes the subscription. A terminal error ends the sequence just
+    /// as completion does: to tell them apart, iterate `throwingValues`.
     public var values: FlowValues<Value> {
         FlowValues(.latestDistinct, isEqual: { $0 == $1 }) { [self] buffer in
             try subscribe(
                 onState: { [weak buffer] in buffer?.push($0) },
-                onError: { [weak buffer] _ in buffer?.finish() },
+                onError: { [weak buffer] in buffer?.finish(throwing: $0) },
                 onComplete: { [weak buffer] in buffer?.finish() })
         }
     }
+
+    /// `values`, but a terminal error is thrown (after the values before it); completion and
+    /// cancellation end it without one.
+    public var throwingValues: ThrowingFlowValues<Value> { ThrowingFlowValues(values: values) }
 }
 
 extension StateFlow: DeliverySource {
