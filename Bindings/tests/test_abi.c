@@ -121,21 +121,29 @@ static void ignore_token(int result, const char *access_token, void *userdata) {
     atomic_fetch_add((atomic_int *)userdata, 1);
 }
 
-void test_abi_handles_of_one_kind_are_never_taken_for_another(void) {
-    held h;
-    memset(&h, 0, sizeof h);
+/* A runtime whose host refresher keeps its request in `h`, signed in with a token that needs
+ * a refresh, and a token request waiting for it (its answers counted in `answers`). */
+static sf_runtime *runtime_waiting_for_the_host(held *h, atomic_int *answers) {
+    memset(h, 0, sizeof *h);
     sf_options options;
     sf_options_init(&options);
     options.refresh = hold_request;
-    options.refresh_userdata = &h;
+    options.refresh_userdata = h;
     options.refresh_timeout_ms = 60000;
     sf_runtime *runtime = NULL;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
     sf_tokens tokens = test_tokens("a-1", "r-1", 0, "m");
     CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
-    atomic_int answers = 0;
-    CHECK_CODE(sf_session_fresh_token(runtime, ignore_token, &answers), SF_OK);
-    WAIT_FOR(atomic_load(&h.request) != 0);
+    atomic_store(answers, 0);
+    CHECK_CODE(sf_session_fresh_token(runtime, ignore_token, answers), SF_OK);
+    WAIT_FOR(atomic_load(&h->request) != 0);
+    return runtime;
+}
+
+void test_abi_handles_of_one_kind_are_never_taken_for_another(void) {
+    held h;
+    atomic_int answers;
+    sf_runtime *runtime = runtime_waiting_for_the_host(&h, &answers);
     sf_refresh_request *request = (sf_refresh_request *)atomic_load(&h.request);
     recorder r;
     recorder_init(&r);
@@ -170,19 +178,8 @@ void test_abi_handles_of_one_kind_are_never_taken_for_another(void) {
 void test_abi_a_late_refresh_answer_after_logout_is_eclosed(void) {
     for (int fail = 0; fail <= 1; fail++) {
         held h;
-        memset(&h, 0, sizeof h);
-        sf_options options;
-        sf_options_init(&options);
-        options.refresh = hold_request;
-        options.refresh_userdata = &h;
-        options.refresh_timeout_ms = 60000;
-        sf_runtime *runtime = NULL;
-        CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
-        sf_tokens tokens = test_tokens("a-1", "r-1", 0, "m");
-        CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
-        atomic_int answers = 0;
-        CHECK_CODE(sf_session_fresh_token(runtime, ignore_token, &answers), SF_OK);
-        WAIT_FOR(atomic_load(&h.request) != 0);
+        atomic_int answers;
+        sf_runtime *runtime = runtime_waiting_for_the_host(&h, &answers);
         sf_refresh_request *request = (sf_refresh_request *)atomic_load(&h.request);
         /* The user logs out while the host's refresh is under way; its answer comes after. */
         CHECK_CODE(sf_session_logout(runtime), SF_OK);

@@ -51,19 +51,26 @@ static int flood(sf_runtime *runtime, tally *t, int *refused_with) {
     return accepted;
 }
 
-void test_limits_token_requests_beyond_the_limit_are_ebusy(void) {
+/* A signed-in runtime whose loop is held by a host callback (`b`), flooded with token
+ * requests until one is refused: returns the runtime; `accepted` and the refusing code out. */
+static sf_runtime *stuck_and_flooded(blocker *b, tally *t, int *accepted, int *refused_with) {
     sf_runtime *runtime = NULL;
     CHECK_CODE(sf_runtime_create(NULL, &runtime), SF_OK);
     sf_tokens tokens = test_tokens("access-1", "refresh-1", 3600, NULL);
     CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+    memset(b, 0, sizeof *b);
+    CHECK_CODE(sf_session_fresh_token(runtime, block_the_loop, b), SF_OK);
+    WAIT_FOR(atomic_load(&b->inside));
+    memset(t, 0, sizeof *t);
+    *accepted = flood(runtime, t, refused_with);
+    return runtime;
+}
+
+void test_limits_token_requests_beyond_the_limit_are_ebusy(void) {
     blocker b;
-    memset(&b, 0, sizeof b);
-    CHECK_CODE(sf_session_fresh_token(runtime, block_the_loop, &b), SF_OK);
-    WAIT_FOR(atomic_load(&b.inside));
     tally t;
-    memset(&t, 0, sizeof t);
-    int refused_with = SF_OK;
-    int accepted = flood(runtime, &t, &refused_with);
+    int accepted = 0, refused_with = SF_OK;
+    sf_runtime *runtime = stuck_and_flooded(&b, &t, &accepted, &refused_with);
     /* 10 000 token requests may wait (SessionConfiguration.tokenRequestLimit's default);
      * the next is refused with SF_EBUSY, and its callback never runs. */
     CHECK_EQ_INT(accepted, 10000);
@@ -92,18 +99,10 @@ static void *release_later(void *arg) {
 }
 
 void test_limits_destroy_with_a_full_queue_answers_everyone_and_returns(void) {
-    sf_runtime *runtime = NULL;
-    CHECK_CODE(sf_runtime_create(NULL, &runtime), SF_OK);
-    sf_tokens tokens = test_tokens("access-1", "refresh-1", 3600, NULL);
-    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
     blocker b;
-    memset(&b, 0, sizeof b);
-    CHECK_CODE(sf_session_fresh_token(runtime, block_the_loop, &b), SF_OK);
-    WAIT_FOR(atomic_load(&b.inside));
     tally t;
-    memset(&t, 0, sizeof t);
-    int refused_with = SF_OK;
-    int accepted = flood(runtime, &t, &refused_with);
+    int accepted = 0, refused_with = SF_OK;
+    sf_runtime *runtime = stuck_and_flooded(&b, &t, &accepted, &refused_with);
     CHECK_CODE(refused_with, SF_EBUSY);
     /* Destroy while the queue is full; the host's callback lets go of the loop shortly. */
     releaser r = {&b, 20};
