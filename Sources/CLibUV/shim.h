@@ -16,4 +16,14 @@ static inline void sf_prefetch(const void *address) { __builtin_prefetch(address
    a crash reporter) may read its memory. */
 static inline int sf_set_not_dumpable(void) { return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); }
 static inline int sf_is_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0); }
+
+/* Zeroes `bytes` (at most 256 KiB) of this thread's stack below the caller's frame: what
+   the calls the caller just made (a cipher, a digest, a store job) left there. Never
+   inlined, so the area is the stack those calls used. */
+static inline __attribute__((noinline)) void sf_scrub_stack(size_t bytes) {
+    if (bytes > 262144) bytes = 262144;
+    unsigned char area[bytes];
+    __builtin_memset(area, 0, bytes);
+    __asm__ volatile("" : : "r"(area) : "memory");
+}
 #endif

@@ -213,6 +213,9 @@ final class StoreWorker: @unchecked Sendable {
             case .other(let work):
                 work()
             }
+            // The job's frames held tokens and keys (the store's plaintext, its cipher):
+            // gone from this thread's stack before the next job, or the thread's end.
+            scrubStack(bytes: 128 * 1024)
         }
     }
 
