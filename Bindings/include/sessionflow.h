@@ -59,7 +59,7 @@ extern "C" {
 /* ---- Version ---------------------------------------------------------------- */
 
 #define SF_VERSION_MAJOR 0
-#define SF_VERSION_MINOR 1
+#define SF_VERSION_MINOR 2
 #define SF_VERSION_PATCH 0
 #define SF_VERSION_HEX ((SF_VERSION_MAJOR << 16) | (SF_VERSION_MINOR << 8) | SF_VERSION_PATCH)
 
@@ -100,6 +100,14 @@ typedef enum sf_error {
 const char *sf_strerror(int code);
 /* The name of `code`, e.g. "SF_EINVAL" (static; "SF_EUNKNOWN" for an unknown code). Any thread. */
 const char *sf_err_name(int code);
+/* Why the last call on this thread that returned a negative code failed, in one line that
+ * names the call and what was wrong, e.g. "sf_runtime_create: sf_options.token_endpoint uses
+ * plain http to a host that is not loopback" or "sf_session_sign_in: signed in already: log
+ * out first"; the code's sf_strerror text when there is nothing more to say. Like errno:
+ * a call that succeeds leaves it as it was, so read it right after the failing call. NULL
+ * before the thread's first failure. The text is the thread's own, valid until its next
+ * failing call; never a token or key. Any thread. */
+const char *sf_last_error_message(void);
 
 /* ---- Types -------------------------------------------------------------------- */
 
@@ -224,6 +232,17 @@ typedef void (*sf_token_fn)(int result, const char *access_token, void *userdata
  * `sf_options.refresh_release` tells when its userdata may be freed. */
 typedef void (*sf_refresh_fn)(sf_refresh_request *request, const char *refresh_token, void *userdata);
 
+/* Levels of sf_options.log, as swift-log's. */
+typedef enum sf_log_level {
+    SF_LOG_TRACE = 0,
+    SF_LOG_DEBUG = 1,
+    SF_LOG_INFO = 2,
+    SF_LOG_NOTICE = 3,
+    SF_LOG_WARNING = 4,
+    SF_LOG_ERROR = 5,
+    SF_LOG_CRITICAL = 6
+} sf_log_level;
+
 typedef struct sf_options {
     size_t size;                 /* set by sf_options_init */
     /* When a token is refreshed by itself. Its latest point is expiry − m, where m is
@@ -235,7 +254,7 @@ typedef struct sf_options {
      * refreshed between 29.7 and 55 min after issue, on average at 46.6 min — never after the
      * latest point, never before issue, and never sooner than min_refresh_interval_ms after
      * the last refresh. A token request (sf_session_fresh_token) within m of expiry refreshes
-     * at once. 0 refreshes only at expiry (and on request). README "Fleet simulation" says
+     * at once. 0 refreshes only at expiry (and on request). docs/reliability.md says
      * why the jitter has this shape. */
     int64_t refresh_margin_ms;
     int64_t refresh_timeout_ms;  /* an unanswered refresh fails after this (default 30000) */
@@ -291,8 +310,8 @@ typedef struct sf_options {
      * be cancelled; one still open at refresh_timeout_ms is counted as failed then (a
      * success that comes later for the current refresh token is still kept). */
     void (*refresh_cancel)(sf_refresh_request *request, void *refresh_userdata);
-    /* Where the file store's key comes from (with store_directory; README.md, "Threat model
-     * of the store", says what each protects against). In this order:
+    /* Where the file store's key comes from (with store_directory; docs/storage-and-oauth.md,
+     * "Threat model of the store", says what each protects against). In this order:
      *  1. A key the host supplies: `store_key` (exactly 32 bytes, store_key_size 32; copied
      *     by sf_runtime_create*, so the host may wipe its buffer once that returns) or
      *     `store_key_file` (the path of a file holding 32 bytes or 64 hex digits; it must be a
@@ -327,6 +346,21 @@ typedef struct sf_options {
      * makes create fail with SF_EINVAL (named in the log). Hosts built against an older
      * header (a smaller `size`) have none. */
     const char *issuer;
+    /* Where the library's log lines go. NULL (default): standard error, warnings and above
+     * (more with the environment variable SESSIONFLOW_LOG=trace|debug|info|notice). Set: each
+     * line of this runtime at `log_level` or above is handed to it instead (SESSIONFLOW_LOG is
+     * then ignored), from the thread that logs — the loop thread mostly, the store's worker,
+     * or the host's thread inside a call (sf_runtime_create reports a refused option this
+     * way) — one line at a time, never two at once. `line` (borrowed, no newline) is the
+     * logger's label, the message and its metadata, e.g. "sessionflow.session: refresh failed,
+     * retrying attempt=1 retryIn=1.0 seconds"; never a token or key. It must not call the
+     * library (a line logged from inside it is dropped). Nothing is handed to it after
+     * sf_runtime_destroy's teardown (see there; a create that fails logs its reason first),
+     * so `log_userdata` must live until then. Hosts built against an older header (a smaller
+     * `size`) have none. */
+    void (*log)(int level, const char *line, void *log_userdata); /* level: an sf_log_level */
+    void *log_userdata;
+    int log_level; /* an sf_log_level: the lowest level handed to `log` (default SF_LOG_INFO) */
 } sf_options;
 
 /* Values of sf_options.store_key_source. */
@@ -343,13 +377,14 @@ void sf_options_init(sf_options *options);
 
 /* Creates a runtime with a loop thread of its own. `options` may be NULL (defaults).
  * On success *out is the runtime; on failure *out is untouched.
- * Returns SF_OK, SF_EINVAL (NULL out, bad options). Any thread. */
+ * Returns SF_OK, SF_EINVAL (NULL out, bad options: sf_last_error_message names the field
+ * and what is wrong with it, and it is logged). Any thread. */
 int sf_runtime_create(const sf_options *options, sf_runtime **out);
 
 /* Creates a runtime on the host's loop. Call on the thread that runs `loop`; the host
  * keeps running it. After sf_runtime_destroy, the host's uv_run returns once its own
  * handles are closed, and uv_loop_close gives 0.
- * Returns SF_OK, SF_EINVAL. Thread: the loop's thread. */
+ * Returns SF_OK, SF_EINVAL (as sf_runtime_create). Thread: the loop's thread. */
 int sf_runtime_create_on_loop(struct uv_loop_s *loop, const sf_options *options, sf_runtime **out);
 
 /* Starts the session of a runtime created with `start_manually`: restores what the
@@ -388,7 +423,8 @@ int sf_runtime_start(sf_runtime *runtime);
 int sf_runtime_destroy(sf_runtime *runtime);
 
 /* Like sf_runtime_destroy, and stores in *unclosed (may be NULL) how many
- * subscriptions were never closed by the host (leak diagnostics). */
+ * subscriptions were never closed by the host (leak diagnostics). Returns and threads as
+ * sf_runtime_destroy. */
 int sf_runtime_destroy_report(sf_runtime *runtime, size_t *unclosed);
 
 /* ---- Observing ------------------------------------------------------------------ */
@@ -402,8 +438,8 @@ int sf_session_state_get(sf_runtime *runtime, sf_session_state *out);
  * Any thread. */
 int sf_subscribe_session_state(sf_runtime *runtime, const sf_observer *observer, sf_subscription *out);
 
-/* Subscribes to session events (only those after this call). Same ownership as above.
- * Any thread. */
+/* Subscribes to session events (only those after this call). Same ownership and returns
+ * as sf_subscribe_session_state. Any thread. */
 int sf_subscribe_events(sf_runtime *runtime, const sf_event_observer *observer, sf_subscription *out);
 
 /* The store status, point in time, in *out; with `reason` non-NULL, also why the store is
@@ -459,11 +495,12 @@ int sf_session_sign_in_replacing_store(sf_runtime *runtime, const sf_tokens *tok
  * signed in), SF_ECLOSED, SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
 int sf_session_logout(sf_runtime *runtime);
 
-/* SESSION_EXPIRED → LOGGED_OUT, forgetting the member id. Returns as sf_session_logout. */
+/* SESSION_EXPIRED → LOGGED_OUT, forgetting the member id. Returns and threads as
+ * sf_session_logout. */
 int sf_session_reconfigure(sf_runtime *runtime);
 
-/* 1 if a non-blank access token is held, 0 if not, or a negative code. A local check:
- * no network. Any thread. */
+/* 1 if a non-blank access token is held, 0 if not, or a negative code (SF_EINVAL,
+ * SF_ECLOSED): a local check, no network. Any thread. */
 int sf_session_is_logged_in(sf_runtime *runtime);
 
 /* Copies the member id (NUL-terminated; "" when there is none) into `buffer`.
@@ -504,8 +541,8 @@ int sf_session_account_state(sf_runtime *runtime, const char *account, sf_sessio
 int sf_session_switch_account(sf_runtime *runtime, const char *account);
 
 /* Signs in another account, keeping the active one signed in, in the background; the new
- * one becomes active (as sf_session_sign_in when no account is signed in). Returns as
- * sf_session_sign_in (SF_ESTATE: that account is signed in already). */
+ * one becomes active (as sf_session_sign_in when no account is signed in). Returns and
+ * threads as sf_session_sign_in (SF_ESTATE: that account is signed in already). */
 int sf_session_add_account(sf_runtime *runtime, const sf_tokens *tokens);
 
 /* Logs `account` out (its record removed, its tokens revoked best effort); the others stay.

@@ -15,22 +15,26 @@ func copy(_ bytes: [UInt8], to buffer: UnsafeMutablePointer<CChar>, length: Int)
 public func sf_session_accounts(
     _ pointer: OpaquePointer!, _ buffer: UnsafeMutablePointer<CChar>!, _ length: Int, _ needed: UnsafeMutablePointer<Int>!
 ) -> Int32 {
-    guard buffer != nil || length == 0 else { return SF_EINVAL.code }
-    return withRuntime(pointer) { runtime in
-        // Each key and its NUL; the list's own NUL is `copy`'s.
-        let list: [UInt8] = runtime.session.accounts.flatMap { account -> [UInt8] in Array(account.key.utf8) + [0] }
-        needed?.pointee = list.count + 1
-        guard let buffer else { return SF_ERANGE.code }
-        return copy(list, to: buffer, length: length)
+    api("sf_session_accounts") {
+        guard buffer != nil || length == 0 else { return SF_EINVAL.code }
+        return withRuntime(pointer) { runtime in
+            // Each key and its NUL; the list's own NUL is `copy`'s.
+            let list: [UInt8] = runtime.session.accounts.flatMap { account -> [UInt8] in Array(account.key.utf8) + [0] }
+            needed?.pointee = list.count + 1
+            guard let buffer else { return SF_ERANGE.code }
+            return copy(list, to: buffer, length: length)
+        }
     }
 }
 
 @c @implementation
 public func sf_session_active_account(_ pointer: OpaquePointer!, _ buffer: UnsafeMutablePointer<CChar>!, _ length: Int) -> Int32 {
-    guard let buffer else { return SF_EINVAL.code }
-    return withRuntime(pointer) { runtime in
-        let active = runtime.session.accounts.first(where: \.isActive)?.key ?? ""
-        return copy(Array(active.utf8), to: buffer, length: length)
+    api("sf_session_active_account") {
+        guard let buffer else { return SF_EINVAL.code }
+        return withRuntime(pointer) { runtime in
+            let active = runtime.session.accounts.first(where: \.isActive)?.key ?? ""
+            return copy(Array(active.utf8), to: buffer, length: length)
+        }
     }
 }
 
@@ -38,41 +42,51 @@ public func sf_session_active_account(_ pointer: OpaquePointer!, _ buffer: Unsaf
 public func sf_session_account_state(
     _ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!, _ out: UnsafeMutablePointer<sf_session_state>!
 ) -> Int32 {
-    guard let account, let out else { return SF_EINVAL.code }
-    let key = String(cString: account)
-    return withRuntime(pointer) { runtime in
-        guard let found = runtime.session.accounts.first(where: { $0.key == key }) else { return SF_EINVAL.code }
-        out.pointee = found.state.c
-        return SF_OK.code
+    api("sf_session_account_state") {
+        guard let account, let out else { return SF_EINVAL.code }
+        let key = String(cString: account)
+        return withRuntime(pointer) { runtime in
+            guard let found = runtime.session.accounts.first(where: { $0.key == key }) else { return SF_EINVAL.code }
+            out.pointee = found.state.c
+            return SF_OK.code
+        }
     }
 }
 
 @c @implementation
 public func sf_session_switch_account(_ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!) -> Int32 {
-    guard let account else { return SF_EINVAL.code }
-    let key = String(cString: account)
-    return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.switchAccountAndWait(to: key) }
+    api("sf_session_switch_account") {
+        guard let account else { return SF_EINVAL.code }
+        let key = String(cString: account)
+        return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.switchAccountAndWait(to: key) }
+    }
 }
 
 @c @implementation
 public func sf_session_add_account(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
-    guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
-    let sessionTokens = SessionTokens(
-        accessToken: secret(tokens.access_token),
-        refreshToken: tokens.refresh_token.map(secret),
-        expiresIn: .seconds(tokens.expires_in),
-        memberID: string(tokens.member_id))
-    return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.addAccountAndWait(sessionTokens) }
+    api("sf_session_add_account") {
+        guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
+        let sessionTokens = SessionTokens(
+            accessToken: secret(tokens.access_token),
+            refreshToken: tokens.refresh_token.map(secret),
+            expiresIn: .seconds(tokens.expires_in),
+            memberID: string(tokens.member_id))
+        return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.addAccountAndWait(sessionTokens) }
+    }
 }
 
 @c @implementation
 public func sf_session_logout_account(_ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!) -> Int32 {
-    guard let account else { return SF_EINVAL.code }
-    let key = String(cString: account)
-    return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait(account: key) }
+    api("sf_session_logout_account") {
+        guard let account else { return SF_EINVAL.code }
+        let key = String(cString: account)
+        return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait(account: key) }
+    }
 }
 
 @c @implementation
 public func sf_session_logout_all(_ pointer: OpaquePointer!) -> Int32 {
-    synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAllAndWait() }
+    api("sf_session_logout_all") {
+        synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAllAndWait() }
+    }
 }

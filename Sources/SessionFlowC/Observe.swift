@@ -83,10 +83,12 @@ struct TerminalCallbacks: @unchecked Sendable {
 
 @c @implementation
 public func sf_session_state_get(_ pointer: OpaquePointer!, _ out: UnsafeMutablePointer<sf_session_state>!) -> Int32 {
-    guard let out else { return SF_EINVAL.code }
-    return withRuntime(pointer) { runtime in
-        out.pointee = runtime.session.state.value.c
-        return SF_OK.code
+    api("sf_session_state_get") {
+        guard let out else { return SF_EINVAL.code }
+        return withRuntime(pointer) { runtime in
+            out.pointee = runtime.session.state.value.c
+            return SF_OK.code
+        }
     }
 }
 
@@ -95,19 +97,21 @@ public func sf_session_store_status(
     _ pointer: OpaquePointer!, _ out: UnsafeMutablePointer<sf_store_status>!,
     _ reason: UnsafeMutablePointer<CChar>!, _ length: Int
 ) -> Int32 {
-    guard let out else { return SF_EINVAL.code }
-    return withRuntime(pointer) { runtime in
-        let status = runtime.session.storeStatus.value
-        if let reason {
-            let text = Array(status.reason.utf8)
-            guard length > text.count else { return SF_ERANGE.code }
-            for (index, byte) in text.enumerated() {
-                reason[index] = CChar(bitPattern: byte)
+    api("sf_session_store_status") {
+        guard let out else { return SF_EINVAL.code }
+        return withRuntime(pointer) { runtime in
+            let status = runtime.session.storeStatus.value
+            if let reason {
+                let text = Array(status.reason.utf8)
+                guard length > text.count else { return SF_ERANGE.code }
+                for (index, byte) in text.enumerated() {
+                    reason[index] = CChar(bitPattern: byte)
+                }
+                reason[text.count] = 0
             }
-            reason[text.count] = 0
+            out.pointee = status.c
+            return SF_OK.code
         }
-        out.pointee = status.c
-        return SF_OK.code
     }
 }
 
@@ -116,31 +120,33 @@ public func sf_subscribe_store_status(
     _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_store_observer>!,
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
-    guard let observer, let out else { return SF_EINVAL.code }
-    let o = observer.pointee
-    guard usableObserver(
-        "sf_subscribe_store_status", "sf_store_observer", size: o.size, expected: MemoryLayout<sf_store_observer>.size,
-        callbacks: [unsafeBitCast(o.on_status, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
-                    unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
-    else { return SF_EINVAL.code }
-    let function = rawFunction(observer.pointee.on_status)
-    let userdata = observer.pointee.userdata
-    let terminal = TerminalCallbacks(
-        onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
-        release: observer.pointee.release, userdata: observer.pointee.userdata)
-    return withRuntime(pointer) { runtime in
-        register(out) { onRelease throws(LoopFlowError) in
-            let flow = runtime.session.storeStatus
-            guard let function else {
+    api("sf_subscribe_store_status") {
+        guard let observer, let out else { return SF_EINVAL.code }
+        let o = observer.pointee
+        guard usableObserver(
+            "sf_subscribe_store_status", pointer, "sf_store_observer", size: o.size, expected: MemoryLayout<sf_store_observer>.size,
+            callbacks: [unsafeBitCast(o.on_status, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
+                        unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
+        else { return SF_EINVAL.code }
+        let function = rawFunction(observer.pointee.on_status)
+        let userdata = observer.pointee.userdata
+        let terminal = TerminalCallbacks(
+            onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
+            release: observer.pointee.release, userdata: observer.pointee.userdata)
+        return withRuntime(pointer) { runtime in
+            register(out) { onRelease throws(LoopFlowError) in
+                let flow = runtime.session.storeStatus
+                guard let function else {
+                    return try flow.subscribe(
+                        onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                        onRelease: terminal.releaseClosure(onRelease))
+                }
                 return try flow.subscribe(
-                    onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                    foreign: statusCallback, function: function, userdata: userdata,
+                    onError: terminal.errorClosure,
+                    onComplete: terminal.completeClosure,
                     onRelease: terminal.releaseClosure(onRelease))
             }
-            return try flow.subscribe(
-                foreign: statusCallback, function: function, userdata: userdata,
-                onError: terminal.errorClosure,
-                onComplete: terminal.completeClosure,
-                onRelease: terminal.releaseClosure(onRelease))
         }
     }
 }
@@ -180,15 +186,15 @@ private func register(
 /// (the observers gained `size` in 0.x; one layout since), and at least one callback set —
 /// a subscription that can call nothing, release nothing, would only leak. Logs why not.
 private func usableObserver(
-    _ name: String, _ structName: String, size: Int, expected: Int, callbacks: [UnsafeRawPointer?]
+    _ name: String, _ pointer: OpaquePointer?, _ structName: String, size: Int, expected: Int,
+    callbacks: [UnsafeRawPointer?]
 ) -> Bool {
     guard acceptedSize(size, [expected]) else {
-        makeLogger().error(
-            "\(name): SF_EINVAL: \(structName).size is \(size), not \(expected) (set it to sizeof(\(structName)))")
+        refuse(name, pointer, "\(structName).size is \(size), not \(expected) (set it to sizeof(\(structName)))")
         return false
     }
     guard callbacks.contains(where: { $0 != nil }) else {
-        makeLogger().error("\(name): SF_EINVAL: \(structName) has no callback at all (the subscription could only leak)")
+        refuse(name, pointer, "\(structName) has no callback at all (the subscription could only leak)")
         return false
     }
     return true
@@ -198,31 +204,33 @@ private func usableObserver(
 public func sf_subscribe_session_state(
     _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_observer>!, _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
-    guard let observer, let out else { return SF_EINVAL.code }
-    let o = observer.pointee
-    guard usableObserver(
-        "sf_subscribe_session_state", "sf_observer", size: o.size, expected: MemoryLayout<sf_observer>.size,
-        callbacks: [unsafeBitCast(o.on_state, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
-                    unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
-    else { return SF_EINVAL.code }
-    let function = rawFunction(observer.pointee.on_state)
-    let userdata = observer.pointee.userdata
-    let terminal = TerminalCallbacks(
-        onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
-        release: observer.pointee.release, userdata: observer.pointee.userdata)
-    return withRuntime(pointer) { runtime in
-        register(out) { onRelease throws(LoopFlowError) in
-            let flow = runtime.session.state
-            guard let function else {
+    api("sf_subscribe_session_state") {
+        guard let observer, let out else { return SF_EINVAL.code }
+        let o = observer.pointee
+        guard usableObserver(
+            "sf_subscribe_session_state", pointer, "sf_observer", size: o.size, expected: MemoryLayout<sf_observer>.size,
+            callbacks: [unsafeBitCast(o.on_state, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
+                        unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
+        else { return SF_EINVAL.code }
+        let function = rawFunction(observer.pointee.on_state)
+        let userdata = observer.pointee.userdata
+        let terminal = TerminalCallbacks(
+            onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
+            release: observer.pointee.release, userdata: observer.pointee.userdata)
+        return withRuntime(pointer) { runtime in
+            register(out) { onRelease throws(LoopFlowError) in
+                let flow = runtime.session.state
+                guard let function else {
+                    return try flow.subscribe(
+                        onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                        onRelease: terminal.releaseClosure(onRelease))
+                }
                 return try flow.subscribe(
-                    onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                    foreign: stateCallback, function: function, userdata: userdata,
+                    onError: terminal.errorClosure,
+                    onComplete: terminal.completeClosure,
                     onRelease: terminal.releaseClosure(onRelease))
             }
-            return try flow.subscribe(
-                foreign: stateCallback, function: function, userdata: userdata,
-                onError: terminal.errorClosure,
-                onComplete: terminal.completeClosure,
-                onRelease: terminal.releaseClosure(onRelease))
         }
     }
 }
@@ -232,40 +240,44 @@ public func sf_subscribe_events(
     _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_event_observer>!,
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
-    guard let observer, let out else { return SF_EINVAL.code }
-    let o = observer.pointee
-    guard usableObserver(
-        "sf_subscribe_events", "sf_event_observer", size: o.size, expected: MemoryLayout<sf_event_observer>.size,
-        callbacks: [unsafeBitCast(o.on_event, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
-                    unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
-    else { return SF_EINVAL.code }
-    let function = rawFunction(observer.pointee.on_event)
-    let userdata = observer.pointee.userdata
-    let terminal = TerminalCallbacks(
-        onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
-        release: observer.pointee.release, userdata: observer.pointee.userdata)
-    return withRuntime(pointer) { runtime in
-        register(out) { onRelease throws(LoopFlowError) in
-            let flow = runtime.session.events
-            guard let function else {
+    api("sf_subscribe_events") {
+        guard let observer, let out else { return SF_EINVAL.code }
+        let o = observer.pointee
+        guard usableObserver(
+            "sf_subscribe_events", pointer, "sf_event_observer", size: o.size, expected: MemoryLayout<sf_event_observer>.size,
+            callbacks: [unsafeBitCast(o.on_event, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
+                        unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
+        else { return SF_EINVAL.code }
+        let function = rawFunction(observer.pointee.on_event)
+        let userdata = observer.pointee.userdata
+        let terminal = TerminalCallbacks(
+            onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
+            release: observer.pointee.release, userdata: observer.pointee.userdata)
+        return withRuntime(pointer) { runtime in
+            register(out) { onRelease throws(LoopFlowError) in
+                let flow = runtime.session.events
+                guard let function else {
+                    return try flow.subscribe(
+                        onEvent: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                        onRelease: terminal.releaseClosure(onRelease))
+                }
                 return try flow.subscribe(
-                    onEvent: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                    foreign: eventCallback, function: function, userdata: userdata,
+                    onError: terminal.errorClosure,
+                    onComplete: terminal.completeClosure,
                     onRelease: terminal.releaseClosure(onRelease))
             }
-            return try flow.subscribe(
-                foreign: eventCallback, function: function, userdata: userdata,
-                onError: terminal.errorClosure,
-                onComplete: terminal.completeClosure,
-                onRelease: terminal.releaseClosure(onRelease))
         }
     }
 }
 
 @c @implementation
 public func sf_subscription_close(_ subscription: sf_subscription) -> Int32 {
-    // A handle of another kind (a runtime's, a sign-in's) finds nothing, like an unknown one.
-    guard subscription != 0, let open = subscriptions.remove(subscription) else { return SF_ECLOSED.code }
-    return open.close() ? SF_OK.code : SF_ECLOSED.code
+    api("sf_subscription_close") {
+        // A handle of another kind (a runtime's, a sign-in's) finds nothing, like an unknown one.
+        guard subscription != 0, let open = subscriptions.remove(subscription) else { return SF_ECLOSED.code }
+        return open.close() ? SF_OK.code : SF_ECLOSED.code
+    }
 }
 
 /// Calls `body` with the C form of `event`; its strings live for the call only.

@@ -99,43 +99,47 @@ func string(_ text: UnsafePointer<CChar>?) -> String? {
 
 @c @implementation
 public func sf_refresh_request_succeed(_ request: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
-    guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
-    guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
-    guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
-    guard !open.completion.isAbandoned else {
-        // The session that asked has ended (logout, a new sign-in): the tokens are not used.
-        open.completion.fail(.cancelled)
-        return SF_ECLOSED.code
+    api("sf_refresh_request_succeed") {
+        guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
+        guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
+        guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
+        guard !open.completion.isAbandoned else {
+            // The session that asked has ended (logout, a new sign-in): the tokens are not used.
+            open.completion.fail(.cancelled)
+            return SF_ECLOSED.code
+        }
+        open.completion.succeed(TokenGrant(
+            accessToken: secret(tokens.access_token),
+            refreshToken: tokens.refresh_token.map(secret),
+            expiresIn: .seconds(tokens.expires_in),
+            memberID: string(tokens.member_id)))
+        return SF_OK.code
     }
-    open.completion.succeed(TokenGrant(
-        accessToken: secret(tokens.access_token),
-        refreshToken: tokens.refresh_token.map(secret),
-        expiresIn: .seconds(tokens.expires_in),
-        memberID: string(tokens.member_id)))
-    return SF_OK.code
 }
 
 @c @implementation
 public func sf_refresh_request_fail(_ request: OpaquePointer!, _ code: Int32, _ retryAfterMilliseconds: Int64) -> Int32 {
-    guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
-    let error: AuthorityError
-    switch code {
-    case SF_EAUTH.code:
-        error = .terminal("invalid_grant", "the host's refresher reported a terminal failure")
-    case SF_ENETWORK.code:
-        error = .transient(
-            "the host's refresher reported a transient failure",
-            retryAfter: retryAfterMilliseconds >= 0 ? .milliseconds(retryAfterMilliseconds) : nil)
-    case SF_ECONFIG.code:
-        error = .configuration("host_configuration", "the host's refresher reported a configuration error")
-    default:
-        return SF_EINVAL.code
+    api("sf_refresh_request_fail") {
+        guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
+        let error: AuthorityError
+        switch code {
+        case SF_EAUTH.code:
+            error = .terminal("invalid_grant", "the host's refresher reported a terminal failure")
+        case SF_ENETWORK.code:
+            error = .transient(
+                "the host's refresher reported a transient failure",
+                retryAfter: retryAfterMilliseconds >= 0 ? .milliseconds(retryAfterMilliseconds) : nil)
+        case SF_ECONFIG.code:
+            error = .configuration("host_configuration", "the host's refresher reported a configuration error")
+        default:
+            return SF_EINVAL.code
+        }
+        guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
+        guard !open.completion.isAbandoned else {
+            open.completion.fail(.cancelled)
+            return SF_ECLOSED.code
+        }
+        open.completion.fail(error)
+        return SF_OK.code
     }
-    guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
-    guard !open.completion.isAbandoned else {
-        open.completion.fail(.cancelled)
-        return SF_ECLOSED.code
-    }
-    open.completion.fail(error)
-    return SF_OK.code
 }

@@ -23,18 +23,24 @@ final class Runtime: Sendable {
     let borrowed: Bool
     /// The client and endpoints sign-in flows start from (sf_options).
     let signInBase: SignInBase
+    /// The host's log function (sf_options.log), when it gave one.
+    let logSink: LogSink?
+    /// The runtime's log (the host's function, or standard error).
+    let logger: Logger
     private let destroyed = Atomic<Bool>(false)
 
     init(
         id: UInt64, loop: EventLoop, session: SessionManager, authority: HostAuthority?, borrowed: Bool,
-        signInBase: SignInBase
+        signInBase: SignInBase, logSink: LogSink?, logger: Logger
     ) {
+        self.logger = logger
         self.id = id
         self.loop = loop
         self.session = session
         self.authority = authority
         self.borrowed = borrowed
         self.signInBase = signInBase
+        self.logSink = logSink
     }
 
     /// Marks the runtime destroyed; true for the one caller that got there first.
@@ -61,13 +67,18 @@ func withRuntime(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionErro
     do {
         return try body(runtime)
     } catch {
+        explain(error.message)
         return errorCode(error)
     }
 }
 
-/// The library's logger for C hosts: warnings and above to standard error, more with
-/// SESSIONFLOW_LOG=debug (or trace, info, notice). Never a token (the session redacts).
-func makeLogger() -> Logger {
+/// The library's logger for C hosts: the host's log function (sf_options.log) at the level it
+/// chose; without one, warnings and above to standard error, more with SESSIONFLOW_LOG=debug
+/// (or trace, info, notice). Never a token (the session redacts).
+func makeLogger(_ sink: LogSink? = nil, level: Logger.Level = .info) -> Logger {
+    if let sink {
+        return Logger(label: "sessionflow", factory: { HostLogHandler(label: $0, sink: sink, logLevel: level) })
+    }
     var logger = Logger(label: "sessionflow", factory: { StreamLogHandler.standardError(label: $0) })
     if let level = getenv("SESSIONFLOW_LOG").flatMap({ Logger.Level(rawValue: String(cString: $0)) }) {
         logger.logLevel = level
@@ -79,7 +90,7 @@ func makeLogger() -> Logger {
 
 /// The sizes of `sf_options` in the released headers, oldest first: each field group added
 /// since (min_refresh_interval_ms; the built-in OAuth client and the store; refresh_release;
-/// start_manually; refresh_cancel; the store key; issuer) ends one.
+/// start_manually; refresh_cancel; the store key; issuer; log) ends one.
 let releasedOptionsSizes: [Int] = [
     MemoryLayout<sf_options>.offset(of: \.min_refresh_interval_ms)!,
     MemoryLayout<sf_options>.offset(of: \.token_endpoint)!,
@@ -88,6 +99,7 @@ let releasedOptionsSizes: [Int] = [
     MemoryLayout<sf_options>.offset(of: \.refresh_cancel)!,
     MemoryLayout<sf_options>.offset(of: \.store_key)!,
     MemoryLayout<sf_options>.offset(of: \.issuer)!,
+    MemoryLayout<sf_options>.offset(of: \.log)!,
     MemoryLayout<sf_options>.size,
 ]
 
@@ -107,7 +119,7 @@ func readOptions(_ options: UnsafePointer<sf_options>?) -> sf_options? {
     return result
 }
 
-func configuration(from options: sf_options) -> SessionConfiguration? {
+func configuration(from options: sf_options, logger: Logger) -> SessionConfiguration? {
     var configuration = SessionConfiguration()
     configuration.policy.margin = .milliseconds(options.refresh_margin_ms)
     configuration.policy.timeout = .milliseconds(options.refresh_timeout_ms)
@@ -115,9 +127,12 @@ func configuration(from options: sf_options) -> SessionConfiguration? {
     configuration.policy.maximumBackoff = .milliseconds(options.max_backoff_ms)
     configuration.policy.minimumInterval = .milliseconds(options.min_refresh_interval_ms)
     // The same check the session makes (RefreshPolicy.problem), answered here as SF_EINVAL.
-    guard configuration.policy.problem == nil else { return nil }
+    if let problem = configuration.policy.problem {
+        explain(problem)
+        return nil
+    }
     configuration.startsAutomatically = options.start_manually == 0
-    configuration.logger = makeLogger()
+    configuration.logger = logger
     return configuration
 }
 
@@ -182,9 +197,10 @@ func authority(from options: sf_options, loop: EventLoop) throws(OAuthConfigurat
         refresh: options.refresh, cancel: options.refresh_cancel, userdata: UserData(pointer: options.refresh_userdata))
 }
 
-/// Whether the options can make a runtime; an unusable OAuth setting is logged by name.
-func optionsAreUsable(_ options: sf_options) -> Bool {
-    guard configuration(from: options) != nil else { return false }
+/// Whether the options can make a runtime; an unusable setting is logged by name, and said
+/// (sf_last_error_message).
+func optionsAreUsable(_ options: sf_options, logger: Logger) -> Bool {
+    guard configuration(from: options, logger: logger) != nil else { return false }
     do {
         _ = try oauthConfiguration(from: options)
         _ = try issuer(from: options)
@@ -194,7 +210,8 @@ func optionsAreUsable(_ options: sf_options) -> Bool {
     } catch {
         // The field by its C name: "sf_options.token_endpoint uses plain http to a host...".
         let field = "sf_options." + error.field.replacing(" ", with: "_")
-        makeLogger().error("sf_runtime_create: SF_EINVAL: \(field) \(error.reason)")
+        explain("\(field) \(error.reason)")
+        logger.error("sf_runtime_create: SF_EINVAL: \(field) \(error.reason)")
         return false
     }
 }
@@ -225,7 +242,10 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         store_key_size: 0,
         store_key_file: nil,
         store_key_source: 0,
-        issuer: nil)
+        issuer: nil,
+        log: nil,
+        log_userdata: nil,
+        log_level: Int32(SF_LOG_INFO.rawValue))
 }
 
 /// The store's key as the options say (`store_key`, `store_key_file`, `store_key_source`);
@@ -274,9 +294,10 @@ func storeKey(from options: sf_options) throws(OAuthConfigurationError) -> FileC
 /// Only a runtime that is published takes ownership of `refresh_userdata`: its teardown
 /// closes the host's refresher and then runs `refresh_release`. A failure calls nothing.
 private func makeRuntime(
-    loop: EventLoop, options: sf_options, borrowed: Bool, out: UnsafeMutablePointer<OpaquePointer?>
+    loop: EventLoop, options: sf_options, borrowed: Bool, logger: Logger, logSink: LogSink?,
+    out: UnsafeMutablePointer<OpaquePointer?>
 ) -> Int32 {
-    guard let configuration = configuration(from: options),
+    guard let configuration = configuration(from: options, logger: logger),
         let authority = try? authority(from: options, loop: loop),
         let key = try? storeKey(from: options)
     else {
@@ -288,6 +309,7 @@ private func makeRuntime(
     do {
         session = try SessionManager(loop: loop, authority: authority, store: store, configuration: configuration)
     } catch {
+        explain(error.message)
         return errorCode(error)
     }
     let host = authority as? HostAuthority
@@ -295,12 +317,17 @@ private func makeRuntime(
     // Registered after the session's own hook, so it runs after the session has failed its
     // waiters and stopped its timers: the host's refresher is closed for good, then released.
     // Sign-ins still running end first (on_done SF_ESHUTDOWN, release), their flows stopped.
+    // A borrowed loop's host hears nothing after the teardown (an owned runtime's destroy
+    // closes the log once the store's last work has landed too).
     guard loop.addTeardownHook({ endSignIns(on: loop) }),
-        loop.addTeardownHook({ host?.close(); release() })
+        loop.addTeardownHook({ host?.close(); release() }),
+        !borrowed || loop.addFinalHook({ logSink?.close() })
     else { return SF_ESHUTDOWN.code }
     let base = SignInBase(options)
     let runtime = runtimes.insert { id in
-        Runtime(id: id, loop: loop, session: session, authority: host, borrowed: borrowed, signInBase: base)
+        Runtime(
+            id: id, loop: loop, session: session, authority: host, borrowed: borrowed, signInBase: base,
+            logSink: logSink, logger: logger)
     }
     out.pointee = pointer(for: runtime.id)
     return SF_OK.code
@@ -309,24 +336,44 @@ private func makeRuntime(
 /// Reads the options, makes the loop, then the runtime; a failure leaves nothing behind.
 private func create(
     _ options: UnsafePointer<sf_options>?, _ out: UnsafeMutablePointer<OpaquePointer?>?, borrowed: Bool,
-    makeLoop: () throws(LoopFlowError) -> EventLoop
+    makeLoop: (Logger) throws(LoopFlowError) -> EventLoop
 ) -> Int32 {
-    guard let out else { return SF_EINVAL.code }
-    guard let options = readOptions(options) else {
-        makeLogger().error(
-            "sf_runtime_create: SF_EINVAL: sf_options.size is not the size of a released sf_options (use sf_options_init)")
+    guard let out else {
+        explain("out is NULL")
         return SF_EINVAL.code
     }
-    guard optionsAreUsable(options) else { return SF_EINVAL.code }
+    guard let options = readOptions(options) else {
+        let size = options?.pointee.size ?? 0
+        let problem = "sf_options.size is \(size), not the size of a released sf_options (use sf_options_init)"
+        explain(problem)
+        makeLogger().error("sf_runtime_create: SF_EINVAL: \(problem)")
+        return SF_EINVAL.code
+    }
+    let logSink = options.log.map { LogSink(function: $0, userdata: options.log_userdata) }
+    guard let level = Logger.Level(cLevel: options.log_level) else {
+        let problem = "sf_options.log_level is \(options.log_level), not an sf_log_level (SF_LOG_TRACE…SF_LOG_CRITICAL)"
+        explain(problem)
+        makeLogger().error("sf_runtime_create: SF_EINVAL: \(problem)")
+        return SF_EINVAL.code
+    }
+    let logger = makeLogger(logSink, level: level)
+    guard optionsAreUsable(options, logger: logger) else {
+        logSink?.close()
+        return SF_EINVAL.code
+    }
     let loop: EventLoop
     do {
-        loop = try makeLoop()
+        loop = try makeLoop(logger)
     } catch {
+        explain("the loop: \(error.message)")
+        logSink?.close()
         return SF_EINVAL.code
     }
-    let result = makeRuntime(loop: loop, options: options, borrowed: borrowed, out: out)
+    let result = makeRuntime(
+        loop: loop, options: options, borrowed: borrowed, logger: logger, logSink: logSink, out: out)
     if result != SF_OK.code {
         _ = try? loop.shutdown()
+        logSink?.close()
     }
     return result
 }
@@ -335,8 +382,10 @@ private func create(
 public func sf_runtime_create(
     _ options: UnsafePointer<sf_options>!, _ out: UnsafeMutablePointer<OpaquePointer?>!
 ) -> Int32 {
-    create(options, out, borrowed: false) { () throws(LoopFlowError) in
-        try EventLoop(name: "sessionflow", logger: makeLogger())
+    api("sf_runtime_create") {
+        create(options, out, borrowed: false) { logger throws(LoopFlowError) in
+            try EventLoop(name: "sessionflow", logger: logger)
+        }
     }
 }
 
@@ -345,33 +394,50 @@ public func sf_runtime_create_on_loop(
     _ uvLoop: UnsafeMutablePointer<uv_loop_s>!, _ options: UnsafePointer<sf_options>!,
     _ out: UnsafeMutablePointer<OpaquePointer?>!
 ) -> Int32 {
-    guard let uvLoop else { return SF_EINVAL.code }
-    return create(options, out, borrowed: true) { () throws(LoopFlowError) in
-        try EventLoop(borrowing: uvLoop, logger: makeLogger())
+    api("sf_runtime_create_on_loop") {
+        guard let uvLoop else {
+            explain("loop is NULL")
+            return SF_EINVAL.code
+        }
+        return create(options, out, borrowed: true) { logger throws(LoopFlowError) in
+            try EventLoop(borrowing: uvLoop, logger: logger)
+        }
     }
 }
 
 @c @implementation
 public func sf_runtime_start(_ pointer: OpaquePointer!) -> Int32 {
-    withRuntime(pointer) { runtime throws(SessionError) in
-        try runtime.session.start()
-        return SF_OK.code
+    api("sf_runtime_start") {
+        withRuntime(pointer) { runtime throws(SessionError) in
+            try runtime.session.start()
+            return SF_OK.code
+        }
     }
 }
 
 @c @implementation
 public func sf_runtime_destroy(_ runtime: OpaquePointer!) -> Int32 {
-    sf_runtime_destroy_report(runtime, nil)
+    api("sf_runtime_destroy") { destroy(runtime, nil) }
 }
 
 @c @implementation
 public func sf_runtime_destroy_report(_ pointer: OpaquePointer!, _ unclosed: UnsafeMutablePointer<Int>!) -> Int32 {
+    api("sf_runtime_destroy_report") { destroy(pointer, unclosed) }
+}
+
+private func destroy(_ pointer: OpaquePointer?, _ unclosed: UnsafeMutablePointer<Int>?) -> Int32 {
     guard pointer != nil else { return SF_OK.code }  // destroy(NULL) is a no-op
     return withRuntime(pointer) { target in
         if target.borrowed {
-            guard target.loop.inEventLoop else { return SF_ETHREAD.code }
+            guard target.loop.inEventLoop else {
+                explain("a runtime on the host's loop is destroyed on the thread that runs that loop")
+                return SF_ETHREAD.code
+            }
         } else {
-            guard !target.loop.inEventLoop else { return SF_EBUSY.code }
+            guard !target.loop.inEventLoop else {
+                explain("called on the runtime's own loop thread (from a callback): it would wait for itself")
+                return SF_EBUSY.code
+            }
         }
         guard target.claimDestruction(), runtimes.remove(target.id) != nil else { return SF_ECLOSED.code }
         // From here the host's refresher is never called again and its open requests are
@@ -389,7 +455,10 @@ public func sf_runtime_destroy_report(_ pointer: OpaquePointer!, _ unclosed: Uns
         // an owned runtime's destroy returns once they have landed, so a host may exit next.
         // (A borrowed runtime's destroy runs on the host's loop thread, which never waits for
         // the store: they land on the worker thread shortly after.)
-        if !target.borrowed { target.session.waitForStoreWork() }
+        if !target.borrowed {
+            target.session.waitForStoreWork()
+            target.logSink?.close()
+        }
         return SF_OK.code
     }
 }

@@ -60,56 +60,74 @@ private func signIn(_ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens
 
 @c @implementation
 public func sf_session_sign_in(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
-    signIn(pointer, tokens, replacingStore: false)
+    api("sf_session_sign_in") {
+        signIn(pointer, tokens, replacingStore: false)
+    }
 }
 
 @c @implementation
 public func sf_session_sign_in_replacing_store(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
-    signIn(pointer, tokens, replacingStore: true)
+    api("sf_session_sign_in_replacing_store") {
+        signIn(pointer, tokens, replacingStore: true)
+    }
 }
 
 @c @implementation
 public func sf_session_logout(_ pointer: OpaquePointer!) -> Int32 {
-    synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait() }
+    api("sf_session_logout") {
+        synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait() }
+    }
 }
 
 @c @implementation
 public func sf_session_reconfigure(_ pointer: OpaquePointer!) -> Int32 {
-    synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.reconfigureAndWait() }
+    api("sf_session_reconfigure") {
+        synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.reconfigureAndWait() }
+    }
 }
 
 @c @implementation
 public func sf_session_is_logged_in(_ pointer: OpaquePointer!) -> Int32 {
-    withRuntime(pointer) { runtime in runtime.session.isLoggedIn() ? 1 : 0 }
+    api("sf_session_is_logged_in") {
+        withRuntime(pointer) { runtime in runtime.session.isLoggedIn() ? 1 : 0 }
+    }
 }
 
 @c @implementation
 public func sf_session_member_id(_ pointer: OpaquePointer!, _ buffer: UnsafeMutablePointer<CChar>!, _ length: Int) -> Int32 {
-    guard let buffer else { return SF_EINVAL.code }
-    return withRuntime(pointer) { runtime in
-        copy(Array((runtime.session.memberID ?? "").utf8), to: buffer, length: length)
+    api("sf_session_member_id") {
+        guard let buffer else { return SF_EINVAL.code }
+        return withRuntime(pointer) { runtime in
+            copy(Array((runtime.session.memberID ?? "").utf8), to: buffer, length: length)
+        }
     }
 }
 
 @c @implementation
 public func sf_session_fresh_token(_ pointer: OpaquePointer!, _ callback: sf_token_fn!, _ userdata: UnsafeMutableRawPointer!) -> Int32 {
-    guard let callback else { return SF_EINVAL.code }
-    let answer = TokenCallback(function: callback, userdata: userdata)
-    return posting(pointer) { runtime throws(SessionError) in
-        try runtime.session.freshAccessToken { answer($0) }
+    api("sf_session_fresh_token") {
+        guard let callback else { return SF_EINVAL.code }
+        let answer = TokenCallback(function: callback, userdata: userdata)
+        return posting(pointer) { runtime throws(SessionError) in
+            try runtime.session.freshAccessToken { answer($0) }
+        }
     }
 }
 
 @c @implementation
 public func sf_session_notify_unauthorized(_ pointer: OpaquePointer!, _ accessToken: UnsafePointer<CChar>!) -> Int32 {
-    guard let accessToken else { return SF_EINVAL.code }
-    let token = secret(accessToken)
-    return posting(pointer) { runtime throws(SessionError) in
-        try runtime.session.handleUnauthorized(token: token) { _ in }
+    api("sf_session_notify_unauthorized") {
+        guard let accessToken else { return SF_EINVAL.code }
+        let token = secret(accessToken)
+        return posting(pointer) { runtime throws(SessionError) in
+            try runtime.session.handleUnauthorized(token: token) { _ in }
+        }
     }
 }
 
 @c @implementation
 public func sf_session_resume(_ pointer: OpaquePointer!) -> Int32 {
-    posting(pointer) { runtime throws(SessionError) in try runtime.session.resume() }
+    api("sf_session_resume") {
+        posting(pointer) { runtime throws(SessionError) in try runtime.session.resume() }
+    }
 }

@@ -428,7 +428,9 @@ private func startSignIn(
 ) -> Int32 {
     guard let observer, let out else { return SF_EINVAL.code }
     guard let options = readSignInOptions(options) else {
-        makeLogger().error("\(name): SF_EINVAL: sf_sign_in_options.size is not the size of a released sf_sign_in_options (use sf_sign_in_options_init)")
+        refuse(
+            name, pointer,
+            "sf_sign_in_options.size is \(options?.pointee.size ?? 0), not the size of a released sf_sign_in_options (use sf_sign_in_options_init)")
         return SF_EINVAL.code
     }
     let callbacks = SignInCallbacks(observer: observer.pointee)
@@ -437,7 +439,7 @@ private func startSignIn(
         do throws(SignInOptionError) {
             source = try configurationSource(kind, options, runtime.signInBase)
         } catch {
-            makeLogger().error("\(name): SF_EINVAL: \(error.field) \(error.reason)")
+            refuse(name, pointer, "\(error.field) \(error.reason)")
             return SF_EINVAL.code
         }
         guard runtime.session.state.value != .loggedIn else { return SF_ESTATE.code }
@@ -481,7 +483,9 @@ public func sf_session_sign_in_device(
     _ pointer: OpaquePointer!, _ options: UnsafePointer<sf_sign_in_options>!,
     _ observer: UnsafePointer<sf_sign_in_observer>!, _ out: UnsafeMutablePointer<sf_sign_in>!
 ) -> Int32 {
-    startSignIn(.device, "sf_session_sign_in_device", pointer, options, observer, out)
+    api("sf_session_sign_in_device") {
+        startSignIn(.device, "sf_session_sign_in_device", pointer, options, observer, out)
+    }
 }
 
 @c @implementation
@@ -489,11 +493,15 @@ public func sf_session_sign_in_browser(
     _ pointer: OpaquePointer!, _ options: UnsafePointer<sf_sign_in_options>!,
     _ observer: UnsafePointer<sf_sign_in_observer>!, _ out: UnsafeMutablePointer<sf_sign_in>!
 ) -> Int32 {
-    startSignIn(.browser, "sf_session_sign_in_browser", pointer, options, observer, out)
+    api("sf_session_sign_in_browser") {
+        startSignIn(.browser, "sf_session_sign_in_browser", pointer, options, observer, out)
+    }
 }
 
 @c @implementation
 public func sf_sign_in_cancel(_ signIn: sf_sign_in) -> Int32 {
-    guard signIn != 0, let record = signIns.lookup(signIn) else { return SF_ECLOSED.code }
-    return record.cancel() ? SF_OK.code : SF_ECLOSED.code
+    api("sf_sign_in_cancel") {
+        guard signIn != 0, let record = signIns.lookup(signIn) else { return SF_ECLOSED.code }
+        return record.cancel() ? SF_OK.code : SF_ECLOSED.code
+    }
 }

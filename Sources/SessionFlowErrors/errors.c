@@ -30,3 +30,32 @@ const char *sf_err_name(int code) {
         return "SF_EUNKNOWN";
     }
 }
+
+/* sf_last_error_message: per thread, as errno. `pending` is what the running call said,
+ * `last` the message of the thread's last failing call. */
+#include "sessionflow_detail.h"
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char pending[448];
+static _Thread_local int has_pending;
+static _Thread_local char last[512];
+static _Thread_local int has_last;
+
+void sf_detail_clear(void) { has_pending = 0; }
+
+void sf_detail_set(const char *detail) {
+    if (detail == NULL) return;
+    snprintf(pending, sizeof pending, "%s", detail);
+    has_pending = 1;
+}
+
+int sf_detail_finish(const char *function, int code) {
+    if (code >= 0) return code;
+    snprintf(last, sizeof last, "%s: %s", function, has_pending ? pending : sf_strerror(code));
+    has_last = 1;
+    has_pending = 0;
+    return code;
+}
+
+const char *sf_last_error_message(void) { return has_last ? last : NULL; }

@@ -64,6 +64,8 @@ public final class EventLoop: @unchecked Sendable {
 
     // Loop-confined.
     private var report = ShutdownReport(unclosedSubscriptions: 0)
+    /// `addFinalHook`'s hooks; nil once they ran.
+    private let finalHooks = Mutex<[@Sendable () -> Void]?>([])
 
     private let loopThread = Atomic<UInt>(0)
     /// How many times the wake-up callback ran (coalescing is observable in tests).
@@ -87,6 +89,9 @@ public final class EventLoop: @unchecked Sendable {
     ///   - name: the thread's name (first 15 bytes), for debuggers and logs.
     ///   - clock: `.system` (libuv timers on the monotonic clock) or `.manual(clock)` for
     ///     tests that drive timers in virtual time.
+    ///   - boundedJobLimit: how many jobs of `executeBounded` may wait at once (beyond it:
+    ///     `overloaded`, nothing queued).
+    ///   - logger: where the loop logs (teardown with subscriptions never closed, libuv errors).
     /// - Throws: `LoopFlowError.libuv` if libuv cannot create the loop.
     public convenience init(
         name: String = "loopflow",
@@ -312,6 +317,20 @@ public final class EventLoop: @unchecked Sendable {
         resources.addTeardownHook(hook) != nil
     }
 
+    /// Runs `hook` on the loop thread at the very end of the teardown, after open
+    /// subscriptions were completed and the unclosed ones reported (in the log): the last
+    /// moment the loop logs. For a logger's owner that must know when nothing more comes.
+    /// Returns false (and never runs it) if teardown has begun.
+    @discardableResult
+    package func addFinalHook(_ hook: @escaping @Sendable () -> Void) -> Bool {
+        finalHooks.withLock { hooks in
+            guard var list = hooks else { return false }
+            list.append(hook)
+            hooks = list
+            return true
+        }
+    }
+
     /// `addTeardownHook` for an owner that may go away before the loop does: the hook's id,
     /// to hand to `removeTeardownHook` then (so short-lived owners leave nothing behind), or
     /// nil if teardown has begun (the hook will never run).
@@ -413,6 +432,9 @@ public final class EventLoop: @unchecked Sendable {
             logger.warning(
                 "event loop torn down with subscriptions that were never closed",
                 metadata: ["loop": "\(name)", "unclosed": "\(completed)"])
+        }
+        for hook in finalHooks.withLock({ hooks in defer { hooks = nil }; return hooks ?? [] }) {
+            hook()
         }
 
         // No sender claims a wake-up any more (teardown has begun); wait out the ones that
