@@ -97,7 +97,7 @@ esac
 
 if [ "$mode" = plain ] || [ "$mode" = installed ]; then
     echo "== C examples"
-    for example in owned_host borrowed_host; do
+    for example in quickstart owned_host borrowed_host; do
         $cc -std=gnu11 -Wall -Wextra -Werror "Bindings/examples/$example.c" \
             -o "$out/$example" "${link[@]}"
         echo "-- $example"

@@ -15,12 +15,29 @@
 #      ThreadSanitizer (each sanitizer with its own scratch path)
 #   7. a consumer package that depends on SessionCore only: resolves without the tools'
 #      dependencies, and builds
+#   8. the documentation: the DocC catalogs of LoopFlow and SessionCore (scripts/docs.sh,
+#      warnings as errors), docs/c-api.md up to date with the header (scripts/c-api-doc.py),
+#      and watch-session's man page generated (swift-argument-parser's manual plugin)
 # Warnings are errors for this package's own code here (-Xswiftc -warnings-as-errors), not in
 # Package.swift, which would force them on every package that depends on it.
 # The benchmark, soak, probe and fuzzers are the tools package Tools/ (scratch path
 # Tools/.build; the sanitizer builds have their own).
-# Usage: bash scripts/test.sh
+# Usage: bash scripts/test.sh            the whole suite (what CI runs; about 22 minutes)
+#        bash scripts/test.sh --quick    a newcomer's check: the Swift tests (with the probe they
+#                                        spawn) and the C suite + C examples against the debug
+#                                        library; no sanitizers, benchmark, soak or install
 source "$(dirname "$0")/setup.sh"
+
+quick=0
+case "${1:-}" in
+"") ;;
+--quick) quick=1 ;;
+*)
+    echo "usage: bash scripts/test.sh [--quick]" >&2
+    exit 64
+    ;;
+esac
+started=$SECONDS
 
 # The C and Python hosts' tools.
 command -v gcc >/dev/null 2>&1 || apt_install gcc
@@ -47,13 +64,27 @@ unset DBUS_SESSION_BUS_ADDRESS
 
 strict=(-Xswiftc -warnings-as-errors)
 
+echo "== the C reference (docs/c-api.md) is what the header says"
+python3 scripts/c-api-doc.py --check
+
 echo "== swift test"
 swift build --build-tests "${strict[@]}"
 # The tools (debug): the probe the multi-process tests spawn, the soak, and every other tool
-# (so that none rots).
-swift build --package-path Tools "${strict[@]}"
+# (so that none rots). The quick tier builds the probe only.
+if [ "$quick" -eq 1 ]; then
+    swift build --package-path Tools --product session-probe "${strict[@]}"
+else
+    swift build --package-path Tools "${strict[@]}"
+fi
 export SESSIONFLOW_PROBE="$PWD/Tools/.build/debug/session-probe"
 swift test --skip-build
+if [ "$quick" -eq 1 ]; then
+    echo "== C suite and examples (the debug library)"
+    bash Bindings/run-tests.sh plain
+    echo "quick tier passed in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s" \
+        "(the whole suite: bash scripts/test.sh)"
+    exit 0
+fi
 # Measurements (loop lateness while the store blocks) run alone, not beside forty suites.
 SESSIONFLOW_MEASURE=1 swift test --skip-build --filter "StoreWorkerTests"
 
@@ -61,11 +92,27 @@ echo "== the library as shipped: installed into a temporary prefix"
 prefix=$(mktemp -d)
 stage=$(mktemp -d)
 trap 'rm -rf "$prefix" "$stage"' EXIT
-bash Bindings/install.sh "$prefix"
+bash Bindings/install.sh --cli "$prefix"
 libdir="$prefix/lib"
 export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 version=$(pkg-config --modversion sessionflow)
 soname=$(readelf -d "$libdir/libsessionflow.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+
+echo "== the command-line tool as installed: runs without the toolchain's libraries, has its manual page"
+installed_version=$(env -u LD_LIBRARY_PATH "$prefix/bin/watch-session" --version)
+if [ "$installed_version" != "$version" ]; then
+    echo "installed watch-session --version says '$installed_version', the header $version" >&2
+    exit 1
+fi
+page="$prefix/share/man/man1/watch-session.1"
+for expected in '.Dt WATCH-SESSION 1' '.Nm watch-session' 'login' 'logout' 'version'; do
+    grep -qF -- "$expected" "$page" || { echo "$page lacks '$expected'" >&2; exit 1; }
+done
+if ldd "$prefix/bin/watch-session" | grep -q 'libswiftCore'; then
+    echo "the installed watch-session needs the toolchain's libswiftCore" >&2
+    exit 1
+fi
+echo "watch-session $installed_version installed with its manual page ($(wc -l <"$page") lines)"
 
 echo "== library checks: size, debug info, dependencies, SONAME, exports"
 # The verdict is applied at the end: the passes below still run (and report) when the
@@ -165,6 +212,9 @@ bash Bindings/run-tests.sh tsan
 
 echo "== a package that depends on SessionCore only"
 bash scripts/check-consumer.sh
+
+echo "== the DocC catalogs of LoopFlow and SessionCore (warnings are errors)"
+bash scripts/docs.sh
 
 if [ "$library_check" -ne 0 ]; then
     echo "== the library checks failed (see \"library checks\" above): the other passes finished" >&2

@@ -43,7 +43,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// Where the encryption key comes from. The store file's header records which source
     /// (and which key) sealed it: a store is only ever opened from that source, and one whose
     /// source cannot be reached is unavailable — never re-keyed, never overwritten.
-    /// README.md, "Threat model of the store", says what each protects against.
+    /// docs/storage-and-oauth.md, "Threat model of the store", says what each protects against.
     public enum Key: Sendable {
         /// The Secret Service when a session bus and the service answer, else a key file — for
         /// a new store; an existing one keeps the source its header names (a store made in the

@@ -79,7 +79,7 @@ struct StoreKeyTests {
         #expect(Self.damaged(read), "\(summary(of: read))")
         #expect(store.read() == .absent)
         #expect(tmp.files().contains { $0.hasPrefix("session.sfstore.damaged-") })
-        // What rotation does not do (README, threat model): a copy of the key file taken with
+        // What rotation does not do (docs/storage-and-oauth.md, threat model): a copy of the key file taken with
         // the store (a backup of the whole directory) still opens it — for a key file; for a
         // host's key, the copied wrapped key still needs the host's key.
         if source == .keyFile {

@@ -190,6 +190,7 @@ extension SharedFlow: DeliverySource {
 /// The event bus you emit into.
 public final class MutableSharedFlow<Event: Sendable>: SharedFlow<Event>, @unchecked Sendable {
     /// - Parameters:
+    ///   - loop: the loop whose thread delivers the events.
     ///   - replay: how many of the latest events a new subscriber receives first (≥ 0).
     ///   - bufferCapacity: how many events may wait for delivery (≥ 1).
     ///   - overflow: which event is lost when the buffer is full.

@@ -54,9 +54,12 @@ public final class SessionManager: Sendable {
     var engine: SessionEngine { sessions.withLockedValue { $0.active } }
 
     /// - Parameters:
+    ///   - loop: the loop the session lives on: every callback runs on its thread.
+    ///   - authority: refreshes, validates and revokes the tokens (yours, or SessionOAuth's).
     ///   - store: where the session is kept. A store of several accounts
     ///     (`AccountCredentialStore`, like the file store) gets a session per stored
     ///     account; the store's active account drives `state`.
+    ///   - configuration: the refresh policy, limits, logger and start-up behaviour.
     /// - Throws: `shutDown` if the loop is shut down; `invalidArgument` for an unusable
     ///   configuration.
     public init(

@@ -2,7 +2,7 @@
 /// no randomness of its own (the caller passes a unit random number), so tests pin it.
 ///
 /// The two jitter laws are chosen so that a fleet of clients never stampedes the
-/// authorization server (measured with `fleet-sim` in Tools/, README "Fleet simulation"):
+/// authorization server (measured with `fleet-sim` in Tools/, docs/reliability.md, "Fleet simulation"):
 ///
 /// - **Proactive refresh**: due at a random point of a window that *ends* at expiry − margin
 ///   (the latest point, where a zero jitter puts it) and reaches back `proactiveJitter` (46 % by
@@ -96,6 +96,10 @@ public struct RefreshPolicy: Sendable, Equatable {
     }
 
     /// Whether a token expiring at `expiresAt` (living `lifetime`) should be refreshed at `now`.
+    /// - Parameters:
+    ///   - now: the current time on the session's monotonic clock.
+    ///   - expiresAt: when the token expires, on the same clock.
+    ///   - lifetime: how long the token lives in all (from its issue to `expiresAt`).
     public func needsRefresh(now: Duration, expiresAt: Duration, lifetime: Duration) -> Bool {
         now >= expiresAt - effectiveMargin(lifetime: lifetime)
     }
@@ -126,7 +130,12 @@ public struct RefreshPolicy: Sendable, Equatable {
 
     /// Delay before the proactive refresh, from `now`: at `expiresAt − margin − lead` (see the
     /// type's documentation), never sooner than `minimumInterval` after the last refresh.
-    /// - Parameter unitRandom: a number in [0, 1).
+    /// - Parameters:
+    ///   - now: the current time on the session's monotonic clock.
+    ///   - expiresAt: when the token expires, on the same clock.
+    ///   - lifetime: how long the token lives in all.
+    ///   - lastRefresh: when the last refresh happened, if one did.
+    ///   - unitRandom: a number in [0, 1).
     public func proactiveDelay(
         now: Duration, expiresAt: Duration, lifetime: Duration, lastRefresh: Duration?, unitRandom: Double
     ) -> Duration {
@@ -153,7 +162,10 @@ public struct RefreshPolicy: Sendable, Equatable {
     /// `base − (base − initialBackoff) × backoffJitter × u`, so within
     /// `[initialBackoff, base]` (u = 0: the base), honouring the server's `Retry-After` (never
     /// retried sooner than that, up to `maximumRetryAfter`).
-    /// - Parameter unitRandom: a number in [0, 1).
+    /// - Parameters:
+    ///   - failures: how many attempts in a row failed (1 for the first failure).
+    ///   - retryAfter: the server's `Retry-After`, if it sent one.
+    ///   - unitRandom: a number in [0, 1).
     public func backoffDelay(failures: Int, retryAfter: Duration?, unitRandom: Double) -> Duration {
         let base = baseBackoff(failures: failures)
         let u = unitRandom.isNaN ? 0 : min(max(unitRandom, 0), 1)
