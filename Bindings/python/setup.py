@@ -5,22 +5,23 @@ or the system) stays pure. The bindings are ctypes: no CPython ABI is involved, 
 Python 3 of the platform can use it."""
 import os
 
-from setuptools import setup
+from setuptools import Distribution, setup
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1
 except ImportError:  # older setuptools: the `wheel` package's
-    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+    from wheel.bdist_wheel import bdist_wheel  # pyproject.toml's build requirements include it
 
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", "sessionflow", "_lib", "libsessionflow.so")
 
 
-class PlatformWheel(bdist_wheel):
-    def finalize_options(self):
-        super().finalize_options()
-        if os.path.exists(BUNDLED):
-            self.root_is_pure = False
+class BundlingDistribution(Distribution):
+    def has_ext_modules(self):
+        # A native library inside: installed as platform-specific (platlib, Root-Is-Purelib false).
+        return os.path.exists(BUNDLED)
 
+
+class PlatformWheel(bdist_wheel):
     def get_tag(self):
         python, abi, platform = super().get_tag()
         if os.path.exists(BUNDLED):
@@ -28,4 +29,4 @@ class PlatformWheel(bdist_wheel):
         return python, abi, platform
 
 
-setup(cmdclass={"bdist_wheel": PlatformWheel})
+setup(distclass=BundlingDistribution, cmdclass={"bdist_wheel": PlatformWheel})

@@ -588,7 +588,9 @@ class Runtime:
     def accounts(self) -> List[str]:
         """sf_session_accounts: the account keys with a session, sorted."""
         needed = ctypes.c_size_t(0)
-        check(int(_ffi.lib.sf_session_accounts(self._pointer, None, 0, ctypes.byref(needed))), "sf_session_accounts")
+        code = int(_ffi.lib.sf_session_accounts(self._pointer, None, 0, ctypes.byref(needed)))  # the size
+        if code != ErrorCode.ERANGE:
+            check(code, "sf_session_accounts")
         while True:
             buffer = ctypes.create_string_buffer(max(needed.value, 1))
             code = int(_ffi.lib.sf_session_accounts(self._pointer, buffer, len(buffer), ctypes.byref(needed)))
