@@ -120,9 +120,14 @@ def test_a_python_refresher_serves_one_refresh_for_many_callers():
 
 
 def test_a_terminal_refusal_expires_the_session():
+    seen = []
+
     def refresher(request, refresh_token):
-        assert request.fail("SF_EAUTH") == 0
-        assert request.fail("SF_EAUTH") == sf.ERRORS["SF_ECLOSED"]  # completed twice
+        request.fail("SF_EAUTH")
+        with pytest.raises(sf.SessionFlowError) as twice:  # completed twice: raised, not returned
+            request.fail("SF_EAUTH")
+        assert twice.value.code == sf.ERRORS["SF_ECLOSED"] and twice.value.name == "SF_ECLOSED"
+        seen.append(request)
 
     rt = sf.Runtime(refresher=refresher)
     try:
@@ -132,6 +137,7 @@ def test_a_terminal_refusal_expires_the_session():
         assert error.value.name == "SF_EAUTH"
         assert wait_for(lambda: rt.state == sf.State.SESSION_EXPIRED)
         assert rt.member_id() == "m"
+        assert len(seen) == 1 and seen[0].completed
     finally:
         rt.destroy()
 
@@ -149,7 +155,9 @@ def test_the_refresher_is_released_once_after_its_last_call():
     assert wait_for(lambda: calls)
     rt.destroy()
     assert len(releases) == 1 and releases[0] == calls[0]  # on the loop thread, before destroy returned
-    assert open_requests[0].succeed("late", None, 60) == sf.ERRORS["SF_ECLOSED"]
+    with pytest.raises(sf.ClosedError) as late:  # closed by destroy: raised, not returned
+        open_requests[0].succeed("late", None, 60)
+    assert late.value.name == "SF_ECLOSED"
     time.sleep(0.1)
     assert len(calls) == 1 and len(releases) == 1
 

@@ -1,0 +1,140 @@
+"""The values the library hands to Python: states, events, store statuses, sign-in prompts."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from . import _ffi
+
+
+class State(enum.IntEnum):
+    """sf_session_state."""
+
+    LOGGED_OUT = 0
+    LOGGED_IN = 1
+    SESSION_EXPIRED = 2
+
+
+class EventKind(enum.IntEnum):
+    """sf_event_kind."""
+
+    INITIAL_SESSION = 1
+    SIGNED_IN = 2
+    SIGNED_OUT = 3
+    TOKEN_REFRESHED = 4
+    REFRESH_FAILED = 5
+    SESSION_EXPIRED = 6
+    VALIDATED = 7
+    STORE_ERROR = 8
+    ACCOUNT_SWITCHED = 9
+
+
+class StoreStatus(enum.IntEnum):
+    """sf_store_status."""
+
+    READING = 0
+    AVAILABLE = 1
+    UNAVAILABLE = 2
+
+
+class StoreKeySource(enum.IntEnum):
+    """sf_options.store_key_source (SF_STORE_KEY_*)."""
+
+    AUTOMATIC = 0
+    FILE = 1
+    SECRET_SERVICE = 2
+
+
+def _optional(value: Optional[bytes]) -> Optional[str]:
+    return value.decode("utf-8", errors="replace") if value else None
+
+
+def _kind(value: int) -> Union[EventKind, int]:
+    try:
+        return EventKind(value)
+    except ValueError:  # a kind of a newer library: kept as its number
+        return value
+
+
+@dataclass(frozen=True)
+class Event:
+    """A session event (sf_event). Strings are copied out of the callback's borrowed ones.
+
+    member_id: SIGNED_IN, ACCOUNT_SWITCHED; reason: SIGNED_OUT, TOKEN_REFRESHED,
+    REFRESH_FAILED, SESSION_EXPIRED, STORE_ERROR; code, attempt, retry_in_ms (-1: no retry
+    scheduled): REFRESH_FAILED; expires_in_ms: TOKEN_REFRESHED; state: INITIAL_SESSION.
+    Never a token."""
+
+    kind: Union[EventKind, int]
+    state: State
+    member_id: Optional[str]
+    reason: Optional[str]
+    code: int
+    attempt: int
+    retry_in_ms: int
+    expires_in_ms: int
+
+    @classmethod
+    def _from_raw(cls, raw: _ffi.RawEvent) -> "Event":
+        return cls(
+            kind=_kind(int(raw.kind)),
+            state=State(int(raw.state)),
+            member_id=_optional(raw.member_id),
+            reason=_optional(raw.reason),
+            code=int(raw.code),
+            attempt=int(raw.attempt),
+            retry_in_ms=int(raw.retry_in_ms),
+            expires_in_ms=int(raw.expires_in_ms),
+        )
+
+
+@dataclass(frozen=True)
+class SignInPrompt:
+    """What the user is shown (sf_sign_in_prompt). Device flow: go to `verification_uri` and
+    enter `user_code` (or open `verification_uri_complete`). Browser flow: open
+    `authorization_url`; it comes back to `redirect_uri`. Fields not of the flow are None.
+    (No device code, code verifier or token is ever in it.)"""
+
+    user_code: Optional[str]
+    verification_uri: Optional[str]
+    verification_uri_complete: Optional[str]
+    expires_in_ms: int
+    interval_ms: int
+    authorization_url: Optional[str]
+    redirect_uri: Optional[str]
+
+    @classmethod
+    def _from_raw(cls, raw: _ffi.SignInPromptStruct) -> "SignInPrompt":
+        return cls(
+            user_code=_optional(raw.user_code),
+            verification_uri=_optional(raw.verification_uri),
+            verification_uri_complete=_optional(raw.verification_uri_complete),
+            expires_in_ms=int(raw.expires_in_ms),
+            interval_ms=int(raw.interval_ms),
+            authorization_url=_optional(raw.authorization_url),
+            redirect_uri=_optional(raw.redirect_uri),
+        )
+
+
+class Subscription:
+    """A subscription handle (sf_subscription). close() from any thread, any number of times,
+    also inside its own callback: when it returns (outside that callback), no callback of the
+    subscription runs or will start. Also a context manager (closes on exit)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def close(self) -> bool:
+        """sf_subscription_close: True the first time; False when already closed or completed
+        (SF_ECLOSED, the one answer it can give besides SF_OK)."""
+        return int(_ffi.lib.sf_subscription_close(self.handle)) == 0
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Subscription({self.handle})"
