@@ -185,7 +185,8 @@ if [ "$cli" -eq 1 ]; then
         exit 1
     fi
     install -d "$destdir$bindir" "$destdir$mandir/man1"
-    install -m 0755 "$cli_scratch/release/watch-session" "$destdir$bindir/watch-session"
+    "$objcopy" --strip-unneeded "$cli_scratch/release/watch-session" "$stage/watch-session"
+    install -m 0755 "$stage/watch-session" "$destdir$bindir/watch-session"
     install -m 0644 "$page" "$destdir$mandir/man1/watch-session.1"
     echo "installed watch-session $version into ${destdir}$bindir, its manual page into ${destdir}$mandir/man1"
 fi

@@ -7,7 +7,8 @@
 #      that verdict is applied last, so that every other pass still runs and reports); a
 #      DESTDIR install checked too
 #   3. against that installed library: the C suite (gcc -Werror) and both C example hosts,
-#      the Python (ctypes) host's pytest suite, and hosts built with pkg-config (no rpath:
+#      the Python package's pytest suite (its wheel installed into a fresh venv) and mypy
+#      --strict, and hosts built with pkg-config (no rpath:
 #      they run with LD_LIBRARY_PATH, or carry their own rpath)
 #   4. the benchmark's smoke run (with Node.js's EventEmitter as a peer: its rows must be measured)
 #   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback)
@@ -15,9 +16,10 @@
 #      ThreadSanitizer (each sanitizer with its own scratch path)
 #   7. a consumer package that depends on SessionCore only: resolves without the tools'
 #      dependencies, and builds
-#   8. the documentation: the DocC catalogs of LoopFlow and SessionCore (scripts/docs.sh,
-#      warnings as errors), docs/c-api.md up to date with the header (scripts/c-api-doc.py),
-#      and watch-session's man page generated (swift-argument-parser's manual plugin)
+#   8. the documentation: docs/c-api.md up to date with the header (scripts/c-api-doc.py,
+#      first), watch-session and its man page installed (install.sh --cli: swift-argument-
+#      parser's manual plugin), the DocC catalogs of LoopFlow and SessionCore (scripts/docs.sh,
+#      warnings as errors, last)
 # Warnings are errors for this package's own code here (-Xswiftc -warnings-as-errors), not in
 # Package.swift, which would force them on every package that depends on it.
 # The benchmark, soak, probe and fuzzers are the tools package Tools/ (scratch path
@@ -54,6 +56,10 @@ command -v openssl >/dev/null 2>&1 || apt_install openssl
 # Node.js, a peer in the benchmark's smoke run (Tools/node/eventemitter-bench.js: EventEmitter).
 command -v node >/dev/null 2>&1 || apt_install nodejs
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet pytest
+# The Python package: its wheel test builds offline with the installed setuptools and wheel;
+# mypy --strict checks its type hints.
+python3 -c "import setuptools, wheel" >/dev/null 2>&1 || python3 -m pip install --quiet setuptools wheel
+python3 -m mypy --version >/dev/null 2>&1 || python3 -m pip install --quiet mypy
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
 python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask
 
@@ -100,7 +106,7 @@ soname=$(readelf -d "$libdir/libsessionflow.so" | sed -n 's/.*(SONAME).*\[\(.*\)
 
 echo "== the command-line tool as installed: runs without the toolchain's libraries, has its manual page"
 installed_version=$(env -u LD_LIBRARY_PATH "$prefix/bin/watch-session" --version)
-if [ "$installed_version" != "$version" ]; then
+if [ "$installed_version" != "watch-session $version" ]; then
     echo "installed watch-session --version says '$installed_version', the header $version" >&2
     exit 1
 fi
@@ -142,8 +148,10 @@ echo "DESTDIR install: files under $stage/usr as expected, sessionflow.pc names 
 echo "== C suite and examples (the installed library, through pkg-config)"
 bash Bindings/run-tests.sh installed
 
-echo "== Python host (ctypes, the installed library)"
+echo "== Python package (the installed library; its wheel test bundles it into a fresh venv)"
 SESSIONFLOW_LIB="$libdir/$soname" python3 -m pytest -q Bindings/python/tests
+SESSIONFLOW_LIB="$libdir/$soname" python3 -m mypy --config-file Bindings/python/pyproject.toml \
+    Bindings/python/src/sessionflow
 
 echo "== installed library through pkg-config"
 # The .pc file has no rpath: hosts of a non-system prefix run with LD_LIBRARY_PATH, or link

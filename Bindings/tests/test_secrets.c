@@ -1,4 +1,4 @@
-/* Secrets (DESIGN rule 7) seen from C: every string the library hands a host — event reasons,
+/* Secrets (rule 7 of the header: tokens never in logs or errors) seen from C: every string the library hands a host — event reasons,
  * member ids, error messages — and everything it writes to stderr (its logs) while a session
  * signs in, fails a refresh, rotates its tokens, expires and logs out, scanned for every token
  * it held. */

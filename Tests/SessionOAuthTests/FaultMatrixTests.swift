@@ -33,7 +33,7 @@ struct Fault: Sendable, CustomTestStringConvertible {
 
     var testDescription: String { name }
 
-    /// The backoff the matrix runs with (DESIGN's 1 s scaled down so a case takes ~1 s).
+    /// The backoff the matrix runs with (the default 1 s scaled down so a case takes ~1 s).
     static let initialBackoff = Duration.milliseconds(200)
     /// Generous: a client that gives up on an answer the server did send loses the rotated
     /// refresh token (its next attempt sends the old one: invalid_grant). Only the timeout
@@ -108,7 +108,7 @@ struct FaultMatrixTests {
                 if let says = fault.says {
                     #expect(failure.error.description.contains(says), "\(fault.name): \(failure.error)")
                 }
-                // 1 s doubling in DESIGN (here 200 ms), jitter base − (base − initial) × 0.5 × u
+                // 1 s doubling by default (here 200 ms), jitter base − (base − initial) × 0.5 × u
                 // with u = 0.5, Retry-After as a floor.
                 let base = Fault.initialBackoff * (1 << (failure.attempt - 1))
                 var expected = base - (base - Fault.initialBackoff) * 0.25

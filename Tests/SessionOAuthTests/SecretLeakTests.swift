@@ -8,7 +8,7 @@ import Testing
 
 @_spi(Fuzzing) @testable import SessionOAuth
 
-/// Secrets (DESIGN rule 7): one session through every layer — the real OAuth server, the
+/// Secrets (the header's threading rule 7: tokens never in logs or errors): one session through every layer — the real OAuth server, the
 /// encrypted file store, refreshes, failures of every kind, a damaged store, expiry and
 /// logout — with everything it prints captured at trace level and scanned for every token it
 /// ever held. Sentinel tokens where the test chooses them, the server's own where it issues

@@ -22,9 +22,11 @@ def test_an_error_carries_its_code_name_text_and_call_and_picks_its_subclass():
             rt.logout()  # no one signed in
     e = error.value
     assert type(e) is sf.InvalidStateError
-    assert (e.code, e.name, e.call, e.detail) == (-5, "SF_ESTATE", "sf_session_logout", None)
+    # detail: the library's own reason (sf_last_error_message), beyond the code
+    assert (e.code, e.name, e.call, e.detail) == (-5, "SF_ESTATE", "sf_session_logout", "cannot logout while loggedOut")
     assert e.text == sf.strerror(-5) == "not allowed in the current session state"
-    assert str(e) == "sf_session_logout: SF_ESTATE: not allowed in the current session state"
+    assert str(e) == ("sf_session_logout: SF_ESTATE: not allowed in the current session state"
+                      " (cannot logout while loggedOut)")
     again = pickle.loads(pickle.dumps(e))
     assert type(again) is sf.InvalidStateError and (again.code, again.call) == (-5, "sf_session_logout")
 

@@ -25,13 +25,13 @@ from ._asyncio import FlowIterator
 from ._callbacks import CallbackError, CallbackErrorHandler
 from ._loader import LibraryNotFoundError
 from ._runtime import RefreshRequest, Runtime, SignIn
-from ._types import Event, EventKind, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
+from ._types import Event, EventKind, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
 from ._version import __version__
 from .errors import (ERRORS, SF_OK, AuthError, BusyError, ClosedError, ConfigError, ErrorCode,
                      InvalidArgumentError, InvalidStateError, NetworkError, NotLoggedInError, RangeError,
                      SessionEndedError, SessionFlowError, ShutdownError, SignInCancelledError,
                      SignInDeniedError, SignInExpiredError, StoreError, UnauthorizedError, WrongThreadError,
-                     error_name, strerror)
+                     error_name, last_error_message, strerror)
 
 library_path: str = _ffi.library_path
 """What was loaded: the path (SESSIONFLOW_LIB, the bundled copy) or the system's library name."""
@@ -53,9 +53,9 @@ def version_info() -> Tuple[int, int, int]:
 __all__ = [
     "ERRORS", "SF_OK", "AuthError", "BusyError", "CallbackError", "CallbackErrorHandler", "ClosedError",
     "ConfigError", "ErrorCode", "Event", "EventKind", "FlowIterator", "InvalidArgumentError", "InvalidStateError",
-    "LibraryNotFoundError", "NetworkError", "NotLoggedInError", "RangeError", "RefreshRequest", "Runtime",
+    "LibraryNotFoundError", "LogLevel", "NetworkError", "NotLoggedInError", "RangeError", "RefreshRequest", "Runtime",
     "SessionEndedError", "SessionFlowError", "ShutdownError", "SignIn", "SignInCancelledError",
     "SignInDeniedError", "SignInExpiredError", "SignInPrompt", "State", "StoreError", "StoreKeySource",
-    "StoreStatus", "Subscription", "UnauthorizedError", "WrongThreadError", "__version__", "error_name",
+    "StoreStatus", "Subscription", "UnauthorizedError", "WrongThreadError", "__version__", "error_name", "last_error_message",
     "library_path", "library_source", "strerror", "version", "version_info",
 ]

@@ -93,6 +93,7 @@ class Entry:
     def on_refresh(self, request: int, refresh_token: Optional[bytes]) -> None: ...
     def on_cancel(self, request: int) -> None: ...
     def on_prompt(self, raw: Any) -> None: ...
+    def on_log(self, level: int, line: Optional[bytes]) -> None: ...
     def on_done(self, result: int, message: Optional[bytes]) -> None: ...
 
 
@@ -158,6 +159,11 @@ def _done(result: int, message: Optional[bytes], userdata: Optional[int]) -> Non
     _dispatch(userdata, "on_done", result, message)
 
 
+def _log_line(level: int, line: Optional[bytes], userdata: Optional[int]) -> None:
+    _dispatch(userdata, "on_log", level, line)
+
+
+LOG_THUNK = _ffi.LOG_FN(_log_line)
 STATE_THUNK = _ffi.STATE_FN(_state)
 ERROR_THUNK = _ffi.ERROR_FN(_error)
 COMPLETE_THUNK = _ffi.VOID_FN(_complete)

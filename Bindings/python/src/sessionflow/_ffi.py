@@ -21,6 +21,7 @@ TOKEN_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
 REFRESH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
 CANCEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 STORE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 # ---- Structs (the header's layouts, field for field) ------------------------------------
@@ -110,6 +111,9 @@ class Options(ctypes.Structure):
         ("store_key_file", ctypes.c_char_p),
         ("store_key_source", ctypes.c_int),
         ("issuer", ctypes.c_char_p),
+        ("log", LOG_FN),
+        ("log_userdata", ctypes.c_void_p),
+        ("log_level", ctypes.c_int),
     ]
 
 
@@ -182,6 +186,7 @@ _PROTOTYPES: List[Tuple[str, Any, List[Any]]] = [
     ("sf_version_string", _str, []),
     ("sf_strerror", _str, [_int]),
     ("sf_err_name", _str, [_int]),
+    ("sf_last_error_message", _str, []),
     ("sf_options_init", None, [ctypes.c_void_p]),
     ("sf_runtime_create", _int, [ctypes.c_void_p, _P(_ptr)]),
     ("sf_runtime_start", _int, [_ptr]),
@@ -264,6 +269,7 @@ EXPOSED: Dict[str, str] = {
     "sf_version_string": "version",
     "sf_strerror": "strerror",
     "sf_err_name": "error_name",
+    "sf_last_error_message": "last_error_message",
     "sf_runtime_create": "Runtime.__init__",
     "sf_runtime_start": "Runtime.start",
     "sf_runtime_destroy_report": "Runtime.destroy",

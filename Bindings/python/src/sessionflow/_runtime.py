@@ -21,9 +21,9 @@ from . import _ffi
 from ._asyncio import (AsyncTokenEntry, Channel, EventPush, FlowIterator, StatePush, StatusPush,
                        running_loop)
 from ._callbacks import (COMPLETE_THUNK, DONE_THUNK, ERROR_THUNK, EVENT_THUNK, PROMPT_THUNK, REFRESH_THUNK,
-                         CANCEL_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK, CallbackErrorHandler,
+                         CANCEL_THUNK, LOG_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK, CallbackErrorHandler,
                          Entry, ErrorSink, drop, inside_callback, keep)
-from ._types import Event, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
+from ._types import Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
 from .errors import ErrorCode, SessionFlowError, check, code_of
 
 _log = logging.getLogger("sessionflow")
@@ -93,6 +93,15 @@ class RefreshRequest:
 
 Refresher = Callable[[RefreshRequest, str], None]
 RefreshCanceller = Callable[[RefreshRequest], None]
+
+
+class _LogEntry(Entry):
+    def __init__(self, sink: ErrorSink, log: Callable[[LogLevel, str], None]) -> None:
+        super().__init__(sink, "log")
+        self.log = log
+
+    def on_log(self, level: int, line: Optional[bytes]) -> None:
+        self.log(LogLevel(level), _ffi.text(line))
 
 
 class _RefresherEntry(Entry):
@@ -291,6 +300,8 @@ class Runtime:
         refresh_cancel: Optional[RefreshCanceller] = None,
         store_key_source: Optional[Union[StoreKeySource, int]] = None,
         on_callback_error: Optional[CallbackErrorHandler] = None,
+        log: Optional[Callable[[LogLevel, str], None]] = None,
+        log_level: Union[LogLevel, int] = LogLevel.INFO,
     ) -> None:
         """Creates the runtime (sf_runtime_create); every argument is an sf_options field,
         None keeping the library's default:
@@ -315,6 +326,10 @@ class Runtime:
             subscribe to events first and miss none.
         on_callback_error(exception): the callback-error policy's handler (on the loop thread);
             None: logged and raised from the runtime's next call (see the README).
+        log(level, line): where the library's log lines go (sf_options.log), those at
+            log_level (LogLevel) or above; from whichever thread logs, one at a time, never
+            after destroy() returned; never a token. None: standard error, warnings and above.
+            An exception it raises goes through the callback-error policy.
         """
         if refresh_cancel is not None and refresher is None:
             raise ValueError("refresh_cancel needs a refresher: it cancels the refresher's requests")
@@ -346,6 +361,12 @@ class Runtime:
             key_buffer = ctypes.create_string_buffer(bytes(store_key), len(store_key))
             options.store_key = ctypes.cast(key_buffer, ctypes.c_void_p)
             options.store_key_size = len(store_key)
+        self._log_key: Optional[int] = None
+        if log is not None:
+            self._log_key = keep(_LogEntry(self._sink, log))
+            options.log = LOG_THUNK
+            options.log_userdata = self._log_key
+        options.log_level = int(log_level)
         refresher_key: Optional[int] = None
         if refresher is not None or on_refresher_released is not None:
             refresher_key = keep(_RefresherEntry(self._sink, refresher, refresh_cancel, on_refresher_released))
@@ -363,6 +384,7 @@ class Runtime:
                 ctypes.memset(key_buffer, 0, len(key_buffer))  # copied by create: wipe ours
         if code < 0:
             drop(refresher_key)  # a failed create takes no ownership: nothing will be called
+            drop(self._log_key)  # (its reason was logged before it returned)
             self._destroyed = True
         check(code, "sf_runtime_create")
 
@@ -386,6 +408,7 @@ class Runtime:
         code = int(_ffi.lib.sf_runtime_destroy_report(self._pointer, ctypes.byref(unclosed)))
         if code >= 0:
             self._destroyed = True
+            drop(self._log_key)  # nothing is logged after the teardown
         self._sink.raise_pending()
         check(code, "sf_runtime_destroy_report")
         return int(unclosed.value)

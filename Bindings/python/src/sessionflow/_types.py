@@ -38,6 +38,18 @@ class StoreStatus(enum.IntEnum):
     UNAVAILABLE = 2
 
 
+class LogLevel(enum.IntEnum):
+    """sf_log_level: the levels of the library's log lines (Runtime(log=..., log_level=...))."""
+
+    TRACE = 0
+    DEBUG = 1
+    INFO = 2
+    NOTICE = 3
+    WARNING = 4
+    ERROR = 5
+    CRITICAL = 6
+
+
 class StoreKeySource(enum.IntEnum):
     """sf_options.store_key_source (SF_STORE_KEY_*)."""
 

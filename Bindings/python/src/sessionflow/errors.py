@@ -8,9 +8,10 @@ SessionFlowError carries:
   name    its name from sf_err_name, e.g. "SF_ESTATE"
   text    its description from sf_strerror
   call    the C function that returned it (or the step, e.g. "sf_session_fresh_token (answer)")
-  detail  more words when there are any: the library's message of a failed sign-in, of a
-          subscription's terminal error... (the C API's per-thread last error message, once it
-          exists, will be put here too); None otherwise
+  detail  more words when there are any: why the call failed (the C API's per-thread
+          sf_last_error_message, e.g. "sf_options.token_endpoint uses plain http to a host that
+          is not loopback ..."), the library's message of a failed sign-in, of a
+          subscription's terminal error...; None otherwise
 
 No message, repr or detail of this binding carries a token.
 
@@ -59,6 +60,23 @@ def error_name(code: int) -> str:
 def strerror(code: int) -> str:
     """sf_strerror: a short description ("unknown error" for an unknown code)."""
     return _ffi.text(_ffi.lib.sf_strerror(code))
+
+
+def last_error_message() -> Optional[str]:
+    """sf_last_error_message: why the last failing call of this thread failed ("call: why"),
+    or None before its first failure. The errors this binding raises carry it as `detail`."""
+    message = _ffi.lib.sf_last_error_message()
+    return _ffi.text(message) if message else None
+
+
+def _detail_of(code: int, call: str) -> Optional[str]:
+    """What the library said of the call that just failed on this thread, beyond its code."""
+    message = last_error_message()
+    function = call.split(" ")[0]
+    if not message or not message.startswith(function + ": "):
+        return None
+    detail = message[len(function) + 2:]
+    return None if detail == strerror(code) else detail
 
 
 # Every code the library knows, by name ("SF_ECLOSED": -2), read from the library itself.
@@ -196,7 +214,7 @@ _CLASSES: Dict[int, Type[SessionFlowError]] = {
 def check(code: int, call: str) -> int:
     """`code` when it is not negative; raises SessionFlowError.from_code otherwise."""
     if code < 0:
-        raise SessionFlowError.from_code(code, call)
+        raise SessionFlowError.from_code(code, call, _detail_of(code, call))
     return code
 
 
