@@ -23,8 +23,9 @@ docc=$(command -v docc || true)
 if [ -z "$docc" ]; then
     docc="$(dirname "$(readlink -f "$(command -v swift)")")/docc"
 fi
+# (Kept between runs: a build with nothing to compile writes no graph, and the ones there are
+# then still the sources'.)
 graphs="$PWD/.build-docs/symbol-graphs"
-rm -rf "$graphs"
 mkdir -p "$graphs" .build/docs
 swift build --scratch-path .build-docs --target SessionCore \
     -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc "$graphs" \

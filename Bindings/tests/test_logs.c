@@ -95,6 +95,16 @@ static long release_stderr(captured_stderr *c) {
     return size;
 }
 
+/* Options whose log goes to `c` from `level` up. */
+static sf_options logging_options(collected *c, int level) {
+    sf_options options;
+    sf_options_init(&options);
+    options.log = collect;
+    options.log_userdata = c;
+    options.log_level = level;
+    return options;
+}
+
 static void answer_with_rotated_tokens(sf_refresh_request *request, const char *refresh_token, void *userdata) {
     (void)refresh_token;
     (void)userdata;
@@ -113,12 +123,10 @@ void test_logs_go_to_the_hosts_function_only_never_with_a_token(void) {
     captured_stderr err;
     capture_stderr(&err);
 
-    sf_options options;
-    sf_options_init(&options);
-    CHECK_EQ_INT(options.log_level, SF_LOG_INFO); /* the default */
-    options.log = collect;
-    options.log_userdata = &c;
-    options.log_level = SF_LOG_TRACE;
+    sf_options defaults;
+    sf_options_init(&defaults);
+    CHECK_EQ_INT(defaults.log_level, SF_LOG_INFO); /* the default */
+    sf_options options = logging_options(&c, SF_LOG_TRACE);
     options.refresh = answer_with_rotated_tokens;
     sf_runtime *runtime = NULL;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
@@ -159,11 +167,7 @@ void test_logs_go_to_the_hosts_function_only_never_with_a_token(void) {
 void test_logs_below_the_hosts_level_are_not_handed_over(void) {
     collected c;
     collected_init(&c, SF_LOG_WARNING);
-    sf_options options;
-    sf_options_init(&options);
-    options.log = collect;
-    options.log_userdata = &c;
-    options.log_level = SF_LOG_WARNING;
+    sf_options options = logging_options(&c, SF_LOG_WARNING);
     sf_runtime *runtime = NULL;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
     sf_tokens tokens = test_tokens(ACCESS, REFRESH, 3600, "member-log");
@@ -193,10 +197,7 @@ void test_logs_a_refused_option_is_named_to_the_host_and_in_the_last_error(void)
     collected_init(&c, SF_LOG_TRACE);
     captured_stderr err;
     capture_stderr(&err);
-    sf_options options;
-    sf_options_init(&options);
-    options.log = collect;
-    options.log_userdata = &c;
+    sf_options options = logging_options(&c, SF_LOG_INFO);
     options.token_endpoint = "http://auth.example.com/token";
     options.client_id = "c";
     sf_runtime *runtime = NULL;

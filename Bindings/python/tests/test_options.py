@@ -1,20 +1,12 @@
 """The calls and options the first version of the binding did not have: resume, reconfigure,
 client_secret, the refresh schedule, refresh_cancel, store_key_source."""
-import json
-import os
-import subprocess
-import sys
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 
 import pytest
 
 import sessionflow as sf
-from helpers import REPO, wait_for
+from helpers import call, oauth_server as start_oauth_server, wait_for
 
-FIXTURE = os.path.join(REPO, "Tests", "Fixtures", "oauth_server.py")
 
 
 def test_resume_validates_the_session():
@@ -112,21 +104,8 @@ def test_refresh_cancel_needs_a_refresher():
 @pytest.fixture
 def oauth_server():
     pytest.importorskip("authlib")
-    process = subprocess.Popen([sys.executable, FIXTURE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    port = int(process.stdout.readline().split()[1])
-    yield f"http://127.0.0.1:{port}"
-    process.kill()
-    process.wait()
-
-
-def call(url, form=None):
-    data = urllib.parse.urlencode(form).encode() if form is not None else None
-    try:
-        with urllib.request.urlopen(url, data) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as error:
-        return json.load(error)
+    with start_oauth_server() as url:
+        yield url
 
 
 def test_a_confidential_client_refreshes_with_its_secret_and_scope(oauth_server):

@@ -1,9 +1,5 @@
 """Sign-in flows from Python (sf_session_sign_in_device / _browser) against the real test
 server (Tests/Fixtures/oauth_server.py: Authlib's RFC 8628 and RFC 8414 metadata)."""
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -13,29 +9,16 @@ import urllib.request
 import pytest
 
 import sessionflow as sf
+from helpers import call, oauth_server as start_oauth_server
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "Tests", "Fixtures", "oauth_server.py")
 CLIENT = "sessionflow-public"
 
 
 @pytest.fixture(scope="module")
 def server():
     pytest.importorskip("authlib")
-    process = subprocess.Popen([sys.executable, FIXTURE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    port = int(process.stdout.readline().split()[1])
-    yield f"http://127.0.0.1:{port}"
-    process.kill()
-    process.wait()
-
-
-def call(url, form=None):
-    data = urllib.parse.urlencode(form).encode() if form is not None else None
-    try:
-        with urllib.request.urlopen(url, data) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as error:
-        return json.load(error)
+    with start_oauth_server() as url:
+        yield url
 
 
 def device_config(server, interval=1, expires_in=60):
