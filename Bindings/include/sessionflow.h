@@ -349,15 +349,18 @@ typedef struct sf_options {
     /* Where the library's log lines go. NULL (default): standard error, warnings and above
      * (more with the environment variable SESSIONFLOW_LOG=trace|debug|info|notice). Set: each
      * line of this runtime at `log_level` or above is handed to it instead (SESSIONFLOW_LOG is
-     * then ignored), from the thread that logs — the loop thread mostly, the store's worker,
-     * or the host's thread inside a call (sf_runtime_create reports a refused option this
-     * way) — one line at a time, never two at once. `line` (borrowed, no newline) is the
-     * logger's label, the message and its metadata, e.g. "sessionflow.session: refresh failed,
-     * retrying attempt=1 retryIn=1.0 seconds"; never a token or key. It must not call the
-     * library (a line logged from inside it is dropped). Nothing is handed to it after
-     * sf_runtime_destroy's teardown (see there; a create that fails logs its reason first),
-     * so `log_userdata` must live until then. Hosts built against an older header (a smaller
-     * `size`) have none. */
+     * then ignored), from the thread that logs — the loop thread mostly, or the host's thread
+     * inside a call (sf_runtime_create reports a refused option this way) — one line at a time
+     * per runtime, never two at once. `line` (borrowed, no newline) is the logger's label, the
+     * message and its metadata, e.g. "sessionflow: refresh failed, retrying attempt=1
+     * retryIn=1.0 seconds"; never a token or key. Return promptly: other threads that log
+     * wait meanwhile, so never wait there for a thread that may be calling the library (the
+     * loop thread above all: a deadlock). Do not call the library from it (a line the library
+     * logs on the same thread is dropped; sf_runtime_destroy of its runtime is SF_EBUSY).
+     * Nothing is handed to it after sf_runtime_destroy's teardown (owned: before destroy
+     * returns; borrowed: once the host's uv_run has returned after destroy; a create that
+     * fails logs its reason first), so `log_userdata` must live until then. Hosts built
+     * against an older header (a smaller `size`) have none. */
     void (*log)(int level, const char *line, void *log_userdata); /* level: an sf_log_level */
     void *log_userdata;
     int log_level; /* an sf_log_level: the lowest level handed to `log` (default SF_LOG_INFO) */
@@ -403,6 +406,7 @@ int sf_runtime_start(sf_runtime *runtime);
  * host's `refresh` is never called again (a `refresh` call that is itself making this
  * call finishes, nothing follows); every sf_refresh_request still open is SF_ECLOSED (a
  * late succeed/fail changes nothing).
+ * From inside the runtime's sf_options.log function: SF_EBUSY (it would wait for itself).
  * Owned: any thread but the loop's (SF_EBUSY there); returns when the teardown is done:
  * every subscription callback, token answer and `refresh_release` has run, and nothing
  * of the host's is called after it returns; the store work the session submitted (its

@@ -56,6 +56,7 @@
     XX(logs_go_to_the_hosts_function_only_never_with_a_token)        \
     XX(logs_below_the_hosts_level_are_not_handed_over)               \
     XX(logs_a_refused_option_is_named_to_the_host_and_in_the_last_error) \
+    XX(logs_destroy_from_inside_the_log_function_is_ebusy)           \
     XX(last_error_message_names_the_call_and_is_the_threads_own)     \
     XX(accounts_listed_switched_and_signed_out_one_by_one)          \
     XX(accounts_restart_restores_the_active_one_and_lists_the_others) \

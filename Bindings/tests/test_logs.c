@@ -258,3 +258,41 @@ void test_last_error_message_names_the_call_and_is_the_threads_own(void) {
     CHECK(sf_last_error_message() != NULL && strcmp(sf_last_error_message(), expected) == 0);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
+
+typedef struct destroying_logger {
+    _Atomic(sf_runtime *) runtime;
+    atomic_int calls;
+    atomic_int destroy_result;
+} destroying_logger;
+
+static void destroy_from_the_log(int level, const char *line, void *userdata) {
+    (void)level;
+    destroying_logger *d = userdata;
+    sf_runtime *runtime = atomic_load(&d->runtime);
+    if (runtime == NULL || line == NULL || strstr(line, "sf_subscribe_session_state") == NULL) return;
+    if (atomic_fetch_add(&d->calls, 1) == 0) atomic_store(&d->destroy_result, sf_runtime_destroy(runtime));
+}
+
+void test_logs_destroy_from_inside_the_log_function_is_ebusy(void) {
+    /* Forbidden by the header, and answered: SF_EBUSY, never a hang or a crash. */
+    destroying_logger d;
+    atomic_init(&d.runtime, NULL);
+    atomic_init(&d.calls, 0);
+    atomic_init(&d.destroy_result, 1);
+    sf_options options;
+    sf_options_init(&options);
+    options.log = destroy_from_the_log;
+    options.log_userdata = &d;
+    sf_runtime *runtime = NULL;
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    atomic_store(&d.runtime, runtime);
+    /* A refused subscribe logs its reason on this thread, inside which the host destroys. */
+    sf_observer observer = {.size = 1};
+    sf_subscription sub;
+    CHECK_CODE(sf_subscribe_session_state(runtime, &observer, &sub), SF_EINVAL);
+    CHECK_EQ_INT(atomic_load(&d.calls), 1);
+    CHECK_EQ_INT(atomic_load(&d.destroy_result), SF_EBUSY);
+    /* The runtime is still there, and destroys normally from outside. */
+    CHECK_EQ_INT(sf_session_is_logged_in(runtime), 0);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+}

@@ -30,9 +30,9 @@ func explain(_ detail: String) {
 /// An argument `function` refuses with SF_EINVAL: said (sf_last_error_message) and logged,
 /// to the log of the runtime behind `pointer` when there is one.
 func refuse(_ function: String, _ pointer: OpaquePointer?, _ problem: String) {
-    explain(problem)
     let logger = handle(of: pointer).flatMap { runtimes.lookup($0) }?.logger ?? makeLogger()
     logger.error("\(function): SF_EINVAL: \(problem)")
+    explain(problem)  // after the log: a call the host's log function makes clears what was said
 }
 
 // MARK: - sf_options.log
@@ -43,7 +43,7 @@ func refuse(_ function: String, _ pointer: OpaquePointer?, _ problem: String) {
 final class LogSink: Sendable {
     private let function: @convention(c) (Int32, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void
     private let userdata: UserData
-    /// Open, and the thread inside the host's function (0: none).
+    /// Open, and the thread inside the host's function (nil: none).
     private let state = Mutex<(open: Bool, writer: pthread_t?)>((true, nil))
 
     init(
@@ -70,7 +70,13 @@ final class LogSink: Sendable {
         }
     }
 
-    /// After this returns, the host's function is never called again.
+    /// Whether this thread is inside the host's function (it called the library from there).
+    var isWritingOnThisThread: Bool {
+        let me = pthread_self()
+        return state.withLock { $0.writer.map { pthread_equal($0, me) != 0 } ?? false }
+    }
+
+    /// After this returns, the host's function is never called again. Never from inside it.
     func close() {
         writeLock.withLock { _ in state.withLock { $0.open = false } }
     }

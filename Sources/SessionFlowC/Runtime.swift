@@ -210,8 +210,8 @@ func optionsAreUsable(_ options: sf_options, logger: Logger) -> Bool {
     } catch {
         // The field by its C name: "sf_options.token_endpoint uses plain http to a host...".
         let field = "sf_options." + error.field.replacing(" ", with: "_")
-        explain("\(field) \(error.reason)")
         logger.error("sf_runtime_create: SF_EINVAL: \(field) \(error.reason)")
+        explain("\(field) \(error.reason)")
         return false
     }
 }
@@ -428,6 +428,11 @@ public func sf_runtime_destroy_report(_ pointer: OpaquePointer!, _ unclosed: Uns
 private func destroy(_ pointer: OpaquePointer?, _ unclosed: UnsafeMutablePointer<Int>?) -> Int32 {
     guard pointer != nil else { return SF_OK.code }  // destroy(NULL) is a no-op
     return withRuntime(pointer) { target in
+        // From inside the runtime's log function: its teardown would wait for that function.
+        guard target.logSink?.isWritingOnThisThread != true else {
+            explain("called from inside the runtime's log function: it would wait for itself")
+            return SF_EBUSY.code
+        }
         if target.borrowed {
             guard target.loop.inEventLoop else {
                 explain("a runtime on the host's loop is destroyed on the thread that runs that loop")

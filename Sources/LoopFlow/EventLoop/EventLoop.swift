@@ -320,7 +320,7 @@ public final class EventLoop: @unchecked Sendable {
     /// Runs `hook` on the loop thread at the very end of the teardown, after open
     /// subscriptions were completed and the unclosed ones reported (in the log): the last
     /// moment the loop logs. For a logger's owner that must know when nothing more comes.
-    /// Returns false (and never runs it) if teardown has begun.
+    /// Returns false (and never runs it) once the final hooks have run.
     @discardableResult
     package func addFinalHook(_ hook: @escaping @Sendable () -> Void) -> Bool {
         finalHooks.withLock { hooks in
