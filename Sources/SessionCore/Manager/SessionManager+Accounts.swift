@@ -238,23 +238,29 @@ extension SessionManager {
     /// that has none (on the loop, when the answer arrives).
     func listAccountsLater() {
         guard let accountStore else { return }
+        let generation = sessions.withLockedValue { sessions -> UInt64 in
+            sessions.listGeneration &+= 1
+            return sessions.listGeneration
+        }
         engine.worker.submit({ _ in accountStore.readAccounts() }) { [weak self] answer in
             guard let self else { return }
             do {
-                try addBackgroundSessions(answer)
+                try addBackgroundSessions(answer, generation: generation)
             } catch {
                 configuration.logger.warning("cannot start the sessions of the other accounts", metadata: ["error": "\(error)"])
             }
         }
     }
 
-    /// A session for each listed account that has none yet (in the background).
-    func addBackgroundSessions(_ answer: AccountsRead) throws(SessionError) {
+    /// A session for each listed account that has none yet (in the background). The answer of
+    /// a read of `generation` (`listAccountsLater`) is taken only if no later read was asked for.
+    func addBackgroundSessions(_ answer: AccountsRead, generation: UInt64? = nil) throws(SessionError) {
         guard let accountStore, case .present(let list) = answer else { return }
-        let (known, listed) = sessions.withLockedValue { sessions in
-            (Set(sessions.background.keys).union([sessions.active.accountKey].compactMap { $0 }), sessions.listed)
+        let (known, listed, latest) = sessions.withLockedValue { sessions in
+            (Set(sessions.background.keys).union([sessions.active.accountKey].compactMap { $0 }), sessions.listed,
+             sessions.listGeneration)
         }
-        guard !listed else { return }
+        guard !listed, generation == nil || generation == latest else { return }
         // The active account's own read tells which account it took (the same worker, earlier).
         let activeKey = sessions.withLockedValue { $0.active.accountKey } ?? list.active
         var made: [String: SessionEngine] = [:]

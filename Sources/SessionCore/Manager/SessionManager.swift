@@ -43,6 +43,9 @@ public final class SessionManager: Sendable {
         var background: [String: SessionEngine] = [:]
         /// The store's account list has been read (and a session made for each account).
         var listed = false
+        /// The latest request to read the list: only its answer is taken (an earlier read may
+        /// have been answered after a later change of the store, and would hide it).
+        var listGeneration: UInt64 = 0
         /// The store did not take the last change of its active account: made again when it
         /// takes the active session's next write.
         var pointerOwed = false

@@ -1,0 +1,110 @@
+import Foundation
+import LoopFlow
+import Synchronization
+import Testing
+
+@testable import SessionCore
+
+/// An account store in memory whose account list can be held at the moment it was read (a
+/// slow disk: the answer of a read made before a change arrives after it).
+final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
+    private let lock = NSLock()
+    private var records: [String: StoredSession] = [:]
+    private var active: String?
+    /// While set, `readAccounts` takes the list at once, then waits for `release()`.
+    private var gate: DispatchSemaphore?
+    /// Whether a read took its list and is waiting for `release()`.
+    private(set) var holding = false
+
+    func locked<T>(_ body: () -> T) -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return body()
+    }
+
+    func put(_ key: String, active makeActive: Bool = false) {
+        let expiry = Duration.seconds(Date().timeIntervalSince1970 + 3600)
+        locked {
+            records[key] = StoredSession(
+                accessToken: Secret("\(key)-a"), refreshToken: Secret("\(key)-r"), accessTokenExpiresAt: expiry,
+                memberID: key, account: key)
+            if makeActive { active = key }
+        }
+    }
+
+    func holdNextListRead() { locked { gate = DispatchSemaphore(value: 0) } }
+    func release() { locked { heldGate }?.signal() }
+    private var heldGate: DispatchSemaphore?
+
+    final class Record: CredentialStore, Sendable {
+        let store: GatedAccountStore
+        let key: String
+        init(store: GatedAccountStore, key: String) {
+            self.store = store
+            self.key = key
+        }
+        func read() -> StoreRead { store.locked { store.records[key].map { .present($0) } ?? .absent } }
+        func write(_ session: StoredSession) throws(StoreError) { store.locked { store.records[key] = session } }
+        func clear() throws(StoreError) { store.locked { store.records[key] = nil } }
+    }
+
+    func read() -> StoreRead { account(locked { active } ?? defaultAccount, isActive: true).read() }
+    func write(_ session: StoredSession) throws(StoreError) {
+        try account(locked { active } ?? defaultAccount, isActive: true).write(session)
+    }
+    func clear() throws(StoreError) { try account(locked { active } ?? defaultAccount, isActive: true).clear() }
+    func readAccounts() -> AccountsRead {
+        let (list, gate) = locked { (StoredAccounts(keys: records.keys.sorted(), active: active), self.gate) }
+        if let gate {
+            locked {
+                self.gate = nil
+                heldGate = gate
+                holding = true
+            }
+            gate.wait()
+        }
+        return .present(list)
+    }
+    func account(_ key: String, isActive: Bool) -> any CredentialStore { Record(store: self, key: key) }
+    func setActiveAccount(_ key: String?) throws(StoreError) { locked { active = key } }
+}
+
+@Suite("The account list after changes of the store")
+struct AccountListRaceTests {
+    struct NoAuthority: AsyncSessionAuthority {
+        func refresh(_ request: RefreshRequest) async throws -> TokenGrant {
+            throw AuthorityError.transient("not used")
+        }
+    }
+
+    @Test func aReadAnsweredAfterALaterChangeDoesNotHideThatChange() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob", active: true)
+        let session = try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        await session.storeRead()
+        #expect(await eventually { session.accounts.map(\.key) == ["bob"] })
+
+        // A change of the store (another process): the list is read again, and that read is
+        // slow: it took the list before the next change.
+        store.holdNextListRead()
+        try loop.execute { session.storeChanged() }
+        #expect(await eventually { store.locked { store.holding } })
+        // The next change: carol signed in elsewhere; its read is queued behind the first.
+        store.put("carol")
+        try loop.execute { session.storeChanged() }
+        store.release()
+        // The first answer ([bob]) arrives after the second change: carol must still join.
+        #expect(await eventually { session.accounts.map(\.key) == ["bob", "carol"] })
+        _ = try loop.shutdown()
+    }
+}
+
+/// Polls `condition` (every 10 ms, up to 5 s).
+private func eventually(_ condition: @escaping () -> Bool) async -> Bool {
+    for _ in 0..<500 {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(10))
+    }
+    return condition()
+}
