@@ -40,6 +40,7 @@ let package = Package(
                 "CBaseline",
                 .product(name: "LoopFlow", package: "SessionFlow"),
                 .product(name: "SessionCore", package: "SessionFlow"),
+                .product(name: "SessionOAuth", package: "SessionFlow"),
                 .product(name: "OpenCombine", package: "OpenCombine"),
                 .product(name: "OpenCombineDispatch", package: "OpenCombine"),
             ]

@@ -79,7 +79,8 @@ import SessionCore
         if text.count > maximumDescriptionLength {
             text = Array(text.prefix(maximumDescriptionLength - ellipsis.utf8.count)) + Array(ellipsis.utf8)
         }
-        if patterns.contains(where: { $0.firstMatch(in: text) != nil }) {
+        let readings = ScalarReadings(text)
+        if patterns.contains(where: { $0.firstMatch(in: text, readings: readings) != nil }) {
             return fallback(patterns)
         }
         return String(decoding: text, as: UTF8.self)
@@ -105,7 +106,8 @@ import SessionCore
         var bytes = Array(text.utf8)
         for _ in 0..<4 {
             bytes = replace(bytes, patterns, redactingCutTail: false)
-            if !patterns.contains(where: { $0.firstMatch(in: bytes) != nil }) {
+            let readings = ScalarReadings(bytes)
+            if !patterns.contains(where: { $0.firstMatch(in: bytes, readings: readings) != nil }) {
                 return String(decoding: bytes, as: UTF8.self)
             }
         }
@@ -140,6 +142,10 @@ import SessionCore
             candidates.3 |= pattern.firstBytes.3
         }
         var scratch = SecretPattern.Scratch()
+        // Where each secret can match at all (one linear pass per secret): `match` runs only
+        // there, so a text of near misses costs no more than any other.
+        let readings = ScalarReadings(bytes)
+        let starts = patterns.map { $0.matchStarts(in: bytes, readings: readings, cutTailMatches: redactingCutTail) }
         var out: [UInt8] = []
         out.reserveCapacity(bytes.count)
         var index = 0
@@ -151,7 +157,7 @@ import SessionCore
                 continue
             }
             var end: Int? = nil
-            for pattern in patterns {
+            for (number, pattern) in patterns.enumerated() where starts[number][index] {
                 if let e = pattern.match(bytes, at: index, cutTailMatches: redactingCutTail, &scratch), e > index,
                    e > (end ?? index)
                 {
@@ -189,211 +195,5 @@ import SessionCore
             }
         }
         return out
-    }
-}
-
-/// One secret as the forms it may take in a text: for each of its Unicode scalars, the byte
-/// patterns that stand for it. Matching runs the alternatives as a set of positions (an NFA),
-/// so mixed forms and ambiguous prefixes (`%` itself, `\` itself) cost no backtracking. Kept
-/// flat (three arrays per secret) and matched with reused scratch space: an error path may
-/// run it on every answer, and a fuzzer millions of times.
-struct SecretPattern {
-    /// One byte of a form: that exact byte, or a hexadecimal digit of that value in either case.
-    enum Unit: Equatable {
-        case byte(UInt8)
-        case hex(UInt8)
-
-        func matches(_ b: UInt8) -> Bool {
-            switch self {
-            case .byte(let value): return b == value
-            case .hex(let value):
-                if value < 10 { return b == 0x30 + value }
-                return b == 0x41 + value - 10 || b == 0x61 + value - 10
-            }
-        }
-    }
-
-    /// Every form's units, one form after another.
-    private let units: [Unit]
-    /// Form `f` is `units[formStarts[f]..<formStarts[f + 1]]`.
-    private let formStarts: [Int]
-    /// The forms of scalar `s` are `scalarStarts[s]..<scalarStarts[s + 1]`.
-    private let scalarStarts: [Int]
-    /// For scalar `s`, the bytes its forms begin with (a quick rejection inside a match).
-    private let scalarFirstBytes: [(UInt64, UInt64, UInt64, UInt64)]
-    /// Bytes that can begin a match (a quick rejection): a 256-bit set.
-    let firstBytes: (UInt64, UInt64, UInt64, UInt64)
-
-    init?(_ secret: Secret) {
-        let text = secret.reveal()
-        guard !text.isEmpty else { return nil }
-        var units: [Unit] = []
-        var formStarts: [Int] = [0]
-        var scalarStarts: [Int] = [0]
-        for scalar in text.unicodeScalars {
-            Self.appendForms(of: scalar, to: &units, &formStarts)
-            scalarStarts.append(formStarts.count - 1)
-        }
-        var scalarFirstBytes: [(UInt64, UInt64, UInt64, UInt64)] = []
-        scalarFirstBytes.reserveCapacity(scalarStarts.count - 1)
-        for scalar in 0..<(scalarStarts.count - 1) {
-            var first: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
-            for form in scalarStarts[scalar]..<scalarStarts[scalar + 1] {
-                guard case .byte(let b) = units[formStarts[form]] else {
-                    preconditionFailure("a form begins with a hexadecimal digit")
-                }
-                let bit = UInt64(1) << UInt64(b & 63)
-                switch b >> 6 {
-                case 0: first.0 |= bit
-                case 1: first.1 |= bit
-                case 2: first.2 |= bit
-                default: first.3 |= bit
-                }
-            }
-            scalarFirstBytes.append(first)
-        }
-        self.units = units
-        self.formStarts = formStarts
-        self.scalarStarts = scalarStarts
-        self.scalarFirstBytes = scalarFirstBytes
-        self.firstBytes = scalarFirstBytes[0]
-    }
-
-    func canBegin(_ byte: UInt8) -> Bool {
-        Self.contains(firstBytes, byte)
-    }
-
-    static func contains(_ set: (UInt64, UInt64, UInt64, UInt64), _ byte: UInt8) -> Bool {
-        let bit = UInt64(1) << UInt64(byte & 63)
-        switch byte >> 6 {
-        case 0: return set.0 & bit != 0
-        case 1: return set.1 & bit != 0
-        case 2: return set.2 & bit != 0
-        default: return set.3 & bit != 0
-        }
-    }
-
-    /// The forms of one scalar: itself; its UTF-8 bytes percent-encoded, once and twice; `+`
-    /// for a space; `\uXXXX` (UTF-16); the JSON short escape, if it has one.
-    static func appendForms(of scalar: Unicode.Scalar, to units: inout [Unit], _ formStarts: inout [Int]) {
-        func endForm() { formStarts.append(units.count) }
-        let percent = UInt8(ascii: "%"), backslash = UInt8(ascii: "\\")
-        var utf8: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)
-        var count = 0
-        UTF8.encode(scalar) { byte in
-            switch count {
-            case 0: utf8.0 = byte
-            case 1: utf8.1 = byte
-            case 2: utf8.2 = byte
-            default: utf8.3 = byte
-            }
-            count += 1
-        }
-        func byte(_ i: Int) -> UInt8 {
-            switch i {
-            case 0: utf8.0
-            case 1: utf8.1
-            case 2: utf8.2
-            default: utf8.3
-            }
-        }
-        func hex(_ value: UInt8) {
-            units.append(.hex(value >> 4))
-            units.append(.hex(value & 0xF))
-        }
-        for i in 0..<count { units.append(.byte(byte(i))) }
-        endForm()
-        for i in 0..<count {
-            units.append(.byte(percent))
-            hex(byte(i))
-        }
-        endForm()
-        for i in 0..<count {
-            units.append(.byte(percent))
-            units.append(.byte(UInt8(ascii: "2")))
-            units.append(.byte(UInt8(ascii: "5")))
-            hex(byte(i))
-        }
-        endForm()
-        if scalar == " " {
-            units.append(.byte(UInt8(ascii: "+")))
-            endForm()
-        }
-        for unit in UTF16.encode(scalar)! {
-            units.append(.byte(backslash))
-            units.append(.byte(UInt8(ascii: "u")))
-            hex(UInt8(unit >> 8))
-            hex(UInt8(unit & 0xFF))
-        }
-        endForm()
-        let letter: Unicode.Scalar? = switch scalar {
-        case "/", "\"", "\\": scalar
-        case "\u{08}": "b"
-        case "\u{0C}": "f"
-        case "\n": "n"
-        case "\r": "r"
-        case "\t": "t"
-        default: nil
-        }
-        if let letter {
-            units.append(.byte(backslash))
-            units.append(.byte(UInt8(letter.value)))
-            endForm()
-        }
-    }
-
-    /// Reusable position sets for `match`.
-    struct Scratch {
-        var positions: [Int] = []
-        var next: [Int] = []
-
-        init() {
-            positions.reserveCapacity(8)
-            next.reserveCapacity(8)
-        }
-    }
-
-    /// The end of the longest match starting at `start`, or nil. With `cutTailMatches`, a
-    /// match still alive when the bytes run out ends at `bytes.count`.
-    func match(_ bytes: [UInt8], at start: Int, cutTailMatches: Bool, _ scratch: inout Scratch) -> Int? {
-        guard start < bytes.count, canBegin(bytes[start]) else { return nil }
-        scratch.positions.removeAll(keepingCapacity: true)
-        scratch.positions.append(start)
-        var alive = false  // a form that the end of bytes interrupted
-        for scalar in 0..<(scalarStarts.count - 1) {
-            scratch.next.removeAll(keepingCapacity: true)
-            for position in scratch.positions {
-                if position == bytes.count { alive = true; continue }
-                guard Self.contains(scalarFirstBytes[scalar], bytes[position]) else { continue }
-                for form in scalarStarts[scalar]..<scalarStarts[scalar + 1] {
-                    let formStart = formStarts[form], formEnd = formStarts[form + 1]
-                    var offset = 0
-                    while formStart + offset < formEnd, position + offset < bytes.count,
-                          units[formStart + offset].matches(bytes[position + offset]) {
-                        offset += 1
-                    }
-                    if formStart + offset == formEnd {
-                        let end = position + offset
-                        if !scratch.next.contains(end) { scratch.next.append(end) }
-                    } else if position + offset == bytes.count {
-                        alive = true
-                    }
-                }
-            }
-            if scratch.next.isEmpty {
-                return cutTailMatches && alive ? bytes.count : nil
-            }
-            swap(&scratch.positions, &scratch.next)
-        }
-        return scratch.positions.max()
-    }
-
-    /// The first match anywhere in `bytes` (whole secrets only).
-    func firstMatch(in bytes: [UInt8]) -> Range<Int>? {
-        var scratch = Scratch()
-        for start in bytes.indices where canBegin(bytes[start]) {
-            if let end = match(bytes, at: start, cutTailMatches: false, &scratch) { return start..<end }
-        }
-        return nil
     }
 }

@@ -125,8 +125,11 @@ struct StoreKeyTests {
 
     /// A process that logs out over and over (key file store), SIGKILLed at random moments:
     /// the store always opens, never damaged, the account it keeps is never lost, and the ring
-    /// never holds more than the two keys of one rotation.
-    @Test(.timeLimit(.minutes(2)))
+    /// never holds more than the two keys of one rotation. Until one logout has been seen to
+    /// complete, a round waits for the probe's first `rotated` line before its random delay
+    /// (on a loaded machine no logout may finish within 30 ms of "ready", and then the kills
+    /// would say nothing about a store mid-rotation); the other rounds kill at any moment.
+    @Test(.timeLimit(.minutes(10)))
     func aLogoutKilledAtRandomMomentsNeverLosesTheStore() async throws {
         let failures = try await onOwnThread { () throws -> [String] in
             let probe = try sessionProbeExecutable()
@@ -140,6 +143,12 @@ struct StoreKeyTests {
                 let child = try ChildProcess(probe, ["--rotate-loop", tmp.store])
                 guard child.waitForLine(where: { $0 == "ready" }) != nil else {
                     return ["the probe never became ready: \(child.readToEnd())"]
+                }
+                if rotations == 0 {
+                    // The precondition, waited for (a generous hang guard, not a time bound).
+                    guard child.waitForLine(timeout: .seconds(120), where: { $0.hasPrefix("rotated ") }) != nil else {
+                        return ["round \(round): the probe never completed a logout: \(child.readToEnd())"]
+                    }
                 }
                 usleep(UInt32.random(in: 0...30_000))
                 child.kill()

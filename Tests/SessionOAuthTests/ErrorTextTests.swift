@@ -254,20 +254,21 @@ struct ErrorTextTests {
         }
     }
 
-    @Test func aHugeDescriptionIsReadOnlyToItsBound() {
+    /// Only `maximumDescriptionInput` bytes are read. How long the worst text takes is the
+    /// benchmark's row (`loopflow-bench --only errortext`), not this test's: its time limit is
+    /// a hang guard. That the matcher does no quadratic work on near misses is
+    /// `SecretPatternStartsTests.nearMissesOfALongSecretLeaveNoStartToTry`.
+    @Test(.timeLimit(.minutes(1)))
+    func aHugeDescriptionIsReadOnlyToItsBound() {
         let secret = Secret("rt-S3NT1NEL-9f8e7d")
         let text = String(repeating: "\u{1B}", count: 1 << 20) + "rt-S3NT1NEL-9f8e7d"
-        let start = ContinuousClock.now
         let described = ErrorText.description(text, secrets: [secret])
         #expect(described == "?")
-        #expect(ContinuousClock.now - start < .seconds(5))
         // Adversarial for the matcher: many near-misses of a long secret.
         let long = String(repeating: "a", count: 1000) + "b"
         let near = String(repeating: "a", count: 1 << 20)
-        let begin = ContinuousClock.now
         let huge = ErrorText.description(near, secrets: [Secret(long)])!
         #expect(huge.count == ErrorText.maximumDescriptionLength)
-        #expect(ContinuousClock.now - begin < .seconds(30))
     }
 
     /// Pieces that only become the secret once control characters are removed, or once a
