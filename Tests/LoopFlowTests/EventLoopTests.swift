@@ -4,7 +4,7 @@ import Synchronization
 import SessionFlowTestSupport
 import Testing
 
-@testable import LoopFlow
+@_spi(Testing) @testable import LoopFlow
 
 @Suite("EventLoop")
 struct EventLoopTests {

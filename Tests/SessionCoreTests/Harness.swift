@@ -1,6 +1,6 @@
 import InMemoryLogging
 import Logging
-import LoopFlow
+@_spi(Testing) import LoopFlow
 import SessionFlowTestSupport
 import Testing
 

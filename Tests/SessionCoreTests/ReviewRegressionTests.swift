@@ -1,4 +1,4 @@
-import LoopFlow
+@_spi(Testing) import LoopFlow
 import SessionFlowTestSupport
 import Testing
 

@@ -1,6 +1,6 @@
 import InMemoryLogging
 import Logging
-import LoopFlow
+@_spi(Testing) import LoopFlow
 import SessionCore
 
 /// A `SessionManager` on an event loop of its own, with everything it says kept: its events

@@ -12,8 +12,9 @@ public struct LoopClock: Sendable {
     /// libuv timers on the monotonic clock.
     public static let system = LoopClock(kind: .system)
 
-    /// Virtual time: timers fire only when the test advances `clock`.
-    public static func manual(_ clock: ManualClock) -> LoopClock {
+    /// Virtual time: timers fire only when the test advances `clock` (test support:
+    /// `@_spi(Testing)`, as `ManualClock`).
+    @_spi(Testing) public static func manual(_ clock: ManualClock) -> LoopClock {
         LoopClock(kind: .manual(clock))
     }
 

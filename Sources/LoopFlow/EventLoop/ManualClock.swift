@@ -6,7 +6,11 @@
 /// the work a timer or job posts (and the work that work posts) runs at the time it was
 /// posted, before the next timer fires: a chain of timers and jobs plays out as it would
 /// in real time. (Work that arrives from other threads while time moves is not waited for.)
-public final class ManualClock: TimerBackend, @unchecked Sendable {
+///
+/// Test support, so not part of LoopFlow's API: it is `@_spi(Testing)` (import LoopFlow with
+/// `@_spi(Testing) import LoopFlow` in a test target), as swift-nio keeps its
+/// `EmbeddedEventLoop` apart from the loops it ships.
+@_spi(Testing) public final class ManualClock: TimerBackend, @unchecked Sendable {
     private let lock = Lock()
     private var current: Duration                 // guarded
     private var pending: [LoopTimer] = []         // guarded, sorted by (deadline, sequence)

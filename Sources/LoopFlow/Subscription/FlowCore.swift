@@ -81,16 +81,21 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @exclusivity(unchecked) private var freeing: [Int32] = []
     /// How many subscriptions got a terminal callback from this flow, ever.
     private var terminatedTotal = 0
-    /// Retire jobs run so far (tests: many closes cost one job).
+    #if DEBUG
+    /// Retire jobs run so far (tests: many closes cost one job). Debug builds only, like
+    /// `admissionsBegun`: instrumentation for the tests, not part of the shipped library.
     private(set) var retireJobsRun = 0
+    #endif
 
     /// The next id this flow hands out, and the end of its reserved block. Guarded by lock.
     @exclusivity(unchecked) private var nextID: UInt64 = 0
     @exclusivity(unchecked) private var idLimit: UInt64 = 0
 
+    #if DEBUG
     /// Debug builds (the tests): admissions that passed the loop's check, so a test can see
-    /// one waiting for `lock`. Not counted in release builds (an atomic add per subscribe).
+    /// one waiting for `lock`. Absent from release builds (an atomic add per subscribe).
     let admissionsBegun = Atomic<Int>(0)
+    #endif
 
     private let countLock = Lock()
     private var countFlow: MutableStateFlow<Int>?   // guarded by countLock, made on first use
@@ -487,7 +492,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     func retireClosed() {
         loop.assertInEventLoop()
         assertNotWalking()
+        #if DEBUG
         retireJobsRun += 1
+        #endif
         retireQueuedHere = false
         lock.lock()
         swap(&closedElsewhere, &retiring)
