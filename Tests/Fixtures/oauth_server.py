@@ -107,6 +107,17 @@ then the matching code_verifier). Redirect URIs: http to 127.0.0.1 or [::1], any
                            "codes_refused"}; a code is good for one exchange (5 minutes).
 The token endpoint takes grant_type=authorization_code (code, redirect_uri, code_verifier, client_id).
 
+Protected resource (RFC 6750, Authlib's ResourceProtector + BearerTokenValidator):
+  ANY  /api/resource       200 {"ok", "user", "scope", "method", "request_id" (X-Request-Id)} for a
+                           valid bearer token; 401 with WWW-Authenticate: Bearer error="invalid_token"
+                           for an expired, revoked or unknown one; 401 with a bare Bearer challenge
+                           without a token
+  GET  /__resource/stats   {"requests", "ok", "unauthorized", "no_token", "presented": {token: n}}
+  POST /__resource/revoke_access  token=<access token>: the resource refuses it (invalid_token) from
+                           now on; its refresh token still refreshes
+  POST /__resource/config  grant_scope=<scope> (tokens issued from now on get that scope, whatever
+                           was asked; empty: as asked), reset=1 (counters to zero)
+
 Other hooks:
   GET /__stats          counters (all integers): grants, requests, revocations, introspections,
                         and the counters of the faults above
@@ -146,6 +157,7 @@ from authlib.oauth2.rfc7662 import IntrospectionEndpoint
 from authlib.oauth2.rfc8628 import DEVICE_CODE_GRANT_TYPE, DeviceAuthorizationEndpoint, DeviceCodeGrant
 from authlib.oauth2.rfc8628 import DeviceCredentialDict
 from flask import Flask, Response, g, jsonify, request
+from werkzeug.exceptions import HTTPException
 from werkzeug.serving import make_server
 
 lock = threading.Lock()
@@ -169,6 +181,10 @@ redirect_target = {"port": None}
 in_flight = {}
 reuse_log = []  # why each reuse was detected (GET /__reuse), for a failing test to show
 revoked_families = set()
+# The protected resource (/api/resource): what it was sent and what it answered.
+resource_stats = {"requests": 0, "ok": 0, "unauthorized": 0, "no_token": 0}
+resource_presented = collections.Counter()  # access token -> how often it was presented
+resource_settings = {"grant_scope": None}
 strict_reuse = False  # --strict-reuse: every rotated refresh token, not only rotate-late ones
 
 
@@ -197,7 +213,12 @@ class Client(ClientMixin):
         return None  # a redirect_uri is required (the loopback one of the request)
 
     def get_allowed_scope(self, scope):
-        return scope or ""
+        # POST /__resource/config grant_scope=<scope>: every token is granted that scope,
+        # whatever was asked (RFC 6749 §3.3: the server may grant less; §5.1 says it then
+        # returns `scope`).
+        with lock:
+            override = resource_settings["grant_scope"]
+        return override if override is not None else (scope or "")
 
     def check_redirect_uri(self, redirect_uri):
         # RFC 8252 §7.3: a native client's loopback redirect is registered without a port and
@@ -241,6 +262,7 @@ class Token(TokenMixin):
         self.rotated = False  # revoked because a refresh rotated it (not by revocation)
         self.strict = False  # rotated by rotate-late: presenting it again is reuse
         self.pending = False  # issued by a rotate-late request whose answer is not delivered yet
+        self.access_revoked = False  # the access token alone refused (/__resource/revoke_access)
 
     def check_client(self, client):
         return client.get_client_id() == self.client_id
@@ -552,7 +574,9 @@ class DeviceGrant(DeviceCodeGrant):
 
 class Validator(BearerTokenValidator):
     def authenticate_token(self, token_string):
-        return find_token(token_string, "access_token")
+        token = find_token(token_string, "access_token")
+        # /__resource/revoke_access: this access token is dead, its refresh token lives on.
+        return None if token is not None and token.access_revoked else token
 
 
 def create_app(expires_in):
@@ -678,6 +702,73 @@ def create_app(expires_in):
         from authlib.integrations.flask_oauth2 import current_token
         # Also the OpenID Connect userinfo endpoint: `sub` is the user.
         return jsonify(user=current_token.user_id, sub=current_token.user_id)
+
+    @protect()
+    def protected_resource():
+        from authlib.integrations.flask_oauth2 import current_token
+        return jsonify(ok=True, user=current_token.user_id, scope=current_token.get_scope(), method=request.method,
+                       request_id=request.headers.get("X-Request-Id"))
+
+    @app.route("/api/resource", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    def resource():
+        """A protected resource (RFC 6750) behind Authlib's ResourceProtector: 200 with the
+        token's user and scope for a valid bearer token; 401 with `WWW-Authenticate: Bearer
+        error="invalid_token"` for an expired, revoked or unknown one (Authlib's answer), and a
+        bare `Bearer` challenge for a request without one. Counted in /__resource/stats, with
+        how often each access token was presented."""
+        authorization = request.headers.get("Authorization", "")
+        presented = authorization[7:] if authorization.startswith("Bearer ") else None
+        refusal = None
+        try:
+            answer = protected_resource()
+            status = answer.status_code
+        except HTTPException as error:  # Authlib's 401 (its WWW-Authenticate included)
+            refusal, status = error, error.code
+        with lock:
+            resource_stats["requests"] += 1
+            if presented is None:
+                resource_stats["no_token"] += 1
+            else:
+                resource_presented[presented] += 1
+            if status == 200:
+                resource_stats["ok"] += 1
+            elif status == 401:
+                resource_stats["unauthorized"] += 1
+        if refusal is not None:
+            raise refusal
+        return answer
+
+    @app.route("/__resource/stats")
+    def resource_statistics():
+        """{"requests", "ok", "unauthorized", "no_token", "presented": {token: count}} (tokens in
+        the clear: the tests are the only reader)."""
+        with lock:
+            return jsonify(dict(resource_stats, presented=dict(resource_presented)))
+
+    @app.route("/__resource/revoke_access", methods=["POST"])
+    def resource_revoke_access():
+        """token=<access token>: the resource refuses it from now on (invalid_token); its
+        refresh token still refreshes (what an administrator's revocation of one access token,
+        or a resource server's own clock, does)."""
+        token = find_token(request.form.get("token", ""), "access_token")
+        if token is None:
+            return jsonify(ok=False, error="unknown access token"), 404
+        with lock:
+            token.access_revoked = True
+        return jsonify(ok=True)
+
+    @app.route("/__resource/config", methods=["POST"])
+    def resource_config():
+        """grant_scope=<scope> (every token issued from now on gets that scope; empty: as asked),
+        reset=1 (the counters to zero)."""
+        with lock:
+            if "grant_scope" in request.form:
+                resource_settings["grant_scope"] = request.form["grant_scope"] or None
+            if request.form.get("reset"):
+                for key in resource_stats:
+                    resource_stats[key] = 0
+                resource_presented.clear()
+            return jsonify(grant_scope=resource_settings["grant_scope"])
 
     @app.route("/oauth/device_authorization", methods=["POST"])
     def device_authorization():

@@ -1,0 +1,53 @@
+import SessionFlowTestSupport
+import Testing
+
+@testable import SessionCore
+
+/// Which requests `SessionManager.authorization(method:url:)` refuses before any token is
+/// touched.
+@Suite struct RequestAuthorizationTests {
+    @Test(arguments: [
+        ("GET", "ftp://example.com/x"), ("GET", "http://example.com/api"), ("GET", "https://example.com/a#frag"),
+        ("GET", "https://user@example.com/"), ("GE T", "https://example.com/"), ("", "https://example.com/"),
+        ("GET", "https://example.com/a b"), ("GET", "https:///path"), ("GET", "http://127.0.0.1.example.com/"),
+    ])
+    func aRequestThatCannotBeAuthorizedIsRefusedBeforeAnyToken(_ method: String, _ url: String) {
+        #expect(RequestAuthorization.problem(method: method, url: url) != nil)
+    }
+
+    @Test(arguments: [
+        ("GET", "https://api.example.com/v1/items?page=2"), ("POST", "http://127.0.0.1:8080/x"),
+        ("DELETE", "http://localhost/x"), ("PATCH", "http://[::1]:9/"), ("GET", "HTTPS://API.EXAMPLE.COM"),
+    ])
+    func anAuthorizableRequestPasses(_ method: String, _ url: String) {
+        #expect(RequestAuthorization.problem(method: method, url: url) == nil)
+    }
+}
+
+@Suite struct AuthenticationChallengeTests {
+    @Test func bearerParametersAreRead() {
+        let challenges = AuthenticationChallenge.parse(
+            #"Bearer realm="example", error="invalid_token", error_description="The access token expired""#)
+        #expect(challenges.count == 1)
+        #expect(challenges[0].scheme == "bearer" && challenges[0].error == "invalid_token")
+        #expect(challenges[0].parameters["error_description"] == "The access token expired")
+    }
+
+    @Test func severalChallengesAndTokenValuesAreRead() {
+        let challenges = AuthenticationChallenge.parse(
+            #"Basic realm="x", DPoP algs="ES256 PS256", error=use_dpop_nonce, Bearer error="insufficient_scope", scope="a\"b""#)
+        #expect(challenges.map(\.scheme) == ["basic", "dpop", "bearer"])
+        #expect(challenges[1].error == "use_dpop_nonce" && challenges[1].parameters["algs"] == "ES256 PS256")
+        #expect(challenges[2].parameters["scope"] == #"a"b"#)
+    }
+
+    @Test func brokenFieldsKeepWhatParsed() {
+        #expect(AuthenticationChallenge.parse(nil).isEmpty)
+        #expect(AuthenticationChallenge.parse("").isEmpty)
+        #expect(AuthenticationChallenge.parse("Bearer").map(\.scheme) == ["bearer"])
+        #expect(AuthenticationChallenge.parse(#"Bearer error="unterminated"#).first?.error == nil)
+        #expect(AuthenticationChallenge.parse("Negotiate abc==, Bearer error=invalid_token").last?.error == "invalid_token")
+        let huge = "Bearer error=" + String(repeating: "x", count: 1 << 20)
+        #expect(AuthenticationChallenge.parse(huge).first?.error?.count ?? 0 < AuthenticationChallenge.maximumFieldLength)
+    }
+}
