@@ -61,12 +61,39 @@ struct SignInPlan: Sendable {
         let code: Int32
     }
 
-    /// The issuer's endpoints (RFC 8414, OpenID Connect Discovery as the fallback).
-    func discover(on loop: EventLoop) async throws(Failure) -> OAuthConfiguration {
+    /// The sign-in sequence (SessionOAuth), its configuration settled before anything is
+    /// shown: the issuer's endpoints discovered (RFC 8414, OpenID Connect Discovery as the
+    /// fallback) and checked against the flow, so a metadata document without the flow's
+    /// endpoint is an error up front. Each sign-in (the first, and each `s`) runs it. Only the
+    /// words and exit codes are the CLI's.
+    func prepare(on loop: EventLoop, presenter: Presenter) async throws(Failure) -> SignInSequence {
+        let method: SignInSequence.Method
+        switch flow {
+        case .device:
+            method = .device { prompt in presenter.devicePrompt(prompt) }
+        case .browser:
+            let open = openBrowser
+            method = .browser(timeout: .seconds(300)) { prompt in
+                // Looked up each time: PATH is the user's, and xdg-open may come and go.
+                let opener = open ? BrowserOpener.find() : nil
+                presenter.browserPrompt(prompt, opening: opener != nil)
+                if let opener { BrowserOpener.open(prompt.authorizationURL, with: opener) }
+            }
+        }
+        let sequence = SignInSequence(.issuer(SignInSequence.Issuer(issuer, clientID: clientID)), method: method, scope: scope)
         do {
-            return try await OAuthDiscovery.configuration(issuer: issuer, clientID: clientID, loop: loop)
+            return try await sequence.prepared(on: loop)
         } catch {
-            throw Failure(message: Self.explain(error, issuer: issuer), code: ExitCodes.discovery)
+            switch error {
+            case .discovery(let error, _):
+                throw Failure(message: Self.explain(error, issuer: issuer), code: ExitCodes.discovery)
+            case .unusable(let error, _):
+                let endpoint = flow == .device ? "device_authorization_endpoint" : "authorization_endpoint"
+                throw Failure(
+                    message: "the metadata of \(Presenter.printable(issuer.absoluteString)) cannot serve the \(flow.rawValue) flow "
+                        + "(\(endpoint)): \(error)",
+                    code: ExitCodes.discovery)
+            }
         }
     }
 
@@ -76,41 +103,6 @@ struct SignInPlan: Sendable {
             return "discovery at \(at) refused the metadata's \(field): \(error.message)"
         }
         return "discovery at \(at) failed: \(error.message)"
-    }
-
-    /// Makes a fresh flow for each sign-in (the first, and each `s`); checked once here, so a
-    /// metadata document without the flow's endpoint is an error before anything is shown.
-    func flowMaker(_ configuration: OAuthConfiguration, presenter: Presenter)
-        throws(Failure) -> @Sendable () throws -> any SignInFlow
-    {
-        let scope = self.scope
-        let make: @Sendable () throws -> any SignInFlow
-        switch flow {
-        case .device:
-            make = {
-                try DeviceAuthorization(configuration, scope: scope) { prompt in presenter.devicePrompt(prompt) }
-            }
-        case .browser:
-            let open = openBrowser
-            make = {
-                try BrowserAuthorization(configuration, scope: scope) { prompt in
-                    // Looked up each time: PATH is the user's, and xdg-open may come and go.
-                    let opener = open ? BrowserOpener.find() : nil
-                    presenter.browserPrompt(prompt, opening: opener != nil)
-                    if let opener { BrowserOpener.open(prompt.authorizationURL, with: opener) }
-                }
-            }
-        }
-        do {
-            _ = try make()
-        } catch {
-            let endpoint = flow == .device ? "device_authorization_endpoint" : "authorization_endpoint"
-            throw Failure(
-                message: "the metadata of \(Presenter.printable(issuer.absoluteString)) cannot serve the \(flow.rawValue) flow "
-                    + "(\(endpoint)): \(error)",
-                code: ExitCodes.discovery)
-        }
-        return make
     }
 
     /// A failed sign-in in words (the flows' messages never carry a secret).
