@@ -176,7 +176,7 @@ struct SignInOptionError: Error {
 
 /// The browser flow's timeout: 0 is the default (5 minutes).
 func browserTimeout(_ options: sf_sign_in_options) -> Duration {
-    .milliseconds(options.timeout_ms == 0 ? 300_000 : options.timeout_ms)
+    options.timeout_ms == 0 ? BrowserAuthorization.defaultTimeout : .milliseconds(options.timeout_ms)
 }
 
 /// The longest `timeout_ms` taken (a day).

@@ -18,7 +18,7 @@ public struct SignInSequence: SignInFlow {
         /// The device authorization grant (RFC 8628).
         case device(prompt: @Sendable (DevicePrompt) -> Void)
         /// The authorization code grant with PKCE on a loopback redirect, waiting `timeout` at most.
-        case browser(timeout: Duration, prompt: @Sendable (BrowserPrompt) -> Void)
+        case browser(timeout: Duration = BrowserAuthorization.defaultTimeout, prompt: @Sendable (BrowserPrompt) -> Void)
     }
 
     /// An issuer to discover the endpoints from (RFC 8414, else OpenID Connect Discovery),
