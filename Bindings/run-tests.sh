@@ -70,6 +70,9 @@ if [ "$mode" = installed ]; then
     fi
 fi
 
+# Every SessionError.Code has a C code of its own (no silent SF_EINVAL).
+bash Bindings/error-codes.sh
+
 # The header alone, strictly, in C99, C11 and C++.
 for std in c99 c11; do
     $cc -std=$std -Wall -Wextra -Werror -pedantic -fsyntax-only -x c Bindings/include/sessionflow.h

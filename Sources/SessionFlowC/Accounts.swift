@@ -56,9 +56,7 @@ public func sf_session_account_state(
 @c @implementation
 public func sf_session_switch_account(_ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!) -> Int32 {
     api("sf_session_switch_account") {
-        guard let account else { return SF_EINVAL.code }
-        let key = String(cString: account)
-        return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.switchAccountAndWait(to: key) }
+        accountCall(pointer, account) { runtime, key throws(SessionError) in try runtime.session.switchAccountAndWait(to: key) }
     }
 }
 
@@ -66,11 +64,7 @@ public func sf_session_switch_account(_ pointer: OpaquePointer!, _ account: Unsa
 public func sf_session_add_account(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
     api("sf_session_add_account") {
         guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
-        let sessionTokens = SessionTokens(
-            accessToken: secret(tokens.access_token),
-            refreshToken: tokens.refresh_token.map(secret),
-            expiresIn: .seconds(tokens.expires_in),
-            memberID: string(tokens.member_id))
+        let sessionTokens = tokens.session
         return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.addAccountAndWait(sessionTokens) }
     }
 }
@@ -78,9 +72,7 @@ public func sf_session_add_account(_ pointer: OpaquePointer!, _ tokens: UnsafePo
 @c @implementation
 public func sf_session_logout_account(_ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!) -> Int32 {
     api("sf_session_logout_account") {
-        guard let account else { return SF_EINVAL.code }
-        let key = String(cString: account)
-        return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAndWait(account: key) }
+        accountCall(pointer, account) { runtime, key throws(SessionError) in try runtime.session.logoutAndWait(account: key) }
     }
 }
 
@@ -89,4 +81,14 @@ public func sf_session_logout_all(_ pointer: OpaquePointer!) -> Int32 {
     api("sf_session_logout_all") {
         synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.logoutAllAndWait() }
     }
+}
+
+/// The calls that name an account: the key copied (a NULL one is SF_EINVAL), then the call
+/// made as every waiting call is (`synchronousCall`).
+private func accountCall(
+    _ pointer: OpaquePointer?, _ account: UnsafePointer<CChar>?, _ body: (Runtime, String) throws(SessionError) -> Void
+) -> Int32 {
+    guard let account else { return SF_EINVAL.code }
+    let key = String(cString: account)
+    return synchronousCall(pointer) { runtime throws(SessionError) in try body(runtime, key) }
 }

@@ -31,24 +31,46 @@ extension sf_error {
     var code: Int32 { rawValue }
 }
 
-/// The C code for a session error.
-func errorCode(_ error: SessionError) -> Int32 {
-    switch error.code {
-    case .illegalTransition: SF_ESTATE.code
-    case .notLoggedIn: SF_ENOTLOGGEDIN.code
-    case .sessionExpired: SF_EAUTH.code
-    case .sessionEnded: SF_ESESSIONENDED.code
-    case .transient: SF_ENETWORK.code
-    case .configuration: SF_ECONFIG.code
-    case .unauthorized: SF_EUNAUTHORIZED.code
-    case .store: SF_ESTORE.code
-    case .storeUnavailable: SF_ESTORE.code
-    case .shutDown: SF_ESHUTDOWN.code
-    case .busy: SF_EBUSY.code
-    case .invalidArgument: SF_EINVAL.code
-    case .cancelled: SF_ECANCELLED.code
-    case .accessDenied: SF_EDENIED.code
-    case .signInExpired: SF_EEXPIRED.code
-    default: SF_EINVAL.code
+/// Every `SessionError.Code`, once. `SessionError.Code` is a struct of static lets (it can
+/// grow without breaking a Swift caller's `switch`), so a switch over it needs a `default`,
+/// and a new code would fall into it unseen. A switch over this enum has none: a case added
+/// here must be mapped, or nothing compiles. What adds the case when SessionCore adds a code
+/// is `Bindings/run-tests.sh` (the C suite): it compares these cases with the static lets of
+/// `SessionError.Code` by name and fails on any difference. The raw value is `Code.name`.
+enum MappedSessionErrorCode: String, CaseIterable {
+    case illegalTransition, notLoggedIn, sessionExpired, sessionEnded, transient, configuration,
+         unauthorized, store, storeUnavailable, invalidArgument, shutDown, busy, cancelled,
+         accessDenied, signInExpired
+
+    /// The C code: the one place a session error's code is chosen.
+    var c: sf_error {
+        switch self {
+        case .illegalTransition: SF_ESTATE
+        case .notLoggedIn: SF_ENOTLOGGEDIN
+        case .sessionExpired: SF_EAUTH
+        case .sessionEnded: SF_ESESSIONENDED
+        case .transient: SF_ENETWORK
+        case .configuration: SF_ECONFIG
+        case .unauthorized: SF_EUNAUTHORIZED
+        case .store: SF_ESTORE
+        case .storeUnavailable: SF_ESTORE
+        case .shutDown: SF_ESHUTDOWN
+        case .busy: SF_EBUSY
+        case .invalidArgument: SF_EINVAL
+        case .cancelled: SF_ECANCELLED
+        case .accessDenied: SF_EDENIED
+        case .signInExpired: SF_EEXPIRED
+        }
     }
+}
+
+/// The C code for a session error. A code missing from `MappedSessionErrorCode` is a build
+/// that skipped the C suite's check: debug builds stop there; a release says SF_EINVAL
+/// rather than crash the host.
+func errorCode(_ error: SessionError) -> Int32 {
+    guard let mapped = MappedSessionErrorCode(rawValue: error.code.name) else {
+        assertionFailure("SessionError.Code.\(error.code.name) has no C code: add it to MappedSessionErrorCode")
+        return SF_EINVAL.code
+    }
+    return mapped.c.code
 }

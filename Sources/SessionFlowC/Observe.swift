@@ -121,32 +121,99 @@ public func sf_subscribe_store_status(
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     api("sf_subscribe_store_status") {
-        guard let observer, let out else { return SF_EINVAL.code }
-        let o = observer.pointee
-        guard usableObserver(
-            "sf_subscribe_store_status", pointer, "sf_store_observer", size: o.size, expected: MemoryLayout<sf_store_observer>.size,
-            callbacks: [unsafeBitCast(o.on_status, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
-                        unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
-        else { return SF_EINVAL.code }
-        let function = rawFunction(observer.pointee.on_status)
-        let userdata = observer.pointee.userdata
-        let terminal = TerminalCallbacks(
-            onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
-            release: observer.pointee.release, userdata: observer.pointee.userdata)
-        return withRuntime(pointer) { runtime in
-            register(out) { onRelease throws(LoopFlowError) in
-                let flow = runtime.session.storeStatus
-                guard let function else {
-                    return try flow.subscribe(
-                        onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
-                        onRelease: terminal.releaseClosure(onRelease))
-                }
-                return try flow.subscribe(
-                    foreign: statusCallback, function: function, userdata: userdata,
-                    onError: terminal.errorClosure,
-                    onComplete: terminal.completeClosure,
+        subscribe("sf_subscribe_store_status", pointer, observer, out, statusCallback) { $0.session.storeStatus }
+    }
+}
+
+/// A C observer struct: its size, its value callback (`on_state`, `on_status`, `on_event`)
+/// and the terminal and release callbacks every observer has. (The members are read in each
+/// conformance: an imported C function pointer member does not witness a protocol property.)
+protocol CObserver {
+    static var name: String { get }
+    var size: Int { get }
+    var valueFunction: UnsafeRawPointer? { get }
+    var terminal: TerminalCallbacks { get }
+}
+
+extension sf_observer: CObserver {
+    static var name: String { "sf_observer" }
+    var valueFunction: UnsafeRawPointer? { rawFunction(on_state) }
+    var terminal: TerminalCallbacks { TerminalCallbacks(onError: on_error, onComplete: on_complete, release: release, userdata: userdata) }
+}
+
+extension sf_store_observer: CObserver {
+    static var name: String { "sf_store_observer" }
+    var valueFunction: UnsafeRawPointer? { rawFunction(on_status) }
+    var terminal: TerminalCallbacks { TerminalCallbacks(onError: on_error, onComplete: on_complete, release: release, userdata: userdata) }
+}
+
+extension sf_event_observer: CObserver {
+    static var name: String { "sf_event_observer" }
+    var valueFunction: UnsafeRawPointer? { rawFunction(on_event) }
+    var terminal: TerminalCallbacks { TerminalCallbacks(onError: on_error, onComplete: on_complete, release: release, userdata: userdata) }
+}
+
+/// A flow a C observer can subscribe to: with its value function, or (an observer without
+/// one) with the terminal and release callbacks only. StateFlow and SharedFlow differ in the
+/// label of their Swift value closure only.
+protocol CObservable<Value> {
+    associatedtype Value
+    func subscribe(
+        foreign callback: ForeignCallback<Value>, function: UnsafeRawPointer, userdata: UnsafeMutableRawPointer?,
+        onError: (@Sendable (any Error) -> Void)?, onComplete: (@Sendable () -> Void)?, onRelease: (@Sendable () -> Void)?
+    ) throws(LoopFlowError) -> FlowSubscription
+    func subscribeWithoutValues(
+        onError: @escaping @Sendable (any Error) -> Void, onComplete: @escaping @Sendable () -> Void,
+        onRelease: @escaping @Sendable () -> Void
+    ) throws(LoopFlowError) -> FlowSubscription
+}
+
+extension StateFlow: CObservable {
+    func subscribeWithoutValues(
+        onError: @escaping @Sendable (any Error) -> Void, onComplete: @escaping @Sendable () -> Void,
+        onRelease: @escaping @Sendable () -> Void
+    ) throws(LoopFlowError) -> FlowSubscription {
+        try subscribe(onState: { _ in }, onError: onError, onComplete: onComplete, onRelease: onRelease)
+    }
+}
+
+extension SharedFlow: CObservable {
+    func subscribeWithoutValues(
+        onError: @escaping @Sendable (any Error) -> Void, onComplete: @escaping @Sendable () -> Void,
+        onRelease: @escaping @Sendable () -> Void
+    ) throws(LoopFlowError) -> FlowSubscription {
+        try subscribe(onEvent: { _ in }, onError: onError, onComplete: onComplete, onRelease: onRelease)
+    }
+}
+
+/// The one body of sf_subscribe_session_state, sf_subscribe_store_status and
+/// sf_subscribe_events: checks the observer (nothing is called and nothing kept when it is
+/// refused), subscribes it to the runtime's `flow` and publishes the handle.
+private func subscribe<Observer: CObserver, Flow: CObservable>(
+    _ name: String, _ pointer: OpaquePointer?, _ observer: UnsafePointer<Observer>?,
+    _ out: UnsafeMutablePointer<sf_subscription>?, _ callback: ForeignCallback<Flow.Value>,
+    _ flow: @escaping (Runtime) -> Flow
+) -> Int32 {
+    guard let observer, let out else { return SF_EINVAL.code }
+    let function = observer.pointee.valueFunction
+    let terminal = observer.pointee.terminal
+    let userdata = terminal.userdata
+    guard usableObserver(
+        name, pointer, Observer.name, size: observer.pointee.size, expected: MemoryLayout<Observer>.size,
+        callbacks: [function, rawFunction(terminal.onError), rawFunction(terminal.onComplete), rawFunction(terminal.release)])
+    else { return SF_EINVAL.code }
+    return withRuntime(pointer) { runtime in
+        register(out) { onRelease throws(LoopFlowError) in
+            let flow = flow(runtime)
+            guard let function else {
+                return try flow.subscribeWithoutValues(
+                    onError: terminal.errorClosure, onComplete: terminal.completeClosure,
                     onRelease: terminal.releaseClosure(onRelease))
             }
+            return try flow.subscribe(
+                foreign: callback, function: function, userdata: userdata,
+                onError: terminal.errorClosure, onComplete: terminal.completeClosure,
+                onRelease: terminal.releaseClosure(onRelease))
         }
     }
 }
@@ -205,33 +272,7 @@ public func sf_subscribe_session_state(
     _ pointer: OpaquePointer!, _ observer: UnsafePointer<sf_observer>!, _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     api("sf_subscribe_session_state") {
-        guard let observer, let out else { return SF_EINVAL.code }
-        let o = observer.pointee
-        guard usableObserver(
-            "sf_subscribe_session_state", pointer, "sf_observer", size: o.size, expected: MemoryLayout<sf_observer>.size,
-            callbacks: [unsafeBitCast(o.on_state, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
-                        unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
-        else { return SF_EINVAL.code }
-        let function = rawFunction(observer.pointee.on_state)
-        let userdata = observer.pointee.userdata
-        let terminal = TerminalCallbacks(
-            onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
-            release: observer.pointee.release, userdata: observer.pointee.userdata)
-        return withRuntime(pointer) { runtime in
-            register(out) { onRelease throws(LoopFlowError) in
-                let flow = runtime.session.state
-                guard let function else {
-                    return try flow.subscribe(
-                        onState: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
-                        onRelease: terminal.releaseClosure(onRelease))
-                }
-                return try flow.subscribe(
-                    foreign: stateCallback, function: function, userdata: userdata,
-                    onError: terminal.errorClosure,
-                    onComplete: terminal.completeClosure,
-                    onRelease: terminal.releaseClosure(onRelease))
-            }
-        }
+        subscribe("sf_subscribe_session_state", pointer, observer, out, stateCallback) { $0.session.state }
     }
 }
 
@@ -241,33 +282,7 @@ public func sf_subscribe_events(
     _ out: UnsafeMutablePointer<sf_subscription>!
 ) -> Int32 {
     api("sf_subscribe_events") {
-        guard let observer, let out else { return SF_EINVAL.code }
-        let o = observer.pointee
-        guard usableObserver(
-            "sf_subscribe_events", pointer, "sf_event_observer", size: o.size, expected: MemoryLayout<sf_event_observer>.size,
-            callbacks: [unsafeBitCast(o.on_event, to: UnsafeRawPointer?.self), unsafeBitCast(o.on_error, to: UnsafeRawPointer?.self),
-                        unsafeBitCast(o.on_complete, to: UnsafeRawPointer?.self), unsafeBitCast(o.release, to: UnsafeRawPointer?.self)])
-        else { return SF_EINVAL.code }
-        let function = rawFunction(observer.pointee.on_event)
-        let userdata = observer.pointee.userdata
-        let terminal = TerminalCallbacks(
-            onError: observer.pointee.on_error, onComplete: observer.pointee.on_complete,
-            release: observer.pointee.release, userdata: observer.pointee.userdata)
-        return withRuntime(pointer) { runtime in
-            register(out) { onRelease throws(LoopFlowError) in
-                let flow = runtime.session.events
-                guard let function else {
-                    return try flow.subscribe(
-                        onEvent: { _ in }, onError: terminal.errorClosure, onComplete: terminal.completeClosure,
-                        onRelease: terminal.releaseClosure(onRelease))
-                }
-                return try flow.subscribe(
-                    foreign: eventCallback, function: function, userdata: userdata,
-                    onError: terminal.errorClosure,
-                    onComplete: terminal.completeClosure,
-                    onRelease: terminal.releaseClosure(onRelease))
-            }
-        }
+        subscribe("sf_subscribe_events", pointer, observer, out, eventCallback) { $0.session.events }
     }
 }
 

@@ -93,6 +93,15 @@ func readTokens(_ tokens: UnsafePointer<sf_tokens>?) -> sf_tokens? {
     return result
 }
 
+extension sf_tokens {
+    /// The host's tokens as the session takes them (checked by `readTokens` first).
+    var session: SessionTokens {
+        SessionTokens(
+            accessToken: secret(access_token), refreshToken: refresh_token.map(secret),
+            expiresIn: .seconds(expires_in), memberID: string(member_id))
+    }
+}
+
 func string(_ text: UnsafePointer<CChar>?) -> String? {
     text.map { String(cString: $0) }
 }
@@ -108,11 +117,10 @@ public func sf_refresh_request_succeed(_ request: OpaquePointer!, _ tokens: Unsa
             open.completion.fail(.cancelled)
             return SF_ECLOSED.code
         }
+        let session = tokens.session
         open.completion.succeed(TokenGrant(
-            accessToken: secret(tokens.access_token),
-            refreshToken: tokens.refresh_token.map(secret),
-            expiresIn: .seconds(tokens.expires_in),
-            memberID: string(tokens.member_id)))
+            accessToken: session.accessToken, refreshToken: session.refreshToken,
+            expiresIn: session.expiresIn, memberID: session.memberID))
         return SF_OK.code
     }
 }

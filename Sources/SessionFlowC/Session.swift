@@ -48,11 +48,7 @@ private func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(Session
 /// Both sign-ins: the tokens copied, then signed in on the loop (see the header).
 private func signIn(_ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens>?, replacingStore: Bool) -> Int32 {
     guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
-    let sessionTokens = SessionTokens(
-        accessToken: secret(tokens.access_token),
-        refreshToken: tokens.refresh_token.map(secret),
-        expiresIn: .seconds(tokens.expires_in),
-        memberID: string(tokens.member_id))
+    let sessionTokens = tokens.session
     return synchronousCall(pointer) { runtime throws(SessionError) in
         try runtime.session.signInAndWait(sessionTokens, replacingUnreadableStore: replacingStore)
     }

@@ -5,33 +5,13 @@ import SessionCore
 import SessionOAuth
 
 // The sign-in flows of the C API (sf_session_sign_in_device, sf_session_sign_in_browser,
-// sf_sign_in_cancel): a SessionOAuth flow, perhaps preceded by discovery, run through
-// SessionManager.signIn(with:completion:), its outcome handed to the host's observer.
+// sf_sign_in_cancel): translation only. sf_sign_in_options become a SessionOAuth
+// SignInSequence (discovery, the flow, the session signed in, one cancel); its prompts and
+// outcome become the host's sf_sign_in_observer calls; the handle maps to its SignInHandle.
 
 /// Running sign-ins by handle. An entry goes when its on_done is called (or the runtime's
 /// teardown ends it); a handle is never reused.
 let signIns = HandleTable<SignInRecord>(.signIn)
-
-/// What a runtime's sf_options say about sign-in flows: the client, and the endpoints when
-/// a token endpoint is named (whether or not the host refreshes itself).
-struct SignInBase: Sendable {
-    var configuration: OAuthConfiguration?
-    var clientID: String?
-    var clientSecret: Secret?
-    var scope: String?
-    /// `sf_options.issuer`: the issuer of flows that name none.
-    var issuer: URL?
-
-    init(_ options: sf_options) {
-        var plain = options
-        plain.refresh = nil  // the endpoints are wanted even when the host refreshes itself
-        configuration = (try? oauthConfiguration(from: plain)) ?? nil
-        clientID = string(options.client_id).flatMap { $0.isEmpty ? nil : $0 }
-        clientSecret = string(options.client_secret).map(Secret.init)
-        scope = string(options.scope)
-        issuer = (try? SessionFlowC.issuer(from: options)) ?? nil
-    }
-}
 
 struct SignInCallbacks: @unchecked Sendable {
     let observer: sf_sign_in_observer
@@ -164,144 +144,10 @@ func endSignIns(on loop: EventLoop) {
     }
 }
 
-// MARK: - Flows
-
+/// Which C function started the sign-in.
 enum SignInKind: Sendable {
     case device
     case browser
-}
-
-/// Where a flow's configuration comes from: known at the start, or discovered from an issuer.
-enum ConfigurationSource: Sendable {
-    case configured(OAuthConfiguration)
-    case issuer(URL, clientID: String, clientSecret: Secret?, scope: String?,
-                deviceEndpoint: URL?, authorizationEndpoint: URL?)
-}
-
-/// A flow that first gets its configuration (discovery, when an issuer is given), then makes
-/// and runs the real flow. Keeps `SignInFlow`'s contract: one completion, on the loop thread,
-/// never inside `start` or `cancel`.
-final class ConfiguredSignIn: SignInFlow {
-    let source: ConfigurationSource
-    let make: @Sendable (OAuthConfiguration) throws(OAuthConfigurationError) -> any SignInFlow
-
-    init(source: ConfigurationSource, make: @escaping @Sendable (OAuthConfiguration) throws(OAuthConfigurationError) -> any SignInFlow) {
-        self.source = source
-        self.make = make
-    }
-
-    func start(
-        on loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void
-    ) -> any SignInCancellable {
-        let run = ConfiguredRun(flow: self, loop: loop, completion: completion)
-        run.begin()
-        return run
-    }
-}
-
-private final class ConfiguredRun: SignInCancellable, Sendable {
-    let flow: ConfiguredSignIn
-    let loop: EventLoop
-    let completion: @Sendable (Result<SessionTokens, SessionError>) -> Void
-
-    private struct Progress {
-        var cancelled = false
-        var finished = false
-        var inner: (any SignInCancellable)?
-    }
-
-    private let progress = LockedBox(Progress())
-
-    init(flow: ConfiguredSignIn, loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void) {
-        self.flow = flow
-        self.loop = loop
-        self.completion = completion
-    }
-
-    /// Loop thread (inside `start`).
-    func begin() {
-        switch flow.source {
-        case .configured(let configuration):
-            startInner(configuration)
-        case .issuer(let issuer, let clientID, let clientSecret, let scope, let device, let authorization):
-            let discovery = OAuthDiscovery.configuration(
-                issuer: issuer, clientID: clientID, loop: loop, clientSecret: clientSecret
-            ) { [self] result in
-                let (cancelled, finished) = progress.withLockedValue { ($0.cancelled, $0.finished) }
-                if finished { return }
-                if cancelled { return finish(.failure(SessionError(.cancelled, "the sign-in was cancelled"))) }
-                switch result {
-                case .failure(let error):
-                    let code: SessionError.Code = error.kind == .network ? .transient : .configuration
-                    let member = error.field.map { " (\($0))" } ?? ""
-                    finish(.failure(SessionError(code, "discovery at \(issuer.absoluteString)\(member): \(error.message)")))
-                case .success(var configuration):
-                    if let scope { configuration.scope = scope }
-                    if let device { configuration.deviceAuthorizationEndpoint = device }
-                    if let authorization { configuration.authorizationEndpoint = authorization }
-                    startInner(configuration, discovered: true)
-                }
-            }
-            // Cancelled meanwhile (the discovery's answer comes on a later turn): its request
-            // is ended, and no fallback is fetched.
-            let cancelled = progress.withLockedValue { progress -> Bool in
-                if !progress.cancelled && progress.inner == nil { progress.inner = discovery }
-                return progress.cancelled
-            }
-            if cancelled { discovery.cancel() }
-        }
-    }
-
-    /// Loop thread: makes and starts the flow itself.
-    private func startInner(_ configuration: OAuthConfiguration, discovered: Bool = false) {
-        let inner: any SignInFlow
-        do {
-            inner = try flow.make(configuration)
-        } catch {
-            let origin = discovered ? "the issuer's metadata: " : ""
-            let field = error.field.replacing(" ", with: "_")
-            return finish(.failure(SessionError(.configuration, "\(origin)the \(field) \(error.reason)")))
-        }
-        let running = inner.start(on: loop) { [self] outcome in finish(outcome) }
-        let cancelled = progress.withLockedValue { progress -> Bool in
-            if !progress.cancelled { progress.inner = running }
-            return progress.cancelled
-        }
-        if cancelled { running.cancel() }
-    }
-
-    /// Any thread.
-    func cancel() {
-        let (first, inner) = progress.withLockedValue { progress -> (Bool, (any SignInCancellable)?) in
-            guard !progress.cancelled, !progress.finished else { return (false, nil) }
-            progress.cancelled = true
-            return (true, progress.inner)
-        }
-        guard first else { return }
-        if let inner {
-            inner.cancel()  // it completes (cancelled) on a later turn: `finish`
-        } else {
-            finish(.failure(SessionError(.cancelled, "the sign-in was cancelled")))
-        }
-    }
-
-    /// Once; the completion on a later loop turn (never inside `start` or `cancel`).
-    private func finish(_ result: Result<SessionTokens, SessionError>) {
-        let first = progress.withLockedValue { progress -> Bool in
-            guard !progress.finished else { return false }
-            progress.finished = true
-            progress.inner = nil
-            return true
-        }
-        guard first else { return }
-        let completion = completion
-        do {
-            try loop.execute { completion(result) }
-        } catch {
-            // The loop is being torn down: no later turn (the runtime's teardown ends the sign-in).
-            if loop.inEventLoop { completion(result) }
-        }
-    }
 }
 
 // MARK: - Starting
@@ -330,7 +176,7 @@ struct SignInOptionError: Error {
 
 /// The browser flow's timeout: 0 is the default (5 minutes).
 func browserTimeout(_ options: sf_sign_in_options) -> Duration {
-    .milliseconds(options.timeout_ms == 0 ? 300_000 : options.timeout_ms)
+    options.timeout_ms == 0 ? BrowserAuthorization.defaultTimeout : .milliseconds(options.timeout_ms)
 }
 
 /// The longest `timeout_ms` taken (a day).
@@ -339,7 +185,7 @@ let maximumBrowserTimeout: Int64 = 86_400_000
 /// Where the flow's configuration comes from, checked before anything starts.
 func configurationSource(
     _ kind: SignInKind, _ options: sf_sign_in_options, _ base: SignInBase
-) throws(SignInOptionError) -> ConfigurationSource {
+) throws(SignInOptionError) -> SignInSequence.Source {
     func url(_ text: UnsafePointer<CChar>?, _ field: String) throws(SignInOptionError) -> URL? {
         guard let text = string(text) else { return nil }
         guard let url = URL(string: text), !text.isEmpty else { throw SignInOptionError(field: field, reason: "is not a URL") }
@@ -371,8 +217,9 @@ func configurationSource(
         } catch {
             throw named(error)
         }
-        return .issuer(issuer, clientID: clientID, clientSecret: base.clientSecret, scope: scope,
-                       deviceEndpoint: device, authorizationEndpoint: authorization)
+        return .issuer(SignInSequence.Issuer(
+            issuer, clientID: clientID, clientSecret: base.clientSecret, scope: scope,
+            deviceAuthorizationEndpoint: device, authorizationEndpoint: authorization))
     }
     guard var configuration = base.configuration else {
         throw SignInOptionError(
@@ -401,23 +248,11 @@ func configurationSource(
     return .configured(configuration)
 }
 
-/// The flow itself, made from a configuration, reporting its prompt to `record`.
-func flowMaker(
-    _ kind: SignInKind, _ options: sf_sign_in_options, record: SignInRecord
-) -> @Sendable (OAuthConfiguration) throws(OAuthConfigurationError) -> any SignInFlow {
-    let scope = string(options.scope)
+/// The flow, reporting its prompt to `record`.
+func method(_ kind: SignInKind, _ options: sf_sign_in_options, record: SignInRecord) -> SignInSequence.Method {
     switch kind {
-    case .device:
-        return { configuration throws(OAuthConfigurationError) in
-            try DeviceAuthorization(configuration, scope: scope ?? configuration.scope) { prompt in record.prompt(prompt) }
-        }
-    case .browser:
-        let timeout = browserTimeout(options)
-        return { configuration throws(OAuthConfigurationError) in
-            try BrowserAuthorization(configuration, scope: scope ?? configuration.scope, timeout: timeout) { prompt in
-                record.prompt(prompt)
-            }
-        }
+    case .device: .device { prompt in record.prompt(prompt) }
+    case .browser: .browser(timeout: browserTimeout(options)) { prompt in record.prompt(prompt) }
     }
 }
 
@@ -435,7 +270,7 @@ private func startSignIn(
     }
     let callbacks = SignInCallbacks(observer: observer.pointee)
     return withRuntime(pointer) { runtime in
-        let source: ConfigurationSource
+        let source: SignInSequence.Source
         do throws(SignInOptionError) {
             source = try configurationSource(kind, options, runtime.signInBase)
         } catch {
@@ -444,14 +279,14 @@ private func startSignIn(
         }
         guard runtime.session.state.value != .loggedIn else { return SF_ESTATE.code }
         let record = signIns.insert { id in SignInRecord(id: id, loop: runtime.loop, callbacks: callbacks) }
-        let flow = ConfiguredSignIn(source: source, make: flowMaker(kind, options, record: record))
+        let sequence = SignInSequence(source, method: method(kind, options, record: record), scope: string(options.scope))
         let session = runtime.session
         let replacing = options.replace_unreadable_store != 0
         do {
             // On the loop, so that a refusal (the loop shutting down) is known here and calls nothing.
             try runtime.loop.execute {
                 record.markStarted()
-                let handle = session.signIn(with: flow, replacingUnreadableStore: replacing) { result in
+                let handle = sequence.signIn(session, replacingUnreadableStore: replacing) { result in
                     record.finish(result)
                 }
                 record.attach(handle)

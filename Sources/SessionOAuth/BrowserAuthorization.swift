@@ -52,6 +52,10 @@ public final class BrowserAuthorization: SignInFlow {
     /// The path of the redirect URI on the loopback listener.
     public static let callbackPath = "/callback"
 
+    /// How long the browser has to come back unless the host says otherwise (every host's
+    /// default: the C API's `timeout_ms` 0, `watch-session login --browser`).
+    public static let defaultTimeout: Duration = .seconds(300)
+
     /// - Parameters:
     ///   - timeout: how long the browser has to come back (at least 1 s).
     ///   - onPrompt: runs once on the loop thread when the listener listens (open the URL).
@@ -59,7 +63,7 @@ public final class BrowserAuthorization: SignInFlow {
     /// - Throws: `OAuthConfigurationError` for a configuration without an authorization
     ///   endpoint, or one `OAuthAuthority` would refuse.
     public init(
-        _ configuration: OAuthConfiguration, scope: String? = nil, timeout: Duration = .seconds(300),
+        _ configuration: OAuthConfiguration, scope: String? = nil, timeout: Duration = defaultTimeout,
         onPrompt: @escaping @Sendable (BrowserPrompt) -> Void
     ) throws(OAuthConfigurationError) {
         try configuration.validate()

@@ -74,12 +74,7 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         _ url: URL, form: [(String, FormValue)], secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) {
-        guard let authority, !finished, !isCancelled else { return }
-        send(authority.post(url, form: form, secrets: secrets) { [self] outcome in
-            call = nil
-            guard !finished else { return }
-            done(outcome)
-        })
+        send(done) { authority, answered in authority.post(url, form: form, secrets: secrets, answered) }
     }
 
     /// Loop thread: a GET with a bearer token (the userinfo endpoint), as `post`.
@@ -87,15 +82,22 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         _ url: URL, bearer: Secret, secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) {
+        send(done) { authority, answered in authority.get(url, bearer: bearer, secrets: secrets, answered) }
+    }
+
+    /// What `post` and `get` share: nothing is sent once the run has finished or was cancelled;
+    /// the request is the run's one call in flight; its answer reaches `done` unless the run
+    /// has finished by then.
+    private func send(
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void,
+        _ start: (OAuthAuthority, @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void) -> HTTPCall
+    ) {
         guard let authority, !finished, !isCancelled else { return }
-        send(authority.get(url, bearer: bearer, secrets: secrets) { [self] outcome in
+        let started = start(authority) { [self] outcome in
             call = nil
             guard !finished else { return }
             done(outcome)
-        })
-    }
-
-    private func send(_ started: HTTPCall) {
+        }
         call = started
         if isCancelled || finished {
             call = nil

@@ -60,9 +60,9 @@ struct LiveWatch {
         var flowMaker: (@Sendable () throws -> any SignInFlow)?
         if let login {
             do throws(SignInPlan.Failure) {
-                let discovered = try await login.discover(on: loop)
-                oauth = discovered
-                flowMaker = try login.flowMaker(discovered, presenter: presenter)
+                let sequence = try await login.prepare(on: loop, presenter: presenter)
+                oauth = sequence.configuration
+                flowMaker = { sequence }
             } catch {
                 try loop.shutdown()
                 return .failed(error.message, code: error.code)

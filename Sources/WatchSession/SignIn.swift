@@ -61,12 +61,39 @@ struct SignInPlan: Sendable {
         let code: Int32
     }
 
-    /// The issuer's endpoints (RFC 8414, OpenID Connect Discovery as the fallback).
-    func discover(on loop: EventLoop) async throws(Failure) -> OAuthConfiguration {
+    /// The sign-in sequence (SessionOAuth), its configuration settled before anything is
+    /// shown: the issuer's endpoints discovered (RFC 8414, OpenID Connect Discovery as the
+    /// fallback) and checked against the flow, so a metadata document without the flow's
+    /// endpoint is an error up front. Each sign-in (the first, and each `s`) runs it. Only the
+    /// words and exit codes are the CLI's.
+    func prepare(on loop: EventLoop, presenter: Presenter) async throws(Failure) -> SignInSequence {
+        let method: SignInSequence.Method
+        switch flow {
+        case .device:
+            method = .device { prompt in presenter.devicePrompt(prompt) }
+        case .browser:
+            let open = openBrowser
+            method = .browser { prompt in
+                // Looked up each time: PATH is the user's, and xdg-open may come and go.
+                let opener = open ? BrowserOpener.find() : nil
+                presenter.browserPrompt(prompt, opening: opener != nil)
+                if let opener { BrowserOpener.open(prompt.authorizationURL, with: opener) }
+            }
+        }
+        let sequence = SignInSequence(.issuer(SignInSequence.Issuer(issuer, clientID: clientID)), method: method, scope: scope)
         do {
-            return try await OAuthDiscovery.configuration(issuer: issuer, clientID: clientID, loop: loop)
+            return try await sequence.prepared(on: loop)
         } catch {
-            throw Failure(message: Self.explain(error, issuer: issuer), code: ExitCodes.discovery)
+            switch error {
+            case .discovery(let error, _):
+                throw Failure(message: Self.explain(error, issuer: issuer), code: ExitCodes.discovery)
+            case .unusable(let error, _):
+                let endpoint = flow == .device ? "device_authorization_endpoint" : "authorization_endpoint"
+                throw Failure(
+                    message: "the metadata of \(Presenter.printable(issuer.absoluteString)) cannot serve the \(flow.rawValue) flow "
+                        + "(\(endpoint)): \(error)",
+                    code: ExitCodes.discovery)
+            }
         }
     }
 
@@ -76,41 +103,6 @@ struct SignInPlan: Sendable {
             return "discovery at \(at) refused the metadata's \(field): \(error.message)"
         }
         return "discovery at \(at) failed: \(error.message)"
-    }
-
-    /// Makes a fresh flow for each sign-in (the first, and each `s`); checked once here, so a
-    /// metadata document without the flow's endpoint is an error before anything is shown.
-    func flowMaker(_ configuration: OAuthConfiguration, presenter: Presenter)
-        throws(Failure) -> @Sendable () throws -> any SignInFlow
-    {
-        let scope = self.scope
-        let make: @Sendable () throws -> any SignInFlow
-        switch flow {
-        case .device:
-            make = {
-                try DeviceAuthorization(configuration, scope: scope) { prompt in presenter.devicePrompt(prompt) }
-            }
-        case .browser:
-            let open = openBrowser
-            make = {
-                try BrowserAuthorization(configuration, scope: scope) { prompt in
-                    // Looked up each time: PATH is the user's, and xdg-open may come and go.
-                    let opener = open ? BrowserOpener.find() : nil
-                    presenter.browserPrompt(prompt, opening: opener != nil)
-                    if let opener { BrowserOpener.open(prompt.authorizationURL, with: opener) }
-                }
-            }
-        }
-        do {
-            _ = try make()
-        } catch {
-            let endpoint = flow == .device ? "device_authorization_endpoint" : "authorization_endpoint"
-            throw Failure(
-                message: "the metadata of \(Presenter.printable(issuer.absoluteString)) cannot serve the \(flow.rawValue) flow "
-                    + "(\(endpoint)): \(error)",
-                code: ExitCodes.discovery)
-        }
-        return make
     }
 
     /// A failed sign-in in words (the flows' messages never carry a secret).
@@ -193,217 +185,6 @@ struct Login: AsyncParsableCommand {
             FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
             throw ExitCode(code)
         }
-    }
-}
-
-/// `watch-session logout`: revoke, wipe, say so.
-struct Logout: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Signs the stored session out: revokes its refresh token (RFC 7009) and wipes it from the store.",
-        discussion: """
-            With --issuer and --client-id the revocation endpoint comes from the issuer's metadata \
-            (discovery, as login does) and the refresh token is revoked there; without them the \
-            session is only wiped here, and the token stays valid at the server until it expires \
-            (the store keeps no server settings). Other processes watching the store see the \
-            sign-out at once.
-
-            Exit codes: 0 signed out (or nothing to sign out), 1 the store could not be read or \
-            changed, 2 discovery failed (nothing was changed), 6 signed out here but the server \
-            did not confirm the revocation.
-            """)
-
-    @OptionGroup var storage: StoreOptions
-
-    @Option(help: "The account to sign out (the store's active one otherwise).")
-    var account: String?
-
-    @Option(help: "The issuer whose revocation endpoint revokes the refresh token (with --client-id).")
-    var issuer: String?
-
-    @Option(name: .customLong("client-id"), help: "OAuth 2.0 client id (with --issuer).")
-    var clientID: String?
-
-    @Flag(help: "Print the outcome as one JSON object (NDJSON).")
-    var json = false
-
-    func validate() throws {
-        if (issuer == nil) != (clientID == nil) {
-            throw ValidationError(issuer == nil ? "--client-id needs --issuer" : "--issuer needs --client-id")
-        }
-        if account?.isEmpty == true { throw ValidationError("--account is empty") }
-        _ = try issuerURL()
-    }
-
-    func issuerURL() throws -> URL? { try issuer.map(StoreOptions.issuer) }
-
-    func run() async throws {
-        let presenter = Presenter(json: json)
-        let outcome = try await SignOut(
-            storeDirectory: storage.directory, storeKey: try storage.key(), account: account,
-            issuer: try issuerURL(), clientID: clientID
-        ).run()
-        presenter.signOut(outcome)
-        if let message = outcome.failure {
-            FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
-        }
-        if outcome.code != 0 { throw ExitCode(outcome.code) }
-    }
-}
-
-/// One sign-out: discovery (if asked), the store read, `SessionManager.logout()` (store wiped,
-/// then the refresh token revoked), waiting for the revocation's answer.
-struct SignOut {
-    let storeDirectory: String
-    let storeKey: FileCredentialStore.Key
-    let account: String?
-    let issuer: URL?
-    let clientID: String?
-
-    struct Outcome: Sendable {
-        /// Who was signed out (nil: nobody was).
-        var member: String?
-        var account: String?
-        var wasSignedIn = false
-        /// The state the session had (loggedIn, sessionExpired, loggedOut).
-        var previousState: SessionState = .loggedOut
-        var revocationEndpoint: String?
-        var issuerGiven = false
-        /// nil: not attempted.
-        var revoked: Bool?
-        var revocationError: String?
-        var remainingAccounts: [String] = []
-        var failure: String?
-        var code: Int32 = 0
-    }
-
-    func run() async throws -> Outcome {
-        var outcome = Outcome()
-        outcome.issuerGiven = issuer != nil
-        guard FileManager.default.fileExists(atPath: storeDirectory) else {
-            return outcome  // no store: nobody to sign out, and nothing is created
-        }
-        let loop = try EventLoop(name: "watch-session")
-        var oauth: OAuthConfiguration?
-        if let issuer, let clientID {
-            do {
-                oauth = try await OAuthDiscovery.configuration(issuer: issuer, clientID: clientID, loop: loop)
-            } catch {
-                try loop.shutdown()
-                outcome.failure = SignInPlan.explain(error, issuer: issuer) + " (nothing was changed; without --issuer the "
-                    + "session is wiped here only)"
-                outcome.code = ExitCodes.discovery
-                return outcome
-            }
-            outcome.revocationEndpoint = oauth?.revocationEndpoint?.absoluteString
-        }
-        let witness = RevocationWitness(try oauth.map { configuration throws in try OAuthAuthority(configuration, loop: loop) })
-        var configuration = SessionConfiguration()
-        configuration.logger.logLevel = .critical
-        configuration.startsAutomatically = false
-        let manager = try SessionManager(
-            loop: loop, authority: witness, store: FileCredentialStore(directory: storeDirectory, key: storeKey),
-            configuration: configuration)
-        try manager.start()
-        await manager.storeRead()
-        func close() async throws {
-            await manager.close()
-            try loop.shutdown()
-        }
-        if case .unavailable(let error) = manager.storeStatus.value {
-            try await close()
-            outcome.failure = "the store cannot be read, so nothing was signed out: \(error.message)"
-            outcome.code = ExitCodes.failed
-            return outcome
-        }
-        // The account named (left where it is: the active one stays active), else the active one.
-        let named = account.flatMap { key in manager.accounts.first { $0.key == key } }
-        if let account, named == nil {
-            let known = manager.accounts.map { Presenter.printable($0.key) }
-            try await close()
-            outcome.failure = "no account \"\(Presenter.printable(account))\" in the store ("
-                + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"
-            outcome.code = ExitCodes.failed
-            return outcome
-        }
-        outcome.previousState = named?.state ?? manager.state.value
-        guard outcome.previousState != .loggedOut else {
-            try await close()
-            return outcome
-        }
-        outcome.member = named?.memberID ?? manager.memberID
-        outcome.account = named?.key ?? manager.accounts.first(where: \.isActive)?.key
-        do {
-            if let named {
-                try await manager.logout(account: named.key)
-            } else {
-                try await manager.logout()
-            }
-        } catch {
-            try await close()
-            outcome.failure = "the sign-out failed: \(error.message)"
-            outcome.code = ExitCodes.failed
-            return outcome
-        }
-        outcome.wasSignedIn = true
-        outcome.remainingAccounts = manager.accounts.map(\.key)
-        // The revocation was sent inside the logout (the store's clear came first); its answer
-        // arrives on the loop, which stays up until then (the request has its own deadline).
-        if let result = await witness.result() {
-            switch result {
-            case .success:
-                outcome.revoked = true
-            case .failure(let error):
-                outcome.revoked = false
-                outcome.revocationError = error.message
-                outcome.failure = "signed out here, but the revocation failed: \(error.message) "
-                    + "(the refresh token may stay valid at the server until it expires)"
-                outcome.code = ExitCodes.notRevoked
-            }
-        }
-        try await close()
-        return outcome
-    }
-}
-
-/// The OAuth authority (or none) with the revocation's answer made visible: `logout` revokes
-/// best effort and tells nobody; the CLI says what happened.
-final class RevocationWitness: SessionAuthority, @unchecked Sendable {
-    private let inner: (any SessionAuthority)?
-    private let answers = AsyncStream<Result<Void, AuthorityError>>.makeStream()
-    private let started = LockedBox(false)
-
-    init(_ inner: (any SessionAuthority)?) {
-        self.inner = inner
-    }
-
-    func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
-        guard let inner else {
-            completion.fail(.configuration("watch_only", "no issuer given: signing out only"))
-            return
-        }
-        inner.refresh(request, completion: completion)
-    }
-
-    var canRevoke: Bool { inner?.canRevoke ?? false }
-
-    func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>) {
-        guard let inner else {
-            completion.succeed(())
-            return
-        }
-        started.withLockedValue { $0 = true }
-        let answers = self.answers.continuation
-        inner.revoke(refreshToken: refreshToken, accessToken: accessToken, completion: .standalone { result in
-            _ = completion.complete(result)
-            answers.yield(result)
-        })
-    }
-
-    /// The revocation's answer, or nil when none was sent.
-    func result() async -> Result<Void, AuthorityError>? {
-        guard started.withLockedValue({ $0 }) else { return nil }
-        for await answer in answers.stream { return answer }
-        return nil
     }
 }
 
