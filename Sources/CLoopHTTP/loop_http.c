@@ -4,7 +4,12 @@
  * (CURLMOPT_SOCKETFUNCTION) and when to call it back (CURLMOPT_TIMERFUNCTION); we keep one
  * uv_poll_t per socket and one uv_timer_t, and call curl_multi_socket_action from their
  * callbacks — never from inside a curl callback. After each action, finished transfers are
- * collected with curl_multi_info_read and their `done` runs. */
+ * collected with curl_multi_info_read and their `done` runs.
+ *
+ * One file (about 500 lines): the client, its sockets, its timer and its requests reach each
+ * other through curl's userdata pointers and share static helpers (finish, unwatch, the
+ * zeroing allocators); apart, those would become exported symbols. The loopback listener is
+ * apart (loop_listener.c). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

@@ -289,12 +289,11 @@ private final class DiscoveryRun: SignInCancellable, @unchecked Sendable {
         guard !cancelRequested.load(ordering: .acquiring) else {
             return finish(.failure(OAuthDiscoveryError(.cancelled, message: "the discovery was cancelled")))
         }
-        let request = HTTPPost(
-            url: url, headers: ["Accept: application/json"], body: Secret(""), timeout: template.requestTimeout,
+        let request = HTTPRequest(
+            method: .get, url: url, headers: ["Accept: application/json"], timeout: template.requestTimeout,
             maximumAnswerSize: template.maximumAnswerSize,
-            allowsLoopbackHTTP: true,  // only an issuer that passed the rule reaches here
-            method: .get)
-        call = http.post(request) { [self] result in
+            allowsLoopbackHTTP: true)  // only an issuer that passed the rule reaches here
+        call = http.send(request) { [self] result in
             call = nil
             guard !finished else { return }
             // A cancel posted before this answer was handled wins (the contract: after

@@ -40,43 +40,78 @@ struct LiveWatch {
         }
     }
 
+    /// A phase that ends the run before the watch: the ending to report.
+    private struct Stop: Error {
+        let ending: Ending
+    }
+
+    /// Makes the sign-in flow `login` asked for (nil: no flow; the watch cannot sign in).
+    private typealias FlowMaker = @Sendable () throws -> any SignInFlow
+
+    /// What the run has opened once the session is up, closed by `close` alone.
+    private struct Session {
+        let loop: EventLoop
+        let manager: SessionManager
+        let authority: any SessionAuthority
+        let subscriptions: [FlowSubscription]
+    }
+
+    /// In phases: discover (`login`), open the session, check it may be watched, watch. Every
+    /// way out goes through the one teardown at the end (`close`).
     func run() async throws -> Ending {
         // Ctrl-C and SIGTERM are heard from the start (a signal before the watch loop waits is
         // kept in the stream, not lost: it never kills the process half-way).
         let wake = AsyncStream<Wake>.makeStream()
         let signals = Signals { wake.continuation.yield(.end(.interrupted)) }
         defer { signals.stop() }
+        let loop = try EventLoop(name: "watch-session")
+        var session: Session?
+        let ending: Ending
+        do {
+            let (oauth, flowMaker) = try await discover(on: loop)
+            let canSignInAgain = flowMaker != nil && keys
+            let opened = try await open(on: loop, oauth: oauth, canSignInAgain: canSignInAgain)
+            session = opened
+            try opened.manager.start()
+            try await preflight(opened, signsIn: flowMaker != nil)
+            ending = try await watch(opened, flowMaker: flowMaker, canSignInAgain: canSignInAgain, wake: wake)
+        } catch let stop as Stop {
+            ending = stop.ending
+        } catch {
+            try? await close(session, loop)
+            throw error
+        }
+        try await close(session, loop)
+        return ending
+    }
+
+    /// `login`: the endpoints come from the issuer's metadata, before anything else.
+    private func discover(on loop: EventLoop) async throws(Stop) -> (OAuthConfiguration?, FlowMaker?) {
+        guard let login else { return (oauth, nil) }
+        do throws(SignInPlan.Failure) {
+            let sequence = try await login.prepare(on: loop, presenter: presenter)
+            return (sequence.configuration, { sequence })
+        } catch {
+            throw Stop(ending: .failed(error.message, code: error.code))
+        }
+    }
+
+    /// The session, its store and authority, with the presenter listening (not started yet).
+    private func open(on loop: EventLoop, oauth: OAuthConfiguration?, canSignInAgain: Bool) async throws -> Session {
         // A store that cannot be read is watched all the same: `STORE → unavailable` says so
         // (the state says loggedOut, but the stored session is not known), and the session is
         // restored when the store can be read again.
         let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0, key: storeKey) } ?? MemoryCredentialStore()
         var configuration = SessionConfiguration()
         configuration.logger.logLevel = .critical
-        let settings = configuration
-        let presenter = self.presenter
-        let loop = try EventLoop(name: "watch-session")
-        // `login`: the endpoints come from the issuer's metadata, before anything else.
-        var oauth = self.oauth
-        var flowMaker: (@Sendable () throws -> any SignInFlow)?
-        if let login {
-            do throws(SignInPlan.Failure) {
-                let sequence = try await login.prepare(on: loop, presenter: presenter)
-                oauth = sequence.configuration
-                flowMaker = { sequence }
-            } catch {
-                try loop.shutdown()
-                return .failed(error.message, code: error.code)
-            }
-        }
+        // Made here, off the loop thread, the manager waits for the store's read (on its worker):
+        // the first state shown is the stored one. It starts once the presenter listens.
+        configuration.startsAutomatically = false
         let authority: any SessionAuthority = try oauth.map { configuration throws in
             try OAuthAuthority(configuration, loop: loop)
         } ?? WatchOnly()
-        // Made here, off the loop thread, the manager waits for the store's read (on its worker):
-        // the first state shown is the stored one. It starts once the presenter listens.
-        var manual = settings
-        manual.startsAutomatically = false
-        let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: manual)
-        let canSignInAgain = flowMaker != nil && keys
+        let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: configuration)
+        let presenter = self.presenter
         let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
             let storeStatus = try manager.storeStatus.subscribe(onState: { presenter.store($0) })
@@ -88,37 +123,42 @@ struct LiveWatch {
             })
             return [states, storeStatus, events]
         }
-        try manager.start()
-        func close() async throws {
-            for subscription in subscriptions { subscription.close() }
-            await manager.close()  // writes a store that fell behind
-            try loop.shutdown()
-        }
+        return Session(loop: loop, manager: manager, authority: authority, subscriptions: subscriptions)
+    }
+
+    /// Before watching: the account asked for must exist; for `login`, the stored session must
+    /// be known first (a sign-in would replace it), and nobody may be signed in already.
+    private func preflight(_ session: Session, signsIn: Bool) async throws(Stop) {
+        let manager = session.manager
         if let account {
             do {
                 try await manager.switchAccount(to: account)
             } catch {
                 let known = manager.accounts.map { Presenter.printable($0.key) }
-                try await close()
-                return .failed("no account \"\(Presenter.printable(account))\" in the store ("
-                    + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")")
+                throw Stop(ending: .failed("no account \"\(Presenter.printable(account))\" in the store ("
+                    + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"))
             }
         }
-        // `login`: the stored session must be known first (a sign-in would replace it), and
-        // nobody may be signed in already.
-        if flowMaker != nil {
-            await manager.storeRead()
-            if case .unavailable(let error) = manager.storeStatus.value {
-                try await close()
-                return .failed("the store cannot be read, so the stored session is not known: \(error.message)")
-            }
-            if manager.state.value == .loggedIn {
-                let who = manager.memberID.map { " as \(Presenter.printable($0))" } ?? ""
-                try await close()
-                return .failed("already signed in\(who) in \(storeDirectory ?? "the store"): "
-                    + "sign out first (watch-session logout --store DIR)")
-            }
+        guard signsIn else { return }
+        await manager.storeRead()
+        if case .unavailable(let error) = manager.storeStatus.value {
+            throw Stop(ending: .failed("the store cannot be read, so the stored session is not known: \(error.message)"))
         }
+        if manager.state.value == .loggedIn {
+            let who = manager.memberID.map { " as \(Presenter.printable($0))" } ?? ""
+            throw Stop(ending: .failed("already signed in\(who) in \(storeDirectory ?? "the store"): "
+                + "sign out first (watch-session logout --store DIR)"))
+        }
+    }
+
+    /// The watch: accounts and timings on screen, the keys, sign-ins, until an ending. A sign-in
+    /// still running at the end is cancelled and waited for (its request, its timers end before
+    /// the loop goes).
+    private func watch(
+        _ session: Session, flowMaker: FlowMaker?, canSignInAgain: Bool, wake: (stream: AsyncStream<Wake>, continuation: AsyncStream<Wake>.Continuation)
+    ) async throws -> Ending {
+        let manager = session.manager
+        let presenter = self.presenter
         // The accounts, shown at start and whenever the list changes.
         let shownAccounts = LockedBox<[SessionAccount]?>(nil)
         let showAccounts: @Sendable () -> Void = {
@@ -130,16 +170,17 @@ struct LiveWatch {
             if changed { presenter.accounts(now) }
         }
         showAccounts()
-        let ticker = try loop.scheduleTimer(after: .milliseconds(250), repeating: .milliseconds(250)) {
+        let ticker = try session.loop.scheduleTimer(after: .milliseconds(250), repeating: .milliseconds(250)) {
             let timing = manager.timing
             presenter.status(expiresIn: timing.expiresIn, nextRefreshIn: timing.nextRefreshIn)
             showAccounts()
         }
+        defer { ticker.cancel() }
 
         // A refresh token given on the side: exchange it for a session.
         if let refreshToken, manager.state.value != .loggedIn {
             do {
-                let grant = try await firstGrant(authority, refreshToken)
+                let grant = try await firstGrant(session.authority, refreshToken)
                 try await manager.signIn(SessionTokens(
                     accessToken: grant.accessToken, refreshToken: grant.refreshToken ?? refreshToken,
                     expiresIn: grant.expiresIn, memberID: grant.memberID))
@@ -148,35 +189,8 @@ struct LiveWatch {
             }
         }
 
-        let keyboard = keys ? Keyboard { key in
-            switch key {
-            case "q": wake.continuation.yield(.end(.quit))
-            case "s" where canSignInAgain: wake.continuation.yield(.signInAgain)
-            case "l":
-                Task { do { try await manager.logout() } catch { presenter.note("logout: \(error)") } }
-            case "r":
-                Task { do { _ = try await manager.refreshNow() } catch { presenter.note("refresh: \(error)") } }
-            case "a":
-                // The next account, in the list's order.
-                let all = manager.accounts
-                guard all.count > 1, let current = all.firstIndex(where: \.isActive) else {
-                    presenter.note("no other account to switch to")
-                    break
-                }
-                let next = all[(current + 1) % all.count].key
-                Task { do { try await manager.switchAccount(to: next) } catch { presenter.note("switch: \(error)") } }
-            case "u":
-                Task {
-                    do {
-                        let token = try await manager.freshAccessToken()
-                        _ = try await manager.handleUnauthorized(token: token)
-                    } catch {
-                        presenter.note("401: \(error)")
-                    }
-                }
-            default: break
-            }
-        } : nil
+        let keyboard = keys ? Self.keyboard(manager, presenter, wake.continuation, canSignInAgain: canSignInAgain) : nil
+        defer { keyboard?.stop() }
         let keyHelp = "keys: " + (canSignInAgain ? "s sign in again · " : "")
             + "l logout · r refresh now · u simulate a 401 · a next account · q quit"
 
@@ -248,10 +262,52 @@ struct LiveWatch {
             await signingIn.value
             presenter.signInEnded(.failure(SessionError(.cancelled, "the sign-in was cancelled")), flow: login?.flow.rawValue)
         }
-        keyboard?.stop()
-        ticker.cancel()
-        try await close()
         return result
+    }
+
+    /// The keys of an interactive watch; each acts on the session in a task of its own.
+    private static func keyboard(
+        _ manager: SessionManager, _ presenter: Presenter, _ wake: AsyncStream<Wake>.Continuation, canSignInAgain: Bool
+    ) -> Keyboard {
+        Keyboard { key in
+            switch key {
+            case "q": wake.yield(.end(.quit))
+            case "s" where canSignInAgain: wake.yield(.signInAgain)
+            case "l":
+                Task { do { try await manager.logout() } catch { presenter.note("logout: \(error)") } }
+            case "r":
+                Task { do { _ = try await manager.refreshNow() } catch { presenter.note("refresh: \(error)") } }
+            case "a":
+                // The next account, in the list's order.
+                let all = manager.accounts
+                guard all.count > 1, let current = all.firstIndex(where: \.isActive) else {
+                    presenter.note("no other account to switch to")
+                    break
+                }
+                let next = all[(current + 1) % all.count].key
+                Task { do { try await manager.switchAccount(to: next) } catch { presenter.note("switch: \(error)") } }
+            case "u":
+                Task {
+                    do {
+                        let token = try await manager.freshAccessToken()
+                        _ = try await manager.handleUnauthorized(token: token)
+                    } catch {
+                        presenter.note("401: \(error)")
+                    }
+                }
+            default: break
+            }
+        }
+    }
+
+    /// The one teardown: the subscriptions, the manager (it writes a store that fell behind),
+    /// then the loop.
+    private func close(_ session: Session?, _ loop: EventLoop) async throws {
+        if let session {
+            for subscription in session.subscriptions { subscription.close() }
+            await session.manager.close()
+        }
+        try loop.shutdown()
     }
 
     private func firstGrant(_ authority: any SessionAuthority, _ token: Secret) async throws -> TokenGrant {

@@ -1,3 +1,7 @@
+// One file (422 lines): `redact` and `splice` share one private byte scanner and one escaping
+// rule, which must agree exactly (what one writes the other reads); apart, both would be
+// visible to the whole module.
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

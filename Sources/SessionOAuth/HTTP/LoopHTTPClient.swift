@@ -6,29 +6,28 @@ import Glibc
 import LoopFlow
 import SessionCore
 
-/// The request methods the client speaks.
-enum HTTPMethod: Sendable {
-    /// A form POST (token, revocation, introspection endpoints).
-    case post
-    /// A GET without a body (metadata discovery).
-    case get
-}
+/// One request as the OAuth client sends it: a form POST with a body (token, revocation,
+/// introspection, device authorization endpoints) or a GET without one (metadata discovery,
+/// userinfo). Both go through `LoopHTTPClient.send`, under the same rules and limits.
+struct HTTPRequest: Sendable {
+    /// The request methods the client speaks.
+    enum Method: Sendable {
+        /// A POST of `body`.
+        case post(body: Secret)
+        /// A GET without a body.
+        case get
+    }
 
-/// A request as the OAuth client sends it: a POST with a body, or a GET (`method`, body empty).
-struct HTTPPost: Sendable {
+    var method: Method
     var url: String
     var headers: [String]
     /// A header line that carries a secret (`Authorization: Bearer ...`), sent after `headers`.
     var secretHeader: Secret? = nil
-    /// The form body, in memory a secret owns (the C side zeroes its copy when the request ends).
-    var body: Secret
     /// The overall deadline.
     var timeout: Duration
     var maximumAnswerSize: Int
     /// Plain http is allowed (the URL was checked to be loopback at configuration).
     var allowsLoopbackHTTP: Bool
-    /// POST (the default) or GET; a GET has an empty body.
-    var method: HTTPMethod = .post
 }
 
 /// A complete HTTP answer.
@@ -147,52 +146,66 @@ final class LoopHTTPClient: @unchecked Sendable {
         let pointer: OpaquePointer
     }
 
-    /// Starts a POST, or a GET when `post.method` says so (any thread; the work happens on the loop). `done` runs exactly once,
-    /// on the loop thread, never inside this call.
+    /// Starts `request` (any thread). `done` runs exactly once, on the loop thread, never
+    /// inside this call. On the loop thread the request starts at once; from another thread
+    /// it starts on the loop's next turn.
     @discardableResult
-    func post(_ post: HTTPPost, done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void) -> HTTPCall {
+    func send(_ request: HTTPRequest, done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void) -> HTTPCall {
         let call = HTTPCall(loop: loop, done: done)
+        if loop.inEventLoop {
+            guard let refusal = start(request, call) else { return call }
+            // The one re-post that stays: a refusal is known now, but `done` must not run inside
+            // this call (callers keep the returned call and finish their bookkeeping after it
+            // returns), so it is reported on a later turn. Only if the loop takes no more work
+            // (it is being torn down) is it reported here, so that it is reported at all.
+            if (try? loop.execute({ done(.failure(refusal)) })) == nil { done(.failure(refusal)) }
+            return call
+        }
         do {
-            try loop.execute { [self] in start(post, call) }
+            try loop.execute { [self] in
+                if let refusal = start(request, call) { call.done(.failure(refusal)) }
+            }
         } catch {
             done(.failure(.refused("the event loop is shut down")))
         }
         return call
     }
 
-    /// Loop thread.
-    private func start(_ post: HTTPPost, _ call: HTTPCall) {
-        guard !call.cancelledBeforeStart else { return call.done(.failure(.cancelled)) }
-        guard !closed else { return call.done(.failure(.refused("the event loop is shutting down"))) }
+    /// Loop thread: starts `request` for `call`; the refusal if it did not start (the caller
+    /// reports it: `done` never runs inside this function).
+    private func start(_ request: HTTPRequest, _ call: HTTPCall) -> HTTPFailure? {
+        guard !call.cancelledBeforeStart else { return .cancelled }
+        guard !closed else { return .refused("the event loop is shutting down") }
         if client == nil {
             client = lh_client_create(loop.uvLoop)
-            guard client != nil else { return call.done(.failure(.refused("libcurl could not start"))) }
+            guard client != nil else { return .refused("libcurl could not start") }
         }
         let context = Unmanaged.passRetained(call)
-        var request: OpaquePointer?
-        let rc = withCStrings(post.headers, secret: post.secretHeader) { headers in
-            post.url.withCString { url in
-                post.body.withUnsafeBytes { body in
-                    var options = lh_post_options(
-                        url: url, headers: headers, body: body.baseAddress, body_length: body.count,
-                        timeout_ms: max(post.timeout.milliseconds, 1), connect_timeout_ms: 0,
-                        max_body: Int64(post.maximumAnswerSize), allow_loopback_http: post.allowsLoopbackHTTP ? 1 : 0)
-                    switch post.method {
-                    case .post:
-                        return lh_post(client, &options, httpCallFinished, context.toOpaque(), &request)
-                    case .get:
-                        options.body = nil
-                        options.body_length = 0
-                        return lh_get(client, &options, httpCallFinished, context.toOpaque(), &request)
+        var started: OpaquePointer?
+        let rc = withCStrings(request.headers, secret: request.secretHeader) { headers in
+            request.url.withCString { url in
+                var options = lh_post_options(
+                    url: url, headers: headers, body: nil, body_length: 0,
+                    timeout_ms: max(request.timeout.milliseconds, 1), connect_timeout_ms: 0,
+                    max_body: Int64(request.maximumAnswerSize), allow_loopback_http: request.allowsLoopbackHTTP ? 1 : 0)
+                switch request.method {
+                case .post(let body):
+                    return body.withUnsafeBytes { bytes in
+                        options.body = bytes.baseAddress
+                        options.body_length = bytes.count
+                        return lh_post(client, &options, httpCallFinished, context.toOpaque(), &started)
                     }
+                case .get:
+                    return lh_get(client, &options, httpCallFinished, context.toOpaque(), &started)
                 }
             }
         }
-        guard rc == 0, let request else {
+        guard rc == 0, let started else {
             context.release()
-            return call.done(.failure(.refused("the request could not be started (URL or memory)")))
+            return .refused("the request could not be started (URL or memory)")
         }
-        call.request = request
+        call.request = started
+        return nil
     }
 
     /// Requests running (loop thread).
@@ -228,12 +241,4 @@ private func withCStrings<T>(
     }
     guard let secret else { return run(nil) }
     return secret.withCString { run($0) }
-}
-
-extension Duration {
-    /// Whole milliseconds, rounded up (a deadline never shrinks to 0).
-    var milliseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
-    }
 }

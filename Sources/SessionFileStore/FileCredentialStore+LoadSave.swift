@@ -1,0 +1,145 @@
+import Crypto
+import FoundationEssentials
+import SessionCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Load and save: the document read from and written to the store file (the caller holds the
+/// lock). The format itself is in StoreFormat.swift, the keys in StoreKeys.swift.
+extension FileCredentialStore {
+    /// Why a load or save failed, and how a read reports it.
+    enum StoreFailure: Error {
+        case unavailable(String)
+        case damaged(String)
+
+        var read: StoreRead {
+            switch self {
+            case .unavailable(let message): .unavailable(StoreError(message))
+            case .damaged(let message): .damaged(StoreError(message))
+            }
+        }
+
+        var storeError: StoreError {
+            switch self {
+            case .unavailable(let message), .damaged(let message): StoreError(message)
+            }
+        }
+    }
+
+    /// The document, nil when there is no file. A damaged file is moved aside first.
+    ///
+    /// The header says which source's key sealed the file (`keyHome`): a source that cannot be
+    /// reached, or another than configured, is unavailable. A key id the ring lacks is damage —
+    /// unless the file changed meanwhile (another process rotated the key between our read of
+    /// the file and of the ring): then it is read again.
+    func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
+        var attempts = 0
+        while true {
+            let bytes: [UInt8]
+            switch FileIO.readAll(name, in: directory) {
+            case .missing: return nil
+            case .failed(let message): throw .unavailable(message)
+            case .read(let content): bytes = content
+            }
+            var keys: [SymmetricKey] = []
+            if let header = StoreHeader(bytes) {
+                let home = try keyHome(for: header, in: directory)
+                keys = try loadRing(home, in: directory)
+                // The Secret Service answers "no such item" for a locked keyring too (it cannot
+                // prompt): never take that for a lost key, which would move the store aside.
+                if keys.isEmpty, case .secretService = home {
+                    throw .unavailable(
+                        "the key of \(path) is not in the Secret Service: its keyring is locked, or the item was "
+                            + "removed (then the store cannot be opened any more: move it away to start afresh)")
+                }
+                // A version-1 file of a host's key was sealed with that key itself.
+                if header.version == 1, case .wrapped(let kek) = home { keys.append(kek) }
+            }
+            do {
+                return try Self.decode(bytes, name: name, keys: keys)
+            } catch let failure as StoreDecodeFailure where failure.kind == .unknownKey && attempts < 3 {
+                attempts += 1
+                if case .read(let now) = FileIO.readAll(name, in: directory), now != bytes { continue }
+                let aside = moveAside(bytes, in: directory)
+                throw .damaged("the store file was damaged or tampered with (\(describe(failure))); moved aside to \(aside)")
+            } catch {
+                let aside = moveAside(bytes, in: directory)
+                throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
+            }
+        }
+    }
+
+    /// Like `load`, but a damaged file counts as nothing to change.
+    func loadForChange(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
+        do {
+            return try load(in: directory)
+        } catch .damaged {
+            return nil
+        }
+    }
+
+    /// Seals `document` with the newest key of the store's ring (made if there is none) and
+    /// replaces the file. Older keys still in the ring are left from a rotation that was cut
+    /// short (`saveRotatingKey`): the file no longer needs them, so they are dropped now.
+    func save(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
+        let home = try keyHome(for: currentHeader(in: directory), in: directory)
+        let keys = try ringCreatingKey(home, in: directory)
+        try seal(document, with: keys[0], home, in: directory)
+        if keys.count > 1 { try storeRing([keys[0]], home, create: false, in: directory) }
+    }
+
+    /// `save` with a new key (logout): crypto-shredding every earlier copy of the file. In
+    /// three steps, each durable before the next, so that a crash anywhere leaves a store that
+    /// opens (the old document or the new one, never neither):
+    ///   1. the ring becomes {new, old…} — the file still opens with an old key;
+    ///   2. the file is sealed with the new key and replaced — it opens with the new key;
+    ///   3. the ring becomes {new} — the old keys are gone, and with them every copy of the
+    ///      file sealed before (a backup, a file moved aside, a snapshot).
+    /// Cut short after 1 or 2, the next change of the store finishes it (`save`).
+    func saveRotatingKey(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
+        let home = try keyHome(for: currentHeader(in: directory), in: directory)
+        let old = try loadRing(home, in: directory)
+        let fresh = SymmetricKey(size: .bits256)
+        try storeRing([fresh] + old, home, create: false, in: directory)
+        try seal(document, with: fresh, home, in: directory)
+        try storeRing([fresh], home, create: false, in: directory)
+    }
+
+    fileprivate func seal(_ document: Document, with key: SymmetricKey, _ home: KeyHome, in directory: TrustedDirectory) throws(StoreFailure) {
+        let sealed: [UInt8]
+        do {
+            sealed = try Self.encode(document, key: key, name: name, source: home.tag)
+        } catch {
+            throw .unavailable("cannot encode or encrypt the session: \(describe(error))")
+        }
+        try FileIO.replaceAtomically(name, with: sealed, in: directory)
+    }
+
+    /// Renames the damaged store file (whose bytes were `damaged`) aside; returns the new
+    /// name, or why it was not moved. Under the write lock, and only if the file still holds
+    /// those bytes: another process may have replaced it with a good one meanwhile.
+    fileprivate func moveAside(_ damaged: [UInt8], in directory: TrustedDirectory) -> String {
+        func renameAside() -> String {
+            var now = timespec()
+            clock_gettime(CLOCK_REALTIME, &now)
+            let aside = "\(name).damaged-\(now.tv_sec)-\(now.tv_nsec)"
+            if !FileIO.rename(name, to: aside, in: directory) {
+                return "(could not move it: \(String(cString: strerror(errno))))"
+            }
+            return directory.display(aside)
+        }
+        if holdsWriteLock { return renameAside() }
+        do {
+            return try withWriteLock(in: directory) { () throws(StoreFailure) -> String in
+                guard case .read(let now) = FileIO.readAll(name, in: directory), now == damaged else {
+                    return "(not moved: another process replaced the file meanwhile)"
+                }
+                return renameAside()
+            }
+        } catch {
+            return "(not moved: \(error.storeError.message))"
+        }
+    }
+}

@@ -1,0 +1,57 @@
+import SessionCore
+
+/// The token endpoint's answer (RFC 6749 §5.1, §5.2) read into a grant or an error: the
+/// parsers the fuzz target in Tools/Sources/FuzzTokenResponse calls.
+@_spi(Fuzzing) public enum TokenResponse {
+    /// A 200 with the fields RFC 6749 §5.1 requires, or the error it stands for.
+    public static func grant(from answer: HTTPAnswer, defaultLifetime: Duration) -> Result<TokenGrant, AuthorityError> {
+        guard answer.status == 200 else { return .failure(error(from: answer)) }
+        guard let object = answer.json else {
+            return .failure(.transient("the token answer is not JSON"))
+        }
+        guard let access = object.secret("access_token"), access.count > 0 else {
+            return .failure(.transient("the token answer has no access_token"))
+        }
+        if let type = object["token_type"]?.string, type.lowercased() != "bearer" {
+            let shown = ErrorText.description(type, secrets: answer.redactions + [access]) ?? ""
+            return .failure(.configuration("unsupported_token_type", "token_type \(shown) is not Bearer"))
+        }
+        let lifetime: Duration
+        // Negative counts as 0; anything beyond 100 years as 100 years (the session clamps
+        // further): a Double of 1e20 must not trap converting to an integer.
+        let ceiling = 100.0 * 365 * 24 * 3600
+        switch object["expires_in"] {
+        case .int(let seconds)?: lifetime = .seconds(min(max(seconds, 0), Int(ceiling)))
+        case .double(let seconds)? where seconds.isFinite:
+            lifetime = .milliseconds(Int64(min(max(seconds, 0), ceiling) * 1000))
+        case .string(let text)? where Int(text) != nil: lifetime = .seconds(min(max(Int(text)!, 0), Int(ceiling)))
+        default: lifetime = defaultLifetime
+        }
+        let refresh = object.secret("refresh_token").flatMap { $0.count == 0 ? nil : $0 }
+        return .success(TokenGrant(accessToken: access, refreshToken: refresh, expiresIn: lifetime))
+    }
+
+    /// The error an unsuccessful answer stands for (RFC 6749 §5.2).
+    public static func error(from answer: HTTPAnswer) -> AuthorityError {
+        let object = answer.json
+        // Only what ErrorText lets through reaches a message: a code from the RFCs' list
+        // (anything else, the refresh token echoed in `error` included, is
+        // "unrecognised_error"), and a short, printable description scrubbed of every form of
+        // what we sent.
+        let code = ErrorText.code(object?["error"]?.string)
+        let description = ErrorText.description(object?["error_description"]?.string, secrets: answer.redactions)
+        let message = ["HTTP \(answer.status)", code, description].compactMap { $0 }.joined(separator: ": ")
+        switch (answer.status, code) {
+        case (_, "invalid_grant"):
+            return AuthorityError(.terminal, code: code, message: message)
+        case (408, _), (429, _), (500...599, _):
+            return AuthorityError(.transient, code: code ?? "\(answer.status)", message: message, retryAfter: answer.retryAfter)
+        case (_, "temporarily_unavailable"):
+            return AuthorityError(.transient, code: code, message: message, retryAfter: answer.retryAfter)
+        case (400...499, _):
+            return AuthorityError(.configuration, code: code ?? "\(answer.status)", message: message)
+        default:
+            return AuthorityError(.transient, code: code ?? "\(answer.status)", message: message)
+        }
+    }
+}

@@ -1,0 +1,93 @@
+import CLoopHTTP
+import FoundationEssentials
+import SessionCore
+
+/// Where and as whom the OAuth 2.0 authority talks.
+public struct OAuthConfiguration: Sendable {
+    /// The token endpoint (RFC 6749 §3.2).
+    public var tokenEndpoint: URL
+    public var clientID: String
+    /// For a confidential client (sent as `client_secret_post`); nil for a public client.
+    public var clientSecret: Secret?
+    /// Requested on refresh; nil keeps the grant's scope.
+    public var scope: String?
+    /// RFC 7009 revocation endpoint, for logout.
+    public var revocationEndpoint: URL?
+    /// RFC 7662 introspection endpoint, for `resume()` (and a member id after a sign-in flow).
+    public var introspectionEndpoint: URL?
+    /// The authorization endpoint (RFC 6749 §3.1), for the authorization code grant.
+    public var authorizationEndpoint: URL?
+    /// RFC 8628 device authorization endpoint, for the device authorization grant.
+    public var deviceAuthorizationEndpoint: URL?
+    /// OpenID Connect's UserInfo endpoint (from an OpenID provider's discovery document).
+    public var userinfoEndpoint: URL?
+    /// Lifetime assumed when a response has no `expires_in`.
+    public var defaultLifetime: Duration = .seconds(3600)
+    /// The overall deadline of one HTTP request, connection and answer included (the
+    /// session has its own timeout on every refresh, after which the request is cancelled).
+    public var requestTimeout: Duration = .seconds(20)
+    /// An answer larger than this (default 1 MiB) is refused as a transient failure: a
+    /// token answer is a few hundred bytes. Enforced while receiving (a Content-Length
+    /// above it is refused before the body; a body that grows past it is cut off), so
+    /// memory stays bounded whatever the server sends.
+    public var maximumAnswerSize = 1 << 20
+
+    public init(tokenEndpoint: URL, clientID: String, clientSecret: Secret? = nil) {
+        self.tokenEndpoint = tokenEndpoint
+        self.clientID = clientID
+        self.clientSecret = clientSecret
+    }
+
+    /// The rules every endpoint must meet: https, or plain http to a loopback host
+    /// (127.0.0.0/8, ::1, localhost: for development); no credentials inside the URL.
+    /// Checked when the authority is made, before any connection.
+    public func validate() throws(OAuthConfigurationError) {
+        try Self.check(tokenEndpoint, "token endpoint")
+        if let revocationEndpoint { try Self.check(revocationEndpoint, "revocation endpoint") }
+        if let introspectionEndpoint { try Self.check(introspectionEndpoint, "introspection endpoint") }
+        if let authorizationEndpoint { try Self.check(authorizationEndpoint, "authorization endpoint") }
+        if let deviceAuthorizationEndpoint {
+            try Self.check(deviceAuthorizationEndpoint, "device authorization endpoint")
+        }
+        if let userinfoEndpoint { try Self.check(userinfoEndpoint, "userinfo endpoint") }
+        guard !clientID.isEmpty else { throw OAuthConfigurationError(field: "client id", reason: "is empty") }
+        guard requestTimeout > .zero else {
+            throw OAuthConfigurationError(field: "request timeout", reason: "must be positive")
+        }
+        guard maximumAnswerSize > 0 else {
+            throw OAuthConfigurationError(field: "maximum answer size", reason: "must be positive")
+        }
+    }
+
+    /// Whether `url` may be used, and if plain http is allowed for it.
+    static func check(_ url: URL, _ field: String) throws(OAuthConfigurationError) -> Void {
+        switch lh_url_check(url.absoluteString) {
+        case LH_URL_HTTPS, LH_URL_LOOPBACK_HTTP:
+            return
+        case LH_URL_PLAIN_HTTP:
+            throw OAuthConfigurationError(
+                field: field, reason: "uses plain http to a host that is not loopback (https is required: "
+                    + "tokens and the client secret would travel in clear)")
+        case LH_URL_CREDENTIALS:
+            throw OAuthConfigurationError(field: field, reason: "has a user name or password inside the URL")
+        case LH_URL_OTHER_SCHEME:
+            throw OAuthConfigurationError(field: field, reason: "is neither https nor http")
+        default:
+            throw OAuthConfigurationError(field: field, reason: "is not a URL with a host")
+        }
+    }
+}
+
+/// A configuration the OAuth authority refuses (at creation, before any connection).
+public struct OAuthConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Which setting ("token endpoint", "client id"...).
+    public let field: String
+    public let reason: String
+
+    public init(field: String, reason: String) {
+        self.field = field
+        self.reason = reason
+    }
+
+    public var description: String { "the \(field) \(reason)" }
+}
