@@ -412,6 +412,19 @@ void lh_cancel(lh_request *request) {
 
 #define SET(option, value) ok = ok && curl_easy_setopt(easy, option, value) == CURLE_OK
 
+/* A header line libcurl may send as given: "Name: value" (or "Name;" / "Name:", which libcurl
+ * reads as "send empty" / "remove"), with no control character other than a tab and no DEL.
+ * libcurl copies each line to the wire as it is, so a CR or LF inside one would end it and
+ * start another header, or a whole second request, chosen by whoever wrote the value (a
+ * server's access token, say). */
+static int header_is_safe(const char *header) {
+    const unsigned char *p = (const unsigned char *)header;
+    if (!*p || *p == ':' || *p == ';') return 0;
+    for (; *p; p++)
+        if ((*p < 0x20 && *p != '\t') || *p == 0x7f) return 0;
+    return strchr(header, ':') != NULL || header[strlen(header) - 1] == ';';
+}
+
 /* A POST (`post` 1: the options' body) or a GET (`post` 0: no body), with the same limits. */
 static int start(lh_client *client, const lh_post_options *options, int post, lh_done_fn done, void *userdata,
                  lh_request **out) {
@@ -421,6 +434,8 @@ static int start(lh_client *client, const lh_post_options *options, int post, lh
     lh_url_kind kind = lh_url_check(options->url);
     int plain = kind == LH_URL_LOOPBACK_HTTP;
     if (!(kind == LH_URL_HTTPS || (plain && options->allow_loopback_http))) return LH_REFUSED;
+    for (const char *const *header = options->headers; header && *header; header++)
+        if (!header_is_safe(*header)) return LH_REFUSED;
 
     lh_request *request = calloc(1, sizeof *request);
     if (!request) return LH_REFUSED;

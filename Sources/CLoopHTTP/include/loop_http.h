@@ -66,7 +66,9 @@ lh_url_kind lh_url_check(const char *url);
 
 typedef struct lh_post_options {
     const char *url;
-    const char *const *headers;   /* extra request headers, NULL-terminated (may be NULL) */
+    const char *const *headers;   /* extra request headers, NULL-terminated (may be NULL); a
+                                   * line with a control character (CR, LF, NUL aside: any but
+                                   * tab) or DEL, or without a name, refuses the request */
     const void *body;             /* copied; the copy is zeroed when the request ends */
     size_t body_length;
     int64_t timeout_ms;           /* overall deadline, > 0 */

@@ -12,6 +12,13 @@ import SessionCore
         guard let access = object.secret("access_token"), access.count > 0 else {
             return .failure(.transient("the token answer has no access_token"))
         }
+        // RFC 6749 A.12 and A.17: access-token and refresh-token are 1*VSCHAR (%x20-7E). A CR
+        // or LF decoded from the JSON would split the `Authorization` header it is sent in
+        // (a server could make its clients send headers, or whole requests, of its choosing);
+        // any other byte outside VSCHAR is no token either. Refused as a broken answer.
+        guard access.isVisibleASCII else {
+            return .failure(.transient("the token answer's access_token holds a byte outside %x20-7E (RFC 6749 A.12)"))
+        }
         if let type = object["token_type"]?.string, type.lowercased() != "bearer" {
             let shown = ErrorText.description(type, secrets: answer.redactions + [access]) ?? ""
             return .failure(.configuration("unsupported_token_type", "token_type \(shown) is not Bearer"))
@@ -28,6 +35,9 @@ import SessionCore
         default: lifetime = defaultLifetime
         }
         let refresh = object.secret("refresh_token").flatMap { $0.count == 0 ? nil : $0 }
+        if let refresh, !refresh.isVisibleASCII {
+            return .failure(.transient("the token answer's refresh_token holds a byte outside %x20-7E (RFC 6749 A.17)"))
+        }
         return .success(TokenGrant(accessToken: access, refreshToken: refresh, expiresIn: lifetime))
     }
 
@@ -53,5 +63,12 @@ import SessionCore
         default:
             return AuthorityError(.transient, code: code ?? "\(answer.status)", message: message)
         }
+    }
+}
+
+extension Secret {
+    /// Every byte is VSCHAR (%x20-7E), RFC 6749's alphabet for tokens.
+    var isVisibleASCII: Bool {
+        withUnsafeBytes { bytes in bytes.allSatisfy { (0x20...0x7E).contains($0) } }
     }
 }
