@@ -95,17 +95,20 @@ extension SessionEngine {
         }
         let look = LockLook.Question(
             memberID: memberID, refreshTokenInFlight: attempt.refreshToken, leaseDuration: refreshLeaseDuration)
+        let attemptID = attempt.id
         worker.submit({ store in LockLook.look(look, in: store) }) { [weak self] answer in
-            guard let self else { return }
-            answerEntry {
-                guard !closed else {
-                    if answer.tookLease { worker.submit({ ($0 as? any SharedCredentialStore)?.releaseRefreshLease() }, done: { _ in }) }
-                    return
-                }
-                perform(refresh.lockAttempted(
-                    outcome(of: answer), attempt: attempt.id, now: loop.now, unitRandom: configuration.random()))
-            }
+            self?.storeAnswered(.lockLooked(answer, attempt: attemptID))
         }
+    }
+
+    /// The worker's look before a refresh answered (`storeAnswered`).
+    func lockLooked(_ answer: LockLook, attempt: UInt64) {
+        guard !closed else {
+            if answer.tookLease { worker.submit({ ($0 as? any SharedCredentialStore)?.releaseRefreshLease() }, done: { _ in }) }
+            return
+        }
+        perform(refresh.lockAttempted(
+            outcome(of: answer), attempt: attempt, now: loop.now, unitRandom: configuration.random()))
     }
 
     /// What the worker's look means for the refresh machine (on the loop: the expiry moves to
@@ -253,21 +256,7 @@ extension SessionEngine {
         // Signed out with a store of several accounts: no record of its own, nothing to write
         // (a clear still owed is `retryOwedClears`'; a no-op here would pass for it).
         if accountStore != nil && accountKey == nil { return }
-        storeSync.save(storedForm(), failed: { [weak self] error in
-            guard let self else { return }
-            answerEntry {
-                storeStatus.value = .unavailable(error)
-                if !closed { emit(.storeError(error)) }
-            }
-        }, succeeded: { [weak self] in
-            guard let self else { return }
-            answerEntry {
-                if !storeSync.awaitingInitialRead, !storeSync.isBehind, case .unavailable = storeStatus.value {
-                    storeStatus.value = .available
-                }
-                onWriteLanded?()
-            }
-        })
+        save(storedForm(), kind: .session)
     }
 
     // MARK: - Helpers
@@ -316,7 +305,8 @@ extension SessionEngine {
         let current = Snapshot(
             hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
             state: machine.state, account: accountKey,
-            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt)
+            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt,
+            awaitingStore: storeMachine.awaitingInitialRead)
         snapshot.withLockedValue { $0 = current }
     }
 

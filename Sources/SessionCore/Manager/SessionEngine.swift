@@ -23,7 +23,18 @@ final class SessionEngine: @unchecked Sendable {
         /// Loop-clock instants, for status displays.
         var expiresAt: Duration?
         var nextRefreshAt: Duration?
+        /// The store has not answered the session's first read yet: `loggedOut` then means
+        /// "not known yet", not signed out.
+        var awaitingStore = false
+
+        /// Signed out, knowingly: its record was read (a session whose record is still being
+        /// read, or cannot be read yet, is loggedOut without being signed out).
+        var isSignedOut: Bool { state == .loggedOut && !awaitingStore }
     }
+
+    /// The snapshot published at the end of the last entry point: all its manager reads of it
+    /// (the manager never looks at the machines inside).
+    var published: Snapshot { snapshot.withLockedValue { $0 } }
 
     typealias Refresh = RefreshStateMachine<TokenCompletion>
 
@@ -33,7 +44,7 @@ final class SessionEngine: @unchecked Sendable {
     var policy: RefreshPolicy { configuration.policy }
     var logger: Logger { configuration.logger }
     /// The only way to the store: its worker (never a store call on the loop thread).
-    var worker: StoreWorker { storeSync.worker }
+    let worker: StoreWorker
 
     /// Where the session publishes: its own flows, or — the active account of a manager with
     /// several (`attach`) — the manager's. Loop-confined after init.
@@ -68,15 +79,13 @@ final class SessionEngine: @unchecked Sendable {
     var timers: [RefreshTimer: LoopTimer] = [:]
     /// The request of the attempt in flight, until it answers (so it can be cancelled).
     var requestInFlight: RequestInFlight?
-    let storeSync: StoreSync
+    /// Where the store stands against the session (`StoreSyncMachine`), and its retry timer.
+    var storeMachine = StoreSyncMachine()
+    var retryTimer: LoopTimer?
     /// The store other processes share, if it is one (this session's record of it).
     var shared: (any SharedCredentialStore)? { worker.store as? any SharedCredentialStore }
     var storeWatch: DirectoryWatch?
     private var initialRead: StoreRead?
-    /// A read for a change of the shared store is on the worker / another change came
-    /// meanwhile (read again when it answers).
-    private var changeReadInFlight = false
-    private var changeReadAgain = false
     private var started = false
     var closed = false
 
@@ -105,18 +114,15 @@ final class SessionEngine: @unchecked Sendable {
             } else {
                 store
             }
-        self.storeSync = StoreSync(
-            worker: StoreWorker(store: target, loop: loop), loop: loop,
-            retryInterval: configuration.storeRetryInterval, logger: configuration.logger)
+        self.worker = StoreWorker(store: target, loop: loop)
         self.machine = SessionStateMachine()
         self.refresh = Refresh(policy: configuration.policy, usesRefreshLock: store is any SharedCredentialStore)
         self.output = try SessionOutput(loop: loop, configuration: configuration, state: .loggedOut, storeStatus: .reading)
-        storeSync.onRetryDue = { [unowned self] in storeRetryDue() }
-        if storeSync.worker.inline || !loop.inEventLoop {
+        if worker.inline || !loop.inEventLoop {
             // Restore before anyone can observe, so the first state seen is the stored one:
             // a store that never blocks is read inline; off the loop thread, this thread
             // waits for the worker's read (the loop does not).
-            let read = storeSync.worker.readAndWait()
+            let read = worker.readAndWait()
             initialRead = read
             if case .unavailable(let error) = read {
                 storeStatus.value = .unavailable(error)
@@ -127,12 +133,8 @@ final class SessionEngine: @unchecked Sendable {
         } else {
             // On the loop thread, which never waits for the store: start `loggedOut` with
             // the store `reading`; the stored session is restored when the read answers.
-            storeSync.awaitInitialReadAnswer()
-            let loopRef = loop
-            storeSync.worker.read { [weak self] read in
-                loopRef.assertInEventLoop()
-                self?.initialReadArrived(read)
-            }
+            storeEvent { $0.initialReadOnWorker() }
+            worker.read { [weak self] read in self?.storeAnswered(.initialRead(read)) }
         }
         state.value = machine.state
         publishSnapshot()
@@ -149,18 +151,10 @@ final class SessionEngine: @unchecked Sendable {
         }
     }
 
-    /// For tests: callers waiting on the refresh in flight.
-    var waitingCallers: Int { refresh.waiterCount }
-
-    /// For tests: play a token whose proactive refresh never happened.
-    func cancelProactiveRefreshForTesting() {
-        perform(refresh.proactiveCancelled())
-    }
-
     // MARK: - Entry points (loop thread)
 
     /// Every entry point: on the loop thread, started, and the snapshot published at the end.
-    private func entry<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
+    func entry<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
         loop.assertInEventLoop()
         start()
         return try answerEntry(body)
@@ -184,7 +178,7 @@ final class SessionEngine: @unchecked Sendable {
     func start() {
         loop.assertInEventLoop()
         guard !started, !closed else { return }
-        if initialRead == nil && !storeSync.awaitingInitialRead { return }
+        if initialRead == nil && !storeMachine.awaitingInitialRead { return }
         started = true
         watchSharedStore()
         guard let read = initialRead else {
@@ -224,13 +218,7 @@ final class SessionEngine: @unchecked Sendable {
     private func watchSharedStore() {
         guard shared != nil else { return }
         worker.submit({ store -> String? in (store as? any SharedCredentialStore)?.directoryToWatch() }) { [weak self] found in
-            guard let self, let directory = found, !closed, storeWatch == nil else { return }
-            do throws(LoopFlowError) {
-                storeWatch = try loop.watchDirectoryNow(directory) { [weak self] in self?.storeChanged() }
-            } catch {
-                logger.warning("cannot watch the shared store; other processes' changes will be seen at the next refresh",
-                    metadata: ["error": "\(error.message)"])
-            }
+            self?.storeAnswered(.directoryFound(found))
         }
     }
 
@@ -242,7 +230,7 @@ final class SessionEngine: @unchecked Sendable {
             logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
             emit(.storeError(error))
             storeStatus.value = .unavailable(error)
-            storeSync.awaitInitialRead()
+            storeEvent { $0.initialReadUnavailable() }
             return
         case .damaged(let error):
             logger.error("credential store was damaged; moved aside, starting logged out", metadata: ["error": "\(error.message)"])
@@ -255,13 +243,13 @@ final class SessionEngine: @unchecked Sendable {
         perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
     }
 
-    /// The initial read of a session made on its loop thread answered.
-    private func initialReadArrived(_ read: StoreRead) {
+    /// The initial read of a session made on its loop thread answered (`storeAnswered`).
+    func initialReadArrived(_ read: StoreRead) {
         guard !closed else { return }
         if !started {
             // As if read at creation: nothing has happened to the session yet (any request
             // starts it first). `start()` emits the start-up events.
-            storeSync.initialReadAnswered()
+            storeEvent { $0.initialReadAnswered() }
             initialRead = read
             if case .unavailable(let error) = read {
                 storeStatus.value = .unavailable(error)
@@ -279,7 +267,7 @@ final class SessionEngine: @unchecked Sendable {
                 logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
                 emit(.storeError(error))
                 storeStatus.value = .unavailable(error)
-                storeSync.awaitInitialRead()
+                storeEvent { $0.initialReadUnavailable() }
                 return
             }
             initialReadAnswered(read)
@@ -300,7 +288,7 @@ final class SessionEngine: @unchecked Sendable {
             try checkOpen()
             var next = machine
             try next.apply(.signIn)
-            if storeSync.awaitingInitialRead, !replacingUnreadableStore {
+            if storeMachine.awaitingInitialRead, !replacingUnreadableStore {
                 throw storeUnknownError()
             }
             machine = next
@@ -415,14 +403,8 @@ final class SessionEngine: @unchecked Sendable {
         let abandoned = endSession(keepTokens: true)
         storeWatch?.cancel()
         storeWatch = nil
-        storeSync.cancelRetry()
-        // One last try to bring a store that missed a write up to date (a logout the
-        // store missed must not come back at the next start).
-        if storeSync.isBehind, !storeSync.awaitingInitialRead {
-            retryOwedClears()
-            persist()
-        }
-        storeSync.close()
+        // The retry stops; a store that missed a write gets one last try (`catchUp`).
+        storeEvent { $0.close() }
         closed = true
         fail(abandoned, SessionError(.shutDown, "the session manager was closed"))
         output.finish()
@@ -459,35 +441,9 @@ final class SessionEngine: @unchecked Sendable {
         onStoreChanged?()
     }
 
-    /// Reads the store on the worker and follows what it holds (another process's change).
-    /// One such read at a time; a change seen meanwhile reads again after it.
-    func readAndFollowStore() {
-        guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
-        if changeReadInFlight {
-            changeReadAgain = true
-            return
-        }
-        changeReadInFlight = true
-        let savesBefore = storeSync.savesSubmitted
-        worker.read { [weak self] read in
-            guard let self else { return }
-            answerEntry {
-                changeReadInFlight = false
-                // A save submitted after this read makes it stale (the worker runs it after the
-                // read; its own directory event reads again).
-                if storeSync.savesSubmitted == savesBefore { follow(read) }
-                if changeReadAgain {
-                    changeReadAgain = false
-                    readAndFollowStore()
-                }
-            }
-        }
-    }
-
-    private func follow(_ read: StoreRead) {
-            // While the store misses one of our writes (or our logout's clear), it is behind
-            // us: what it says is older than what we know, and following it would undo ours.
-            guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
+    /// Follows what another process left in the store (the store-sync machine took the read:
+    /// not stale, and the store not behind us — following it then would undo ours).
+    func follow(_ read: StoreRead) {
             // A record whose clear (a logout) the store still owes is not a session to follow.
             if case .present(let stored) = read, let account = stored.account, recordsToClear.contains(account) { return }
             switch StoreChange.decide(read, state: machine.state, memberID: memberID, account: accountKey) {
@@ -495,7 +451,7 @@ final class SessionEngine: @unchecked Sendable {
                 return
             case .damaged(let error):
                 emit(.storeError(error))
-                storeSync.markBehind()
+                storeEvent { $0.markBehind() }
                 persist()
             case .logout:
                 followLogout()
@@ -513,37 +469,10 @@ final class SessionEngine: @unchecked Sendable {
             }
     }
 
-    /// The store retry timer: the initial read of a store that was unavailable at start,
-    /// and the write-behind of one that missed a write.
-    func storeRetryDue() {
-        entry {
-            if storeSync.awaitingInitialRead {
-                worker.read { [weak self] read in
-                    guard let self else { return }
-                    answerEntry {
-                        guard !closed, storeSync.awaitingInitialRead else { return }
-                        if case .unavailable(let error) = read {
-                            storeStatus.value = .unavailable(error)
-                            storeSync.scheduleRetry()
-                            return
-                        }
-                        initialReadAnswered(read)
-                    }
-                }
-                return
-            }
-            // A clear still owed keeps the retries going even when a later write landed.
-            if storeSync.isBehind || !recordsToClear.isEmpty {
-                retryOwedClears()
-                persist()
-            }
-        }
-    }
-
     /// The store answered the initial read at last (it was unavailable at start, or the read
     /// was on the worker when the session started).
-    private func initialReadAnswered(_ read: StoreRead) {
-        storeSync.initialReadAnswered()
+    func initialReadAnswered(_ read: StoreRead) {
+        storeEvent { $0.initialReadAnswered() }
         storeStatus.value = .available
         if case .damaged(let error) = read {
             emit(.storeError(error))
@@ -557,11 +486,13 @@ final class SessionEngine: @unchecked Sendable {
         } else {
             // The user acted meanwhile: what they did wins over what was stored.
             emit(.initialSession(machine.state))
-            storeSync.markBehind()
+            storeEvent { $0.markBehind() }
         }
-        if storeSync.isBehind {
+        if storeMachine.isBehind {
             persist()
         }
+        // The manager reads the snapshot (no longer awaiting the store) from its callback.
+        publishSnapshot()
         onStateChange?()
     }
 }

@@ -41,14 +41,9 @@ public final class SessionManager: Sendable {
         var active: SessionEngine
         /// The other accounts' sessions, by account key: each refreshes on its own.
         var background: [String: SessionEngine] = [:]
-        /// The store's account list has been read (and a session made for each account).
-        var listed = false
-        /// The latest request to read the list: only its answer is taken (an earlier read may
-        /// have been answered after a later change of the store, and would hide it).
-        var listGeneration: UInt64 = 0
-        /// The store did not take the last change of its active account: made again when it
-        /// takes the active session's next write.
-        var pointerOwed = false
+        /// The account list and the active-account pointer (`AccountsMachine`): changed only
+        /// through its events (`accountsEvent`), under this box's lock.
+        var accounts = AccountsMachine()
 
         var all: [SessionEngine] { Array(background.values) + [active] }
     }
@@ -91,10 +86,23 @@ public final class SessionManager: Sendable {
         if loop.inEventLoop {
             // Never waits for the store: the list arrives on the loop, after the active
             // account's read (the same worker, in order).
-            listAccountsLater()
+            accountsEvent { $0.listWanted() }
         } else {
+            // Off the loop: this thread waits for the list (the loop does not).
+            let request = sessions.withLockedValue { $0.accounts.listWanted() }.compactMap { action -> UInt64? in
+                if case .readList(let request) = action { request } else { nil }
+            }
+            precondition(request.count == 1, "a list read is wanted: one read")
             let answer = first.worker.performAndWait { _ in accountStore.readAccounts() }
-            try addBackgroundSessions(answer)
+            let actions = sessions.withLockedValue { $0.accounts.listAnswered(answer, request: request[0]) }
+            for case .addSessions(let list) in actions {
+                do {
+                    try addBackgroundSessions(list)
+                } catch {
+                    _ = sessions.withLockedValue { $0.accounts.sessionsNotMade() }
+                    throw error
+                }
+            }
         }
     }
 
