@@ -284,6 +284,16 @@ extension SessionEngine {
     }
 
     /// An authority completion whose answer runs on this loop thread, never inline.
+    ///
+    /// Posted to the next loop turn even when completed on the loop thread: re-entrancy
+    /// requires it. Completing is public API — a Swift host's `succeed`/`fail`, the C
+    /// `sf_refresh_request_succeed`/`_fail` — and handled inline, the answer would call the
+    /// host's token callbacks inside that call (threading contract, rule 1); an authority that
+    /// completes or cancels synchronously inside `refresh`, `revoke` or a cancellation would
+    /// run the machine's actions in the middle of the ones that sent the request. Nothing tells
+    /// a completion from the library's own HTTP client from a host's, so every one takes the
+    /// turn. (The store's answers need no such rule: they come from the worker thread, or
+    /// inline from a store that never blocks, where the engine expects them.)
     func completion<Output: Sendable>(
         _ handle: @escaping @Sendable (Result<Output, AuthorityError>, Duration) -> Void
     ) -> AuthorityCompletion<Output> {

@@ -143,4 +143,113 @@ extension SessionEngine {
     func readAndFollowStore() {
         storeEvent { $0.storeChangeSeen() }
     }
+
+    // MARK: - What the store held
+
+    /// The start-up events for what the store answered, and the restored session resumed.
+    func startUp(with read: StoreRead) {
+        defer { publishSnapshot() }
+        switch read {
+        case .unavailable(let error):
+            logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
+            emit(.storeError(error))
+            storeStatus.value = .unavailable(error)
+            storeEvent { $0.initialReadUnavailable() }
+            return
+        case .damaged(let error):
+            logger.error("credential store was damaged; moved aside, starting logged out", metadata: ["error": "\(error.message)"])
+            emit(.storeError(error))
+        case .present, .absent:
+            break
+        }
+        storeStatus.value = .available
+        emit(.initialSession(machine.state))
+        perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
+    }
+
+    /// The initial read of a session made on its loop thread answered (`storeAnswered`).
+    func initialReadArrived(_ read: StoreRead) {
+        guard !closed else { return }
+        if !started {
+            // As if read at creation: nothing has happened to the session yet (any request
+            // starts it first). `start()` emits the start-up events.
+            storeEvent { $0.initialReadAnswered() }
+            initialRead = read
+            if case .unavailable(let error) = read {
+                storeStatus.value = .unavailable(error)
+            } else {
+                restore(from: read)
+                publish(machine.state)
+                storeStatus.value = .available
+            }
+            publishSnapshot()
+            return
+        }
+        answerEntry {
+            if case .unavailable(let error) = read {
+                // As at start with an unavailable store: reported, and read again later.
+                logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
+                emit(.storeError(error))
+                storeStatus.value = .unavailable(error)
+                storeEvent { $0.initialReadUnavailable() }
+                return
+            }
+            initialReadAnswered(read)
+        }
+    }
+
+    /// Follows what another process left in the store (the store-sync machine took the read:
+    /// not stale, and the store not behind us — following it then would undo ours).
+    func follow(_ read: StoreRead) {
+            // A record whose clear (a logout) the store still owes is not a session to follow.
+            if case .present(let stored) = read, let account = stored.account, recordsToClear.contains(account) { return }
+            switch StoreChange.decide(read, state: machine.state, memberID: memberID, account: accountKey) {
+            case .ignore:
+                return
+            case .damaged(let error):
+                emit(.storeError(error))
+                storeEvent { $0.markBehind() }
+                persist()
+            case .logout:
+                followLogout()
+            case .expire:
+                expire(reason: "the session expired in another process")
+            case .adoptTokens(let stored, let access):
+                perform(refresh.storedTokensChanged(
+                    liveSession(from: stored, access: access, lastRefresh: loop.now),
+                    now: loop.now, unitRandom: configuration.random()))
+            case .switchSession(let stored, let access):
+                followLogout()
+                followSignIn(stored, access: access)
+            case .signIn(let stored, let access):
+                followSignIn(stored, access: access)
+            }
+    }
+
+    /// The store answered the initial read at last (it was unavailable at start, or the read
+    /// was on the worker when the session started).
+    func initialReadAnswered(_ read: StoreRead) {
+        storeEvent { $0.initialReadAnswered() }
+        storeStatus.value = .available
+        if case .damaged(let error) = read {
+            emit(.storeError(error))
+        }
+        if machine.state == .loggedOut, refresh.generation == 0 {
+            // Nothing happened meanwhile: the stored session is the starting point.
+            restore(from: read)
+            publish(machine.state)
+            emit(.initialSession(machine.state))
+            perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
+        } else {
+            // The user acted meanwhile: what they did wins over what was stored.
+            emit(.initialSession(machine.state))
+            storeEvent { $0.markBehind() }
+        }
+        if storeMachine.isBehind {
+            persist()
+        }
+        // The manager reads the snapshot (no longer awaiting the store) from its callback.
+        publishSnapshot()
+        onStateChange?()
+    }
 }

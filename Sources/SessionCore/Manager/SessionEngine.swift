@@ -72,7 +72,8 @@ final class SessionEngine: @unchecked Sendable {
     var recordsToClear: Set<String> = []
 
     // Loop-confined (after init). Not `private` only because the engine's actions live in
-    // SessionEngine+Actions.swift; nothing outside those two files touches them.
+    // SessionEngine+Actions.swift and +Store.swift; nothing outside the engine's files touches
+    // them.
     var machine: SessionStateMachine
     var refresh: Refresh
     var memberID: String?
@@ -85,8 +86,9 @@ final class SessionEngine: @unchecked Sendable {
     /// The store other processes share, if it is one (this session's record of it).
     var shared: (any SharedCredentialStore)? { worker.store as? any SharedCredentialStore }
     var storeWatch: DirectoryWatch?
-    private var initialRead: StoreRead?
-    private var started = false
+    /// The first read, until the session starts (`start`, `initialReadArrived`).
+    var initialRead: StoreRead?
+    var started = false
     var closed = false
 
     /// - Parameters:
@@ -219,58 +221,6 @@ final class SessionEngine: @unchecked Sendable {
         guard shared != nil else { return }
         worker.submit({ store -> String? in (store as? any SharedCredentialStore)?.directoryToWatch() }) { [weak self] found in
             self?.storeAnswered(.directoryFound(found))
-        }
-    }
-
-    /// The start-up events for what the store answered, and the restored session resumed.
-    private func startUp(with read: StoreRead) {
-        defer { publishSnapshot() }
-        switch read {
-        case .unavailable(let error):
-            logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
-            emit(.storeError(error))
-            storeStatus.value = .unavailable(error)
-            storeEvent { $0.initialReadUnavailable() }
-            return
-        case .damaged(let error):
-            logger.error("credential store was damaged; moved aside, starting logged out", metadata: ["error": "\(error.message)"])
-            emit(.storeError(error))
-        case .present, .absent:
-            break
-        }
-        storeStatus.value = .available
-        emit(.initialSession(machine.state))
-        perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
-    }
-
-    /// The initial read of a session made on its loop thread answered (`storeAnswered`).
-    func initialReadArrived(_ read: StoreRead) {
-        guard !closed else { return }
-        if !started {
-            // As if read at creation: nothing has happened to the session yet (any request
-            // starts it first). `start()` emits the start-up events.
-            storeEvent { $0.initialReadAnswered() }
-            initialRead = read
-            if case .unavailable(let error) = read {
-                storeStatus.value = .unavailable(error)
-            } else {
-                restore(from: read)
-                publish(machine.state)
-                storeStatus.value = .available
-            }
-            publishSnapshot()
-            return
-        }
-        answerEntry {
-            if case .unavailable(let error) = read {
-                // As at start with an unavailable store: reported, and read again later.
-                logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
-                emit(.storeError(error))
-                storeStatus.value = .unavailable(error)
-                storeEvent { $0.initialReadUnavailable() }
-                return
-            }
-            initialReadAnswered(read)
         }
     }
 
@@ -439,61 +389,6 @@ final class SessionEngine: @unchecked Sendable {
     func storeChanged() {
         entry { readAndFollowStore() }
         onStoreChanged?()
-    }
-
-    /// Follows what another process left in the store (the store-sync machine took the read:
-    /// not stale, and the store not behind us — following it then would undo ours).
-    func follow(_ read: StoreRead) {
-            // A record whose clear (a logout) the store still owes is not a session to follow.
-            if case .present(let stored) = read, let account = stored.account, recordsToClear.contains(account) { return }
-            switch StoreChange.decide(read, state: machine.state, memberID: memberID, account: accountKey) {
-            case .ignore:
-                return
-            case .damaged(let error):
-                emit(.storeError(error))
-                storeEvent { $0.markBehind() }
-                persist()
-            case .logout:
-                followLogout()
-            case .expire:
-                expire(reason: "the session expired in another process")
-            case .adoptTokens(let stored, let access):
-                perform(refresh.storedTokensChanged(
-                    liveSession(from: stored, access: access, lastRefresh: loop.now),
-                    now: loop.now, unitRandom: configuration.random()))
-            case .switchSession(let stored, let access):
-                followLogout()
-                followSignIn(stored, access: access)
-            case .signIn(let stored, let access):
-                followSignIn(stored, access: access)
-            }
-    }
-
-    /// The store answered the initial read at last (it was unavailable at start, or the read
-    /// was on the worker when the session started).
-    func initialReadAnswered(_ read: StoreRead) {
-        storeEvent { $0.initialReadAnswered() }
-        storeStatus.value = .available
-        if case .damaged(let error) = read {
-            emit(.storeError(error))
-        }
-        if machine.state == .loggedOut, refresh.generation == 0 {
-            // Nothing happened meanwhile: the stored session is the starting point.
-            restore(from: read)
-            publish(machine.state)
-            emit(.initialSession(machine.state))
-            perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
-        } else {
-            // The user acted meanwhile: what they did wins over what was stored.
-            emit(.initialSession(machine.state))
-            storeEvent { $0.markBehind() }
-        }
-        if storeMachine.isBehind {
-            persist()
-        }
-        // The manager reads the snapshot (no longer awaiting the store) from its callback.
-        publishSnapshot()
-        onStateChange?()
     }
 }
 

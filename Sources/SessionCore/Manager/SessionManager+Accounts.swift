@@ -265,6 +265,23 @@ extension SessionManager {
         accountsEvent { $0.sessionStateChanged(storeReading: storeReading) }
     }
 
+    /// Reads the list on `worker` and waits for it: the manager's creation off the loop thread
+    /// (which may wait; the loop never does).
+    func listAccountsNow(on worker: StoreWorker) throws(SessionError) {
+        guard let accountStore else { return }
+        for case .readList(let request) in sessions.withLockedValue({ $0.accounts.listWanted() }) {
+            let answer = worker.performAndWait { _ in accountStore.readAccounts() }
+            for case .addSessions(let list) in sessions.withLockedValue({ $0.accounts.listAnswered(answer, request: request) }) {
+                do {
+                    try addBackgroundSessions(list)
+                } catch {
+                    _ = sessions.withLockedValue { $0.accounts.sessionsNotMade() }
+                    throw error
+                }
+            }
+        }
+    }
+
     /// A session for each listed account that has none yet (in the background): the list
     /// the accounts machine took (`AccountsMachine.listAnswered`).
     func addBackgroundSessions(_ list: StoredAccounts) throws(SessionError) {

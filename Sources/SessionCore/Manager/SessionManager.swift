@@ -79,7 +79,7 @@ public final class SessionManager: Sendable {
         self.accountStore = store as? any AccountCredentialStore
         self.pointerWorker = accountStore.map { StoreWorker(store: $0, loop: loop) }
         self.sessions = LockedBox(Sessions(active: first))
-        guard let accountStore else { return }
+        guard accountStore != nil else { return }
         first.onStateChange = { [weak self] in self?.accountsChanged() }
         first.onStoreChanged = { [weak self] in self?.storeChanged() }
         first.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
@@ -88,21 +88,7 @@ public final class SessionManager: Sendable {
             // account's read (the same worker, in order).
             accountsEvent { $0.listWanted() }
         } else {
-            // Off the loop: this thread waits for the list (the loop does not).
-            let request = sessions.withLockedValue { $0.accounts.listWanted() }.compactMap { action -> UInt64? in
-                if case .readList(let request) = action { request } else { nil }
-            }
-            precondition(request.count == 1, "a list read is wanted: one read")
-            let answer = first.worker.performAndWait { _ in accountStore.readAccounts() }
-            let actions = sessions.withLockedValue { $0.accounts.listAnswered(answer, request: request[0]) }
-            for case .addSessions(let list) in actions {
-                do {
-                    try addBackgroundSessions(list)
-                } catch {
-                    _ = sessions.withLockedValue { $0.accounts.sessionsNotMade() }
-                    throw error
-                }
-            }
+            try listAccountsNow(on: first.worker)
         }
     }
 
