@@ -286,11 +286,12 @@ extension SessionManager {
     /// the accounts machine took (`AccountsMachine.listAnswered`).
     func addBackgroundSessions(_ list: StoredAccounts) throws(SessionError) {
         guard let accountStore else { return }
-        let known = sessions.withLockedValue { sessions in
-            Set(sessions.background.keys).union([sessions.active.published.account].compactMap { $0 })
-        }
+        // The active engine's snapshot is read after the box's lock is released: one lock at a time.
+        let (background, active) = sessions.withLockedValue { (Set($0.background.keys), $0.active) }
+        let activeAccount = active.published.account
+        let known = background.union([activeAccount].compactMap { $0 })
         // The active account's own read tells which account it took (the same worker, earlier).
-        let activeKey = sessions.withLockedValue { $0.active }.published.account ?? list.active
+        let activeKey = activeAccount ?? list.active
         var made: [String: SessionEngine] = [:]
         for key in list.keys where !known.contains(key) && key != activeKey {
             let engine = try SessionEngine(
