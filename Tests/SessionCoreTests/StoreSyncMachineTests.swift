@@ -27,10 +27,17 @@ struct StoreSyncMachineTests {
         var initialTaken = 0
         var unavailableSaid = 0
         var catchUps = 0
+        var watches = 0
+        var startUps: [StoreRead] = []
 
         mutating func run(_ actions: [StoreSyncMachine.Action]) {
             for action in actions {
                 switch action {
+                case .watchStore: watches += 1
+                case .startUp(let read):
+                    startUps.append(read)
+                    // The engine's start-up with an unavailable store: read again on the timer.
+                    if case .unavailable = read { run(machine.initialReadUnavailable()) }
                 case .read(let purpose): jobs.append(.read(purpose, savesAfter: 0))
                 case .armRetry:
                     #expect(!retryArmed, "the retry timer armed twice")
@@ -82,6 +89,9 @@ struct StoreSyncMachineTests {
 
         func checkConsistency(_ context: String) {
             #expect(machine.checkInvariants() == nil, "\(context): \(machine.checkInvariants() ?? "")")
+            // The session starts once: one watch, at most one start-up, none before the start.
+            #expect(watches == (machine.started ? 1 : 0), "\(context): \(watches) watches, started \(machine.started)")
+            #expect(startUps.count <= watches, "\(context): \(startUps.count) start-ups")
             #expect(retryArmed == machine.retryArmed, "\(context): timer \(retryArmed), machine \(machine.retryArmed)")
             // Only a read that saw every save we made is followed.
             #expect(followed.allSatisfy { $0 == 0 }, "\(context): followed a read older than our save")
@@ -207,6 +217,79 @@ struct StoreSyncMachineTests {
                         "\(state) + \(event), drained: \(s.name)")
             }
         }
+    }
+
+    // MARK: - The start: every state × every event
+
+    enum StartState: String, CaseIterable, CustomStringConvertible {
+        case heldAtCreation, heldUnavailable, readOnWorker, started, closedBeforeStart
+        var description: String { rawValue }
+
+        func make() -> Storage {
+            var s = Storage()
+            switch self {
+            case .heldAtCreation: s.run(s.machine.firstReadHeld(.present(StoreSyncMachineTests.stored)))
+            case .heldUnavailable: s.run(s.machine.firstReadHeld(.unavailable(StoreError("locked"))))
+            case .readOnWorker: s.run(s.machine.initialReadOnWorker())
+            case .started:
+                s.run(s.machine.firstReadHeld(.absent))
+                s.run(s.machine.startRequested())
+            case .closedBeforeStart:
+                s.run(s.machine.firstReadHeld(.absent))
+                s.run(s.machine.close())
+            }
+            return s
+        }
+    }
+
+    enum StartEvent: String, CaseIterable, CustomStringConvertible {
+        case start, firstReadArrives
+        var description: String { rawValue }
+
+        func apply(to s: inout Storage) {
+            switch self {
+            case .start: s.run(s.machine.startRequested())
+            case .firstReadArrives:
+                // As the engine does: held before the start, taken at once after it.
+                if s.machine.started {
+                    s.run(s.machine.initialReadAnswered())
+                } else {
+                    s.run(s.machine.firstReadHeld(.present(StoreSyncMachineTests.stored)))
+                }
+            }
+        }
+    }
+
+    /// Columns: heldAtCreation, heldUnavailable, readOnWorker, started, closedBeforeStart.
+    static let startExpected: [StartEvent: [String]] = [
+        .start: ["started/answered/1", "started/unavailable/1", "started/onWorker/0", "started/answered/1", "waiting/held/answered/closed"],
+        .firstReadArrives: ["waiting/held/answered", "waiting/held/answered", "waiting/held/answered", "started/answered/1", "waiting/held/answered/closed"],
+    ]
+
+    @Test("every start state × every event: one start, from the read held, never after close",
+          arguments: StartState.allCases)
+    func everyStartStateTimesEveryEvent(state: StartState) {
+        for event in StartEvent.allCases {
+            var s = state.make()
+            s.checkConsistency("\(state) before \(event)")
+            event.apply(to: &s)
+            let m = s.machine
+            let name = m.started
+                ? "started/\(m.initialRead)/\(s.startUps.count)"
+                : "waiting/\(m.heldRead == nil ? "-" : "held")/\(m.initialRead)\(m.closed ? "/closed" : "")"
+            let column = StartState.allCases.firstIndex(of: state)!
+            #expect(name == Self.startExpected[event]![column], "\(state) + \(event) → \(name)")
+            s.checkConsistency("\(state) + \(event)")
+        }
+    }
+
+    @Test func aSessionStartsFromTheReadHeldAtCreationOnceHoweverOftenItIsAskedTo() {
+        var s = Storage()
+        s.run(s.machine.firstReadHeld(.present(Self.stored)))
+        s.run(s.machine.startRequested())
+        s.run(s.machine.startRequested())
+        #expect(s.startUps == [.present(Self.stored)] && s.watches == 1)
+        #expect(s.machine.heldRead == nil)
     }
 
     // MARK: - Behaviour, step by step

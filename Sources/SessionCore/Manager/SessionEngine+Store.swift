@@ -76,6 +76,10 @@ extension SessionEngine {
         assert(storeMachine.checkInvariants() == nil, "store-sync machine: \(storeMachine.checkInvariants() ?? "")")
         for action in actions {
             switch action {
+            case .watchStore:
+                watchSharedStore()
+            case .startUp(let read):
+                start(from: read)
             case .read(let purpose):
                 worker.read { [weak self] read in
                     self?.storeAnswered(purpose == .retry ? .retryRead(read) : .changeRead(read))
@@ -170,11 +174,10 @@ extension SessionEngine {
     /// The initial read of a session made on its loop thread answered (`storeAnswered`).
     func initialReadArrived(_ read: StoreRead) {
         guard !closed else { return }
-        if !started {
+        if !storeMachine.started {
             // As if read at creation: nothing has happened to the session yet (any request
             // starts it first). `start()` emits the start-up events.
-            storeEvent { $0.initialReadAnswered() }
-            initialRead = read
+            storeEvent { $0.firstReadHeld(read) }
             if case .unavailable(let error) = read {
                 storeStatus.value = .unavailable(error)
             } else {

@@ -86,9 +86,6 @@ final class SessionEngine: @unchecked Sendable {
     /// The store other processes share, if it is one (this session's record of it).
     var shared: (any SharedCredentialStore)? { worker.store as? any SharedCredentialStore }
     var storeWatch: DirectoryWatch?
-    /// The first read, until the session starts (`start`, `initialReadArrived`).
-    var initialRead: StoreRead?
-    var started = false
     var closed = false
 
     /// - Parameters:
@@ -125,7 +122,8 @@ final class SessionEngine: @unchecked Sendable {
             // a store that never blocks is read inline; off the loop thread, this thread
             // waits for the worker's read (the loop does not).
             let read = worker.readAndWait()
-            initialRead = read
+            // Off the loop thread here: the event's only effect is the machine's (no action).
+            _ = storeMachine.firstReadHeld(read)
             if case .unavailable(let error) = read {
                 storeStatus.value = .unavailable(error)
             } else {
@@ -179,16 +177,11 @@ final class SessionEngine: @unchecked Sendable {
     /// so that it can subscribe first and miss nothing.
     func start() {
         loop.assertInEventLoop()
-        guard !started, !closed else { return }
-        if initialRead == nil && !storeMachine.awaitingInitialRead { return }
-        started = true
-        watchSharedStore()
-        guard let read = initialRead else {
-            // The initial read is still on the worker: the start-up events come with its
-            // answer (`initialReadArrived`).
-            return
-        }
-        initialRead = nil
+        storeEvent { $0.startRequested() }
+    }
+
+    /// The start, from the first read (`StoreSyncMachine.Action.startUp`).
+    func start(from read: StoreRead) {
         if !configuration.startsAutomatically {
             // The host chose when to start: the store may have changed since it was read
             // at creation (another process logged out or refreshed).
@@ -217,7 +210,7 @@ final class SessionEngine: @unchecked Sendable {
     }
 
     /// Watches the shared store's directory (found on the worker: it may have to be made).
-    private func watchSharedStore() {
+    func watchSharedStore() {
         guard shared != nil else { return }
         worker.submit({ store -> String? in (store as? any SharedCredentialStore)?.directoryToWatch() }) { [weak self] found in
             self?.storeAnswered(.directoryFound(found))

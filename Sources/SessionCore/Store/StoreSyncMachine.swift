@@ -1,6 +1,7 @@
 /// Where the credential store stands against the session, as a pure value: whether the
-/// store has answered the session's first read, whether it missed a write (it is *behind*),
-/// the one read that follows another process's change, and the retry timer.
+/// store has answered the session's first read (held until the session starts, which it does
+/// once), whether it missed a write (it is *behind*), the one read that follows another
+/// process's change, and the retry timer.
 ///
 /// - Write-behind: a failed write or clear never logs anyone out. The session goes on in
 ///   memory, the store is behind, and the retry timer brings it up to date (`catchUp`).
@@ -41,6 +42,10 @@ struct StoreSyncMachine: Sendable, Equatable {
     }
 
     enum Action: Sendable, Equatable {
+        /// The session starts: watch the shared store's directory.
+        case watchStore
+        /// The session starts from the first read: emit the start-up events for it.
+        case startUp(StoreRead)
         /// Read the store on the worker; its answer comes back as `retryReadAnswered` or
         /// `changeReadAnswered`.
         case read(Purpose)
@@ -60,6 +65,11 @@ struct StoreSyncMachine: Sendable, Equatable {
     }
 
     private(set) var initialRead = InitialRead.answered
+    /// The session has started (`SessionEngine.start`): its start-up events are out, or come
+    /// with the first read's answer.
+    private(set) var started = false
+    /// The first read, held from its answer until the session starts.
+    private(set) var heldRead: StoreRead?
     private(set) var isBehind = false
     /// Saves handed to the worker and not merged into one still waiting there.
     private(set) var savesSubmitted: UInt64 = 0
@@ -70,7 +80,28 @@ struct StoreSyncMachine: Sendable, Equatable {
     /// The stored session is not known yet.
     var awaitingInitialRead: Bool { initialRead != .answered }
 
-    // MARK: - The first read
+    // MARK: - The first read, and the start
+
+    /// The first read answered before the session started (at creation, or on the worker):
+    /// held for the start, which emits the start-up events for it. An unavailable store is
+    /// reported at the start too, and read again from then on.
+    mutating func firstReadHeld(_ read: StoreRead) -> [Action] {
+        precondition(!started, "a first read held after the start")
+        initialRead = .answered
+        heldRead = read
+        return []
+    }
+
+    /// The session starts (once; never after close). Without a first read held or on the
+    /// worker there is nothing to start from yet.
+    mutating func startRequested() -> [Action] {
+        guard !started, !closed, heldRead != nil || awaitingInitialRead else { return [] }
+        started = true
+        // The first read still on the worker: the start-up events come with its answer.
+        guard let read = heldRead else { return [.watchStore] }
+        heldRead = nil
+        return [.watchStore, .startUp(read)]
+    }
 
     /// The session was made on its loop thread: its first read is on the worker.
     mutating func initialReadOnWorker() -> [Action] {
@@ -192,6 +223,7 @@ struct StoreSyncMachine: Sendable, Equatable {
     /// Why the machine is inconsistent, or nil.
     func checkInvariants() -> String? {
         if closed && retryArmed { return "a retry armed after close" }
+        if started && heldRead != nil { return "a first read held after the start" }
         if case .reading(let savesBefore, _) = changeRead, savesBefore > savesSubmitted {
             return "a change read counting saves never submitted"
         }
