@@ -69,12 +69,6 @@ extension SessionEngine {
         return memberID
     }
 
-    /// Signed out, knowingly: its record was read (a session whose record is still being read,
-    /// or cannot be read yet, is loggedOut without being signed out).
-    var isSignedOut: Bool {
-        machine.state == .loggedOut && !storeSync.awaitingInitialRead
-    }
-
     /// Gives the session the record of `key` (nil: none — it follows the store's active
     /// account): store work submitted from now on goes there; work already submitted keeps
     /// the record it was submitted for. Nothing to do for a store of one session.
@@ -129,29 +123,9 @@ extension SessionEngine {
     func clearRecord(_ key: String) {
         guard let accountStore else { return }
         recordsToClear.insert(key)
-        storeSync.save(nil, to: accountStore.account(key, isActive: false)) { [weak self] error in
-            guard let self else { return }
-            answerEntry {
-                storeStatus.value = .unavailable(error)
-                if !closed { emit(.storeError(error)) }
-            }
-        }
-        worker.afterPendingWork { [weak self] in
-            // The clear's answer came first (the same worker, in order).
-            self?.recordClearAnswered(key)
-        }
-    }
-
-    private func recordClearAnswered(_ key: String) {
-        // Off the loop thread when the loop is gone (`afterPendingWork`): nothing to track then.
-        guard loop.inEventLoop, !closed else { return }
-        // The clear's own answer came just before (the same worker, in order): behind means it
-        // failed. Still owed: retried on the store's timer, whatever later writes answer.
-        if storeSync.isBehind {
-            storeSync.scheduleRetry()
-        } else {
-            recordsToClear.remove(key)
-        }
+        save(nil, to: accountStore.account(key, isActive: false), kind: .clear)
+        // After the clear's own answer (the same worker, in order).
+        worker.afterPendingWork { [weak self] in self?.storeAnswered(.clearSettled(key: key)) }
     }
 
     /// The session ended here (logout, reconfigure): its record goes — or, with a store of one

@@ -95,17 +95,20 @@ extension SessionEngine {
         }
         let look = LockLook.Question(
             memberID: memberID, refreshTokenInFlight: attempt.refreshToken, leaseDuration: refreshLeaseDuration)
+        let attemptID = attempt.id
         worker.submit({ store in LockLook.look(look, in: store) }) { [weak self] answer in
-            guard let self else { return }
-            answerEntry {
-                guard !closed else {
-                    if answer.tookLease { worker.submit({ ($0 as? any SharedCredentialStore)?.releaseRefreshLease() }, done: { _ in }) }
-                    return
-                }
-                perform(refresh.lockAttempted(
-                    outcome(of: answer), attempt: attempt.id, now: loop.now, unitRandom: configuration.random()))
-            }
+            self?.storeAnswered(.lockLooked(answer, attempt: attemptID))
         }
+    }
+
+    /// The worker's look before a refresh answered (`storeAnswered`).
+    func lockLooked(_ answer: LockLook, attempt: UInt64) {
+        guard !closed else {
+            if answer.tookLease { worker.submit({ ($0 as? any SharedCredentialStore)?.releaseRefreshLease() }, done: { _ in }) }
+            return
+        }
+        perform(refresh.lockAttempted(
+            outcome(of: answer), attempt: attempt, now: loop.now, unitRandom: configuration.random()))
     }
 
     /// What the worker's look means for the refresh machine (on the loop: the expiry moves to
@@ -253,21 +256,7 @@ extension SessionEngine {
         // Signed out with a store of several accounts: no record of its own, nothing to write
         // (a clear still owed is `retryOwedClears`'; a no-op here would pass for it).
         if accountStore != nil && accountKey == nil { return }
-        storeSync.save(storedForm(), failed: { [weak self] error in
-            guard let self else { return }
-            answerEntry {
-                storeStatus.value = .unavailable(error)
-                if !closed { emit(.storeError(error)) }
-            }
-        }, succeeded: { [weak self] in
-            guard let self else { return }
-            answerEntry {
-                if !storeSync.awaitingInitialRead, !storeSync.isBehind, case .unavailable = storeStatus.value {
-                    storeStatus.value = .available
-                }
-                onWriteLanded?()
-            }
-        })
+        save(storedForm(), kind: .session)
     }
 
     // MARK: - Helpers
@@ -295,6 +284,16 @@ extension SessionEngine {
     }
 
     /// An authority completion whose answer runs on this loop thread, never inline.
+    ///
+    /// Posted to the next loop turn even when completed on the loop thread: re-entrancy
+    /// requires it. Completing is public API — a Swift host's `succeed`/`fail`, the C
+    /// `sf_refresh_request_succeed`/`_fail` — and handled inline, the answer would call the
+    /// host's token callbacks inside that call (threading contract, rule 1); an authority that
+    /// completes or cancels synchronously inside `refresh`, `revoke` or a cancellation would
+    /// run the machine's actions in the middle of the ones that sent the request. Nothing tells
+    /// a completion from the library's own HTTP client from a host's, so every one takes the
+    /// turn. (The store's answers need no such rule: they come from the worker thread, or
+    /// inline from a store that never blocks, where the engine expects them.)
     func completion<Output: Sendable>(
         _ handle: @escaping @Sendable (Result<Output, AuthorityError>, Duration) -> Void
     ) -> AuthorityCompletion<Output> {
@@ -316,7 +315,8 @@ extension SessionEngine {
         let current = Snapshot(
             hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
             state: machine.state, account: accountKey,
-            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt)
+            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt,
+            awaitingStore: storeMachine.awaitingInitialRead)
         snapshot.withLockedValue { $0 = current }
     }
 

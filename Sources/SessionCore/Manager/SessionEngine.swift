@@ -23,7 +23,18 @@ final class SessionEngine: @unchecked Sendable {
         /// Loop-clock instants, for status displays.
         var expiresAt: Duration?
         var nextRefreshAt: Duration?
+        /// The store has not answered the session's first read yet: `loggedOut` then means
+        /// "not known yet", not signed out.
+        var awaitingStore = false
+
+        /// Signed out, knowingly: its record was read (a session whose record is still being
+        /// read, or cannot be read yet, is loggedOut without being signed out).
+        var isSignedOut: Bool { state == .loggedOut && !awaitingStore }
     }
+
+    /// The snapshot published at the end of the last entry point: all its manager reads of it
+    /// (the manager never looks at the machines inside).
+    var published: Snapshot { snapshot.withLockedValue { $0 } }
 
     typealias Refresh = RefreshStateMachine<TokenCompletion>
 
@@ -33,7 +44,7 @@ final class SessionEngine: @unchecked Sendable {
     var policy: RefreshPolicy { configuration.policy }
     var logger: Logger { configuration.logger }
     /// The only way to the store: its worker (never a store call on the loop thread).
-    var worker: StoreWorker { storeSync.worker }
+    let worker: StoreWorker
 
     /// Where the session publishes: its own flows, or — the active account of a manager with
     /// several (`attach`) — the manager's. Loop-confined after init.
@@ -61,23 +72,20 @@ final class SessionEngine: @unchecked Sendable {
     var recordsToClear: Set<String> = []
 
     // Loop-confined (after init). Not `private` only because the engine's actions live in
-    // SessionEngine+Actions.swift; nothing outside those two files touches them.
+    // SessionEngine+Actions.swift and +Store.swift; nothing outside the engine's files touches
+    // them.
     var machine: SessionStateMachine
     var refresh: Refresh
     var memberID: String?
     var timers: [RefreshTimer: LoopTimer] = [:]
     /// The request of the attempt in flight, until it answers (so it can be cancelled).
     var requestInFlight: RequestInFlight?
-    let storeSync: StoreSync
+    /// Where the store stands against the session (`StoreSyncMachine`), and its retry timer.
+    var storeMachine = StoreSyncMachine()
+    var retryTimer: LoopTimer?
     /// The store other processes share, if it is one (this session's record of it).
     var shared: (any SharedCredentialStore)? { worker.store as? any SharedCredentialStore }
     var storeWatch: DirectoryWatch?
-    private var initialRead: StoreRead?
-    /// A read for a change of the shared store is on the worker / another change came
-    /// meanwhile (read again when it answers).
-    private var changeReadInFlight = false
-    private var changeReadAgain = false
-    private var started = false
     var closed = false
 
     /// - Parameters:
@@ -105,19 +113,17 @@ final class SessionEngine: @unchecked Sendable {
             } else {
                 store
             }
-        self.storeSync = StoreSync(
-            worker: StoreWorker(store: target, loop: loop), loop: loop,
-            retryInterval: configuration.storeRetryInterval, logger: configuration.logger)
+        self.worker = StoreWorker(store: target, loop: loop)
         self.machine = SessionStateMachine()
         self.refresh = Refresh(policy: configuration.policy, usesRefreshLock: store is any SharedCredentialStore)
         self.output = try SessionOutput(loop: loop, configuration: configuration, state: .loggedOut, storeStatus: .reading)
-        storeSync.onRetryDue = { [unowned self] in storeRetryDue() }
-        if storeSync.worker.inline || !loop.inEventLoop {
+        if worker.inline || !loop.inEventLoop {
             // Restore before anyone can observe, so the first state seen is the stored one:
             // a store that never blocks is read inline; off the loop thread, this thread
             // waits for the worker's read (the loop does not).
-            let read = storeSync.worker.readAndWait()
-            initialRead = read
+            let read = worker.readAndWait()
+            // Off the loop thread here: the event's only effect is the machine's (no action).
+            _ = storeMachine.firstReadHeld(read)
             if case .unavailable(let error) = read {
                 storeStatus.value = .unavailable(error)
             } else {
@@ -127,12 +133,8 @@ final class SessionEngine: @unchecked Sendable {
         } else {
             // On the loop thread, which never waits for the store: start `loggedOut` with
             // the store `reading`; the stored session is restored when the read answers.
-            storeSync.awaitInitialReadAnswer()
-            let loopRef = loop
-            storeSync.worker.read { [weak self] read in
-                loopRef.assertInEventLoop()
-                self?.initialReadArrived(read)
-            }
+            storeEvent { $0.initialReadOnWorker() }
+            worker.read { [weak self] read in self?.storeAnswered(.initialRead(read)) }
         }
         state.value = machine.state
         publishSnapshot()
@@ -149,18 +151,10 @@ final class SessionEngine: @unchecked Sendable {
         }
     }
 
-    /// For tests: callers waiting on the refresh in flight.
-    var waitingCallers: Int { refresh.waiterCount }
-
-    /// For tests: play a token whose proactive refresh never happened.
-    func cancelProactiveRefreshForTesting() {
-        perform(refresh.proactiveCancelled())
-    }
-
     // MARK: - Entry points (loop thread)
 
     /// Every entry point: on the loop thread, started, and the snapshot published at the end.
-    private func entry<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
+    func entry<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
         loop.assertInEventLoop()
         start()
         return try answerEntry(body)
@@ -183,16 +177,11 @@ final class SessionEngine: @unchecked Sendable {
     /// so that it can subscribe first and miss nothing.
     func start() {
         loop.assertInEventLoop()
-        guard !started, !closed else { return }
-        if initialRead == nil && !storeSync.awaitingInitialRead { return }
-        started = true
-        watchSharedStore()
-        guard let read = initialRead else {
-            // The initial read is still on the worker: the start-up events come with its
-            // answer (`initialReadArrived`).
-            return
-        }
-        initialRead = nil
+        storeEvent { $0.startRequested() }
+    }
+
+    /// The start, from the first read (`StoreSyncMachine.Action.startUp`).
+    func start(from read: StoreRead) {
         if !configuration.startsAutomatically {
             // The host chose when to start: the store may have changed since it was read
             // at creation (another process logged out or refreshed).
@@ -221,68 +210,10 @@ final class SessionEngine: @unchecked Sendable {
     }
 
     /// Watches the shared store's directory (found on the worker: it may have to be made).
-    private func watchSharedStore() {
+    func watchSharedStore() {
         guard shared != nil else { return }
         worker.submit({ store -> String? in (store as? any SharedCredentialStore)?.directoryToWatch() }) { [weak self] found in
-            guard let self, let directory = found, !closed, storeWatch == nil else { return }
-            do throws(LoopFlowError) {
-                storeWatch = try loop.watchDirectoryNow(directory) { [weak self] in self?.storeChanged() }
-            } catch {
-                logger.warning("cannot watch the shared store; other processes' changes will be seen at the next refresh",
-                    metadata: ["error": "\(error.message)"])
-            }
-        }
-    }
-
-    /// The start-up events for what the store answered, and the restored session resumed.
-    private func startUp(with read: StoreRead) {
-        defer { publishSnapshot() }
-        switch read {
-        case .unavailable(let error):
-            logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
-            emit(.storeError(error))
-            storeStatus.value = .unavailable(error)
-            storeSync.awaitInitialRead()
-            return
-        case .damaged(let error):
-            logger.error("credential store was damaged; moved aside, starting logged out", metadata: ["error": "\(error.message)"])
-            emit(.storeError(error))
-        case .present, .absent:
-            break
-        }
-        storeStatus.value = .available
-        emit(.initialSession(machine.state))
-        perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
-    }
-
-    /// The initial read of a session made on its loop thread answered.
-    private func initialReadArrived(_ read: StoreRead) {
-        guard !closed else { return }
-        if !started {
-            // As if read at creation: nothing has happened to the session yet (any request
-            // starts it first). `start()` emits the start-up events.
-            storeSync.initialReadAnswered()
-            initialRead = read
-            if case .unavailable(let error) = read {
-                storeStatus.value = .unavailable(error)
-            } else {
-                restore(from: read)
-                publish(machine.state)
-                storeStatus.value = .available
-            }
-            publishSnapshot()
-            return
-        }
-        answerEntry {
-            if case .unavailable(let error) = read {
-                // As at start with an unavailable store: reported, and read again later.
-                logger.warning("credential store unavailable at start", metadata: ["error": "\(error.message)"])
-                emit(.storeError(error))
-                storeStatus.value = .unavailable(error)
-                storeSync.awaitInitialRead()
-                return
-            }
-            initialReadAnswered(read)
+            self?.storeAnswered(.directoryFound(found))
         }
     }
 
@@ -300,7 +231,7 @@ final class SessionEngine: @unchecked Sendable {
             try checkOpen()
             var next = machine
             try next.apply(.signIn)
-            if storeSync.awaitingInitialRead, !replacingUnreadableStore {
+            if storeMachine.awaitingInitialRead, !replacingUnreadableStore {
                 throw storeUnknownError()
             }
             machine = next
@@ -415,14 +346,8 @@ final class SessionEngine: @unchecked Sendable {
         let abandoned = endSession(keepTokens: true)
         storeWatch?.cancel()
         storeWatch = nil
-        storeSync.cancelRetry()
-        // One last try to bring a store that missed a write up to date (a logout the
-        // store missed must not come back at the next start).
-        if storeSync.isBehind, !storeSync.awaitingInitialRead {
-            retryOwedClears()
-            persist()
-        }
-        storeSync.close()
+        // The retry stops; a store that missed a write gets one last try (`catchUp`).
+        storeEvent { $0.close() }
         closed = true
         fail(abandoned, SessionError(.shutDown, "the session manager was closed"))
         output.finish()
@@ -457,112 +382,6 @@ final class SessionEngine: @unchecked Sendable {
     func storeChanged() {
         entry { readAndFollowStore() }
         onStoreChanged?()
-    }
-
-    /// Reads the store on the worker and follows what it holds (another process's change).
-    /// One such read at a time; a change seen meanwhile reads again after it.
-    func readAndFollowStore() {
-        guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
-        if changeReadInFlight {
-            changeReadAgain = true
-            return
-        }
-        changeReadInFlight = true
-        let savesBefore = storeSync.savesSubmitted
-        worker.read { [weak self] read in
-            guard let self else { return }
-            answerEntry {
-                changeReadInFlight = false
-                // A save submitted after this read makes it stale (the worker runs it after the
-                // read; its own directory event reads again).
-                if storeSync.savesSubmitted == savesBefore { follow(read) }
-                if changeReadAgain {
-                    changeReadAgain = false
-                    readAndFollowStore()
-                }
-            }
-        }
-    }
-
-    private func follow(_ read: StoreRead) {
-            // While the store misses one of our writes (or our logout's clear), it is behind
-            // us: what it says is older than what we know, and following it would undo ours.
-            guard !closed, !storeSync.awaitingInitialRead, !storeSync.isBehind else { return }
-            // A record whose clear (a logout) the store still owes is not a session to follow.
-            if case .present(let stored) = read, let account = stored.account, recordsToClear.contains(account) { return }
-            switch StoreChange.decide(read, state: machine.state, memberID: memberID, account: accountKey) {
-            case .ignore:
-                return
-            case .damaged(let error):
-                emit(.storeError(error))
-                storeSync.markBehind()
-                persist()
-            case .logout:
-                followLogout()
-            case .expire:
-                expire(reason: "the session expired in another process")
-            case .adoptTokens(let stored, let access):
-                perform(refresh.storedTokensChanged(
-                    liveSession(from: stored, access: access, lastRefresh: loop.now),
-                    now: loop.now, unitRandom: configuration.random()))
-            case .switchSession(let stored, let access):
-                followLogout()
-                followSignIn(stored, access: access)
-            case .signIn(let stored, let access):
-                followSignIn(stored, access: access)
-            }
-    }
-
-    /// The store retry timer: the initial read of a store that was unavailable at start,
-    /// and the write-behind of one that missed a write.
-    func storeRetryDue() {
-        entry {
-            if storeSync.awaitingInitialRead {
-                worker.read { [weak self] read in
-                    guard let self else { return }
-                    answerEntry {
-                        guard !closed, storeSync.awaitingInitialRead else { return }
-                        if case .unavailable(let error) = read {
-                            storeStatus.value = .unavailable(error)
-                            storeSync.scheduleRetry()
-                            return
-                        }
-                        initialReadAnswered(read)
-                    }
-                }
-                return
-            }
-            // A clear still owed keeps the retries going even when a later write landed.
-            if storeSync.isBehind || !recordsToClear.isEmpty {
-                retryOwedClears()
-                persist()
-            }
-        }
-    }
-
-    /// The store answered the initial read at last (it was unavailable at start, or the read
-    /// was on the worker when the session started).
-    private func initialReadAnswered(_ read: StoreRead) {
-        storeSync.initialReadAnswered()
-        storeStatus.value = .available
-        if case .damaged(let error) = read {
-            emit(.storeError(error))
-        }
-        if machine.state == .loggedOut, refresh.generation == 0 {
-            // Nothing happened meanwhile: the stored session is the starting point.
-            restore(from: read)
-            publish(machine.state)
-            emit(.initialSession(machine.state))
-            perform(refresh.resumeRestored(now: loop.now, unitRandom: configuration.random()))
-        } else {
-            // The user acted meanwhile: what they did wins over what was stored.
-            emit(.initialSession(machine.state))
-            storeSync.markBehind()
-        }
-        if storeSync.isBehind {
-            persist()
-        }
-        onStateChange?()
     }
 }
 

@@ -69,24 +69,24 @@ extension SessionManager {
         }
         let key = SessionEngine.accountKey(for: tokens.memberID)
         if let other = sessions.withLockedValue({ $0.background[key] }) {
-            guard other.machine.state != .loggedIn else {
+            guard other.published.state != .loggedIn else {
                 throw SessionError(.illegalTransition, "that account is signed in already: switch to it")
             }
             try switchAccountOnLoop(to: key)
         }
         try engine.signIn(tokens, replacingUnreadableStore: replacingUnreadableStore)
-        recordActive(engine.accountKey)
+        recordActive(engine.published.account)
     }
 
     func addAccountOnLoop(_ tokens: SessionTokens) throws(SessionError) {
         loop.assertInEventLoop()
         let active = engine
-        guard let accountStore, active.machine.state != .loggedOut else {
+        guard let accountStore, active.published.state != .loggedOut else {
             try signInOnLoop(tokens)
             return
         }
         let key = SessionEngine.accountKey(for: tokens.memberID)
-        if active.accountKey == key || sessions.withLockedValue({ $0.background[key] }) != nil {
+        if active.published.account == key || sessions.withLockedValue({ $0.background[key] }) != nil {
             // That account has a session here: sign in there (refused if signed in).
             try signInOnLoop(tokens)
             return
@@ -109,8 +109,9 @@ extension SessionManager {
     func switchAccountOnLoop(to key: String) throws(SessionError) {
         loop.assertInEventLoop()
         try engine.checkOpen()
-        if engine.accountKey == key, engine.machine.state != .loggedOut { return }
-        guard let target = sessions.withLockedValue({ $0.background[key] }), target.machine.state != .loggedOut else {
+        let active = engine.published
+        if active.account == key, active.state != .loggedOut { return }
+        guard let target = sessions.withLockedValue({ $0.background[key] }), target.published.state != .loggedOut else {
             throw SessionError(.invalidArgument, "no account \"\(key)\" is signed in here")
         }
         try makeActive(target)
@@ -118,37 +119,68 @@ extension SessionManager {
         target.emit(.accountSwitched(account: key))
     }
 
-    /// The store remembers `key` as the active account (for the next start), on the pointer's
-    /// worker: changes of the pointer land in the order they were made.
+    /// The store remembers `key` as the active account (for the next start).
     private func recordActive(_ key: String?) {
-        guard let accountStore, let pointerWorker, let key else { return }
-        sessions.withLockedValue { $0.pointerOwed = false }
-        pointerWorker.submit({ _ -> StoreError? in
-            do throws(StoreError) {
-                try accountStore.setActiveAccount(key)
-                return nil
-            } catch {
-                return error
-            }
-        }) { [weak self, logger = configuration.logger] failure in
-            guard let failure else { return }
-            logger.warning("the store did not record the active account yet (it is recorded with the next write it takes)",
-                metadata: ["error": "\(failure.message)"])
-            self?.sessions.withLockedValue { $0.pointerOwed = true }
-        }
+        guard accountStore != nil, let key else { return }
+        accountsEvent { $0.activeChanged(to: key) }
     }
 
     /// The store took a write of the active session: if it missed the last change of the
     /// active account, that change is made again now.
     func activeWriteLanded() {
-        guard sessions.withLockedValue({ $0.pointerOwed }) else { return }
-        recordActive(engine.accountKey)
+        accountsEvent { $0.activeWriteLanded() }
+    }
+
+    /// Runs an event of the accounts machine under the lock, then performs its actions
+    /// after releasing it (they submit store work and make sessions, which take the lock).
+    func accountsEvent(_ event: (inout AccountsMachine) -> [AccountsMachine.Action]) {
+        let actions = sessions.withLockedValue { sessions in
+            let actions = event(&sessions.accounts)
+            assert(sessions.accounts.checkInvariants() == nil, "accounts machine: \(sessions.accounts.checkInvariants() ?? "")")
+            return actions
+        }
+        for action in actions { perform(action) }
+    }
+
+    private func perform(_ action: AccountsMachine.Action) {
+        guard let accountStore else { return }
+        switch action {
+        case .readList(let request):
+            // On the active session's worker: after its own read, so its account is known.
+            engine.worker.submit({ _ in accountStore.readAccounts() }) { [weak self] answer in
+                self?.accountsEvent { $0.listAnswered(answer, request: request) }
+            }
+        case .addSessions(let list):
+            do {
+                try addBackgroundSessions(list)
+            } catch {
+                configuration.logger.warning("cannot start the sessions of the other accounts", metadata: ["error": "\(error)"])
+                accountsEvent { $0.sessionsNotMade() }
+            }
+        case .writePointer(let key, let request):
+            // One worker for the pointer: its writes land in the order they were made.
+            pointerWorker?.submit({ _ -> StoreError? in
+                do throws(StoreError) {
+                    try accountStore.setActiveAccount(key)
+                    return nil
+                } catch {
+                    return error
+                }
+            }) { [weak self, logger = configuration.logger] failure in
+                if let failure {
+                    logger.warning("the store did not record the active account yet (it is recorded with the next write it takes)",
+                        metadata: ["error": "\(failure.message)"])
+                }
+                self?.accountsEvent { $0.pointerAnswered(request: request, failed: failure != nil) }
+            }
+        }
     }
 
     func logoutOnLoop(account key: String) throws(SessionError) {
         loop.assertInEventLoop()
-        if engine.accountKey == key || (accountStore == nil && engine.machine.state != .loggedOut
-            && SessionEngine.accountKey(for: engine.memberID) == key)
+        let active = engine.published
+        if active.account == key || (accountStore == nil && active.state != .loggedOut
+            && SessionEngine.accountKey(for: active.memberID) == key)
         {
             try engine.logout()
             return
@@ -162,10 +194,10 @@ extension SessionManager {
     func logoutAllOnLoop() throws(SessionError) {
         loop.assertInEventLoop()
         try engine.checkOpen()
-        for target in sessions.withLockedValue({ Array($0.background.values) }) where target.machine.state != .loggedOut {
+        for target in sessions.withLockedValue({ Array($0.background.values) }) where target.published.state != .loggedOut {
             try target.logout()
         }
-        if engine.machine.state != .loggedOut {
+        if engine.published.state != .loggedOut {
             try engine.logout()
         }
     }
@@ -182,8 +214,7 @@ extension SessionManager {
     /// join the list, each with a session of its own in the background.
     func storeChanged() {
         loop.assertInEventLoop()
-        sessions.withLockedValue { $0.listed = false }
-        listAccountsLater()
+        accountsEvent { $0.storeChanged() }
     }
 
     /// `engine` becomes the active session; the one before goes to the background (or, signed
@@ -192,7 +223,8 @@ extension SessionManager {
         let previous = engine
         guard previous !== next else { return }
         try previous.detach()
-        if let key = next.accountKey {
+        let (previousState, nextState) = (previous.published, next.published)
+        if let key = nextState.account {
             sessions.withLockedValue { $0.background[key] = nil }
         }
         previous.onStoreChanged = nil
@@ -202,11 +234,11 @@ extension SessionManager {
         next.attach(surface)
         sessions.withLockedValue { sessions in
             sessions.active = next
-            if let key = previous.accountKey, previous.machine.state != .loggedOut {
+            if let key = previousState.account, previousState.state != .loggedOut {
                 sessions.background[key] = previous
             }
         }
-        if previous.machine.state == .loggedOut || previous.accountKey == nil {
+        if previousState.state == .loggedOut || previousState.account == nil {
             retire(previous)
         }
         accountsChanged()
@@ -224,45 +256,42 @@ extension SessionManager {
     func accountsChanged() {
         loop.assertInEventLoop()
         let leaving = sessions.withLockedValue { sessions -> [SessionEngine] in
-            let gone = sessions.background.filter { $0.value.isSignedOut }
+            let gone = sessions.background.filter { $0.value.published.isSignedOut }
             for key in gone.keys { sessions.background[key] = nil }
             return Array(gone.values)
         }
         for engine in leaving { retire(engine) }
-        if !sessions.withLockedValue({ $0.listed }), engine.storeStatus.value != .reading {
-            listAccountsLater()
-        }
+        let storeReading = engine.storeStatus.value == .reading
+        accountsEvent { $0.sessionStateChanged(storeReading: storeReading) }
     }
 
-    /// Reads the store's account list on the worker; a session is made for each account
-    /// that has none (on the loop, when the answer arrives).
-    func listAccountsLater() {
+    /// Reads the list on `worker` and waits for it: the manager's creation off the loop thread
+    /// (which may wait; the loop never does).
+    func listAccountsNow(on worker: StoreWorker) throws(SessionError) {
         guard let accountStore else { return }
-        let generation = sessions.withLockedValue { sessions -> UInt64 in
-            sessions.listGeneration &+= 1
-            return sessions.listGeneration
-        }
-        engine.worker.submit({ _ in accountStore.readAccounts() }) { [weak self] answer in
-            guard let self else { return }
-            do {
-                try addBackgroundSessions(answer, generation: generation)
-            } catch {
-                configuration.logger.warning("cannot start the sessions of the other accounts", metadata: ["error": "\(error)"])
+        for case .readList(let request) in sessions.withLockedValue({ $0.accounts.listWanted() }) {
+            let answer = worker.performAndWait { _ in accountStore.readAccounts() }
+            for case .addSessions(let list) in sessions.withLockedValue({ $0.accounts.listAnswered(answer, request: request) }) {
+                do {
+                    try addBackgroundSessions(list)
+                } catch {
+                    _ = sessions.withLockedValue { $0.accounts.sessionsNotMade() }
+                    throw error
+                }
             }
         }
     }
 
-    /// A session for each listed account that has none yet (in the background). The answer of
-    /// a read of `generation` (`listAccountsLater`) is taken only if no later read was asked for.
-    func addBackgroundSessions(_ answer: AccountsRead, generation: UInt64? = nil) throws(SessionError) {
-        guard let accountStore, case .present(let list) = answer else { return }
-        let (known, listed, latest) = sessions.withLockedValue { sessions in
-            (Set(sessions.background.keys).union([sessions.active.accountKey].compactMap { $0 }), sessions.listed,
-             sessions.listGeneration)
-        }
-        guard !listed, generation == nil || generation == latest else { return }
+    /// A session for each listed account that has none yet (in the background): the list
+    /// the accounts machine took (`AccountsMachine.listAnswered`).
+    func addBackgroundSessions(_ list: StoredAccounts) throws(SessionError) {
+        guard let accountStore else { return }
+        // The active engine's snapshot is read after the box's lock is released: one lock at a time.
+        let (background, active) = sessions.withLockedValue { (Set($0.background.keys), $0.active) }
+        let activeAccount = active.published.account
+        let known = background.union([activeAccount].compactMap { $0 })
         // The active account's own read tells which account it took (the same worker, earlier).
-        let activeKey = sessions.withLockedValue { $0.active.accountKey } ?? list.active
+        let activeKey = activeAccount ?? list.active
         var made: [String: SessionEngine] = [:]
         for key in list.keys where !known.contains(key) && key != activeKey {
             let engine = try SessionEngine(
@@ -277,7 +306,6 @@ extension SessionManager {
             made[key] = engine
         }
         sessions.withLockedValue { sessions in
-            sessions.listed = true
             sessions.background.merge(made) { old, _ in old }
         }
     }

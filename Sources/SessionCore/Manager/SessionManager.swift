@@ -41,14 +41,9 @@ public final class SessionManager: Sendable {
         var active: SessionEngine
         /// The other accounts' sessions, by account key: each refreshes on its own.
         var background: [String: SessionEngine] = [:]
-        /// The store's account list has been read (and a session made for each account).
-        var listed = false
-        /// The latest request to read the list: only its answer is taken (an earlier read may
-        /// have been answered after a later change of the store, and would hide it).
-        var listGeneration: UInt64 = 0
-        /// The store did not take the last change of its active account: made again when it
-        /// takes the active session's next write.
-        var pointerOwed = false
+        /// The account list and the active-account pointer (`AccountsMachine`): changed only
+        /// through its events (`accountsEvent`), under this box's lock.
+        var accounts = AccountsMachine()
 
         var all: [SessionEngine] { Array(background.values) + [active] }
     }
@@ -84,17 +79,16 @@ public final class SessionManager: Sendable {
         self.accountStore = store as? any AccountCredentialStore
         self.pointerWorker = accountStore.map { StoreWorker(store: $0, loop: loop) }
         self.sessions = LockedBox(Sessions(active: first))
-        guard let accountStore else { return }
+        guard accountStore != nil else { return }
         first.onStateChange = { [weak self] in self?.accountsChanged() }
         first.onStoreChanged = { [weak self] in self?.storeChanged() }
         first.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
         if loop.inEventLoop {
             // Never waits for the store: the list arrives on the loop, after the active
             // account's read (the same worker, in order).
-            listAccountsLater()
+            accountsEvent { $0.listWanted() }
         } else {
-            let answer = first.worker.performAndWait { _ in accountStore.readAccounts() }
-            try addBackgroundSessions(answer)
+            try listAccountsNow(on: first.worker)
         }
     }
 

@@ -1,0 +1,143 @@
+/// The bookkeeping of a manager with several accounts, as a pure value: whether the store's
+/// account list has been taken (and which read of it may still be taken), and whether the
+/// store records the active account.
+///
+/// Every `mutating` event function returns the actions the caller must perform, in order;
+/// nothing here does I/O. `SessionManager` is the storage: it keeps this value in its locked
+/// box, and performs the actions after releasing the lock (reads and writes on the store's
+/// workers, sessions made for listed accounts). Tested state × event without a loop
+/// (`AccountsMachineTests`).
+///
+/// Two rules that each once were a race:
+/// - **Only the latest requested list read is taken.** A read made before a change of the
+///   store can be answered after it (a slow disk); taking it would mark the list read and
+///   drop the later read's answer, hiding the change for good (64beb70).
+/// - **Only the latest pointer write's answer counts.** The active-account pointer is
+///   written on one worker, in order: an earlier write's answer says nothing about the
+///   later one still on its way. A failed latest write leaves the pointer *owed*, written
+///   again when the store next takes a write of the active session — or at once, if the
+///   store took such a write while the failing write was on its way (the store was
+///   reachable again, and that write's landing came before the failure was known).
+///
+/// Invariants (`checkInvariants`): a pointer write in flight is the latest requested one;
+/// requests are numbered from 1 and never reused.
+struct AccountsMachine: Sendable, Equatable {
+    /// Whether the store records the active account.
+    enum Pointer: Sendable, Equatable {
+        /// The store took the last change (or there was none).
+        case recorded
+        /// The write of request `request` is on the pointer's worker. `storeTookWrite`: the
+        /// store took a write of the active session meanwhile.
+        case writing(request: UInt64, key: String, storeTookWrite: Bool)
+        /// The store did not take the last change: `key` is written again with its next write.
+        case owed(key: String)
+    }
+
+    enum Action: Sendable, Equatable {
+        /// Read the store's account list on the active session's worker; answer with
+        /// `listAnswered(_:request:)`.
+        case readList(request: UInt64)
+        /// Make a session for each listed account that has none (then, if that fails,
+        /// `sessionsNotMade()`).
+        case addSessions(StoredAccounts)
+        /// Record `key` as the store's active account on the pointer's worker; answer with
+        /// `pointerAnswered(request:failed:)`.
+        case writePointer(key: String, request: UInt64)
+    }
+
+    /// The store's account list was taken (a session made for each account).
+    private(set) var listed = false
+    /// The latest list read requested: only its answer is taken.
+    private(set) var listRequest: UInt64 = 0
+    private(set) var pointer = Pointer.recorded
+    /// The latest pointer write requested.
+    private(set) var pointerRequest: UInt64 = 0
+
+    // MARK: - The account list
+
+    /// A read of the list is wanted now (the manager was made, or must read again).
+    mutating func listWanted() -> [Action] {
+        listRequest &+= 1
+        return [.readList(request: listRequest)]
+    }
+
+    /// Another process changed the store: what was listed may be stale.
+    mutating func storeChanged() -> [Action] {
+        listed = false
+        return listWanted()
+    }
+
+    /// A session's state changed. The list is read if it was not taken yet, once the active
+    /// session's store has answered its own read (`storeReading` false): the list read goes
+    /// after it, on the same worker, and the active account's key is known by then.
+    mutating func sessionStateChanged(storeReading: Bool) -> [Action] {
+        guard !listed, !storeReading else { return [] }
+        return listWanted()
+    }
+
+    /// The store answered the list read of `request`.
+    mutating func listAnswered(_ answer: AccountsRead, request: UInt64) -> [Action] {
+        // An earlier read answered after a later one was asked for: the later one tells.
+        guard !listed, request == listRequest, case .present(let list) = answer else { return [] }
+        listed = true
+        return [.addSessions(list)]
+    }
+
+    /// The sessions of a taken list could not be made: the list counts as not read.
+    mutating func sessionsNotMade() -> [Action] {
+        listed = false
+        return []
+    }
+
+    // MARK: - The active-account pointer
+
+    /// The manager made `key` the active account: the store records it.
+    mutating func activeChanged(to key: String) -> [Action] {
+        writePointer(key)
+    }
+
+    /// The pointer's worker answered the write of `request`.
+    mutating func pointerAnswered(request: UInt64, failed: Bool) -> [Action] {
+        // An earlier write's answer: the latest write, later on the same worker, decides.
+        guard case .writing(let latest, let key, let storeTookWrite) = pointer, request == latest else { return [] }
+        if !failed {
+            pointer = .recorded
+            return []
+        }
+        if storeTookWrite {
+            // The store took a write while this one was on its way: reachable again, and the
+            // landing that would have repaid the debt came before the debt was known.
+            return writePointer(key)
+        }
+        pointer = .owed(key: key)
+        return []
+    }
+
+    /// The store took a write of the active session: a pointer it owes is written again.
+    mutating func activeWriteLanded() -> [Action] {
+        switch pointer {
+        case .recorded:
+            return []
+        case .writing(let request, let key, _):
+            pointer = .writing(request: request, key: key, storeTookWrite: true)
+            return []
+        case .owed(let key):
+            return writePointer(key)
+        }
+    }
+
+    private mutating func writePointer(_ key: String) -> [Action] {
+        pointerRequest &+= 1
+        pointer = .writing(request: pointerRequest, key: key, storeTookWrite: false)
+        return [.writePointer(key: key, request: pointerRequest)]
+    }
+
+    /// Why the machine is inconsistent, or nil.
+    func checkInvariants() -> String? {
+        if case .writing(let request, _, _) = pointer, request != pointerRequest {
+            return "a pointer write in flight (\(request)) that is not the latest (\(pointerRequest))"
+        }
+        if listed && listRequest == 0 { return "listed without a read" }
+        return nil
+    }
+}

@@ -1,0 +1,336 @@
+import Testing
+
+@testable import SessionCore
+
+/// The accounts machine on its own: no loop, no store, no sessions. A storage double performs
+/// its actions the way `SessionManager` does — list reads and pointer writes queue on their
+/// workers (first in, first out) and answer when the test says so — and after every step the
+/// double's store and sessions must agree with what the machine believes.
+@Suite("AccountsMachine")
+struct AccountsMachineTests {
+    /// Performs actions as the manager does, with the store and its two workers in memory.
+    struct Storage {
+        var machine = AccountsMachine()
+        /// The store: its account keys and its active-account pointer.
+        var storeKeys: Set<String> = ["bob"]
+        var storePointer: String?
+        /// List reads on the worker, oldest first; `taken`: the list it read (nil: not run yet).
+        var listReads: [(request: UInt64, taken: StoredAccounts?)] = []
+        /// Pointer writes on the pointer's worker, oldest first.
+        var pointerWrites: [(key: String, request: UInt64)] = []
+        /// The accounts with a session.
+        var sessions: Set<String> = []
+        /// The account the manager made active last.
+        var lastActive: String?
+        /// The store took a write of the active session since the latest pointer write was made.
+        var storeTookWriteSinceLatestPointerWrite = false
+
+        mutating func run(_ actions: [AccountsMachine.Action]) {
+            for action in actions {
+                switch action {
+                case .readList(let request): listReads.append((request, nil))
+                case .addSessions(let list): sessions.formUnion(list.keys)
+                case .writePointer(let key, let request):
+                    pointerWrites.append((key, request))
+                    storeTookWriteSinceLatestPointerWrite = false
+                }
+            }
+        }
+
+        // MARK: What happens outside the machine
+
+        /// Another process signed `key` in: the store changes, and the directory watch says so.
+        mutating func otherProcessSignsIn(_ key: String) {
+            storeKeys.insert(key)
+            run(machine.storeChanged())
+        }
+
+        /// The worker runs the oldest list read that has not run: it takes the list now.
+        mutating func listReadTakesList() {
+            guard let index = listReads.firstIndex(where: { $0.taken == nil }) else { return }
+            listReads[index].taken = StoredAccounts(keys: storeKeys.sorted(), active: storePointer)
+        }
+
+        /// The oldest list read answers (taking the list now if it has not yet).
+        mutating func listReadAnswers(unavailable: Bool = false) {
+            guard !listReads.isEmpty else { return }
+            if listReads[0].taken == nil { listReadTakesList() }
+            let (request, taken) = listReads.removeFirst()
+            let answer: AccountsRead = unavailable ? .unavailable(StoreError("disk gone")) : .present(taken!)
+            run(machine.listAnswered(answer, request: request))
+        }
+
+        mutating func switchTo(_ key: String) {
+            lastActive = key
+            run(machine.activeChanged(to: key))
+        }
+
+        /// The pointer's worker runs its oldest write, which lands or fails, and answers.
+        mutating func pointerWriteAnswers(failing: Bool) {
+            guard !pointerWrites.isEmpty else { return }
+            let (key, request) = pointerWrites.removeFirst()
+            if !failing { storePointer = key }
+            run(machine.pointerAnswered(request: request, failed: failing))
+        }
+
+        /// The store took a write of the active session (its record).
+        mutating func activeWriteLands() {
+            storeTookWriteSinceLatestPointerWrite = true
+            run(machine.activeWriteLanded())
+        }
+
+        // MARK: What must always hold
+
+        func checkConsistency(_ context: String) {
+            #expect(machine.checkInvariants() == nil, "\(context): \(machine.checkInvariants() ?? "")")
+            // A list taken never misses an account of the store (accounts only join here).
+            if machine.listed {
+                #expect(sessions.isSuperset(of: storeKeys), "\(context): listed, sessions \(sessions.sorted()) vs store \(storeKeys.sorted())")
+            }
+            switch machine.pointer {
+            case .recorded:
+                #expect(pointerWrites.isEmpty, "\(context): recorded with writes on their way")
+                #expect(storePointer == lastActive, "\(context): recorded, but the store says \(storePointer ?? "-") for \(lastActive ?? "-")")
+            case .writing(let request, let key, _):
+                #expect(key == lastActive, "\(context): writing \(key) for \(lastActive ?? "-")")
+                #expect(pointerWrites.last?.request == request, "\(context): the write in flight is not the latest submitted")
+            case .owed(let key):
+                #expect(key == lastActive, "\(context): owes \(key) for \(lastActive ?? "-")")
+                #expect(pointerWrites.isEmpty, "\(context): owed with writes on their way")
+                // The store took an active write after the failing write was made: it is
+                // reachable, and the pointer must not wait for yet another write.
+                #expect(!storeTookWriteSinceLatestPointerWrite, "\(context): owed though the store took a write since")
+            }
+        }
+
+        var listName: String { "\(machine.listed ? "listed" : "unlisted")/\(listReads.count)" }
+
+        var pointerName: String {
+            switch machine.pointer {
+            case .recorded: "recorded"
+            case .writing(_, _, let landed): "writing/\(pointerWrites.count)\(landed ? "+landed" : "")"
+            case .owed: "owed"
+            }
+        }
+    }
+
+    // MARK: - The account list: every state × every event
+
+    enum ListState: String, CaseIterable, CustomStringConvertible {
+        case unread, reading, readingStale, listed
+        var description: String { rawValue }
+
+        func make() -> Storage {
+            var s = Storage()
+            switch self {
+            case .unread: break
+            case .reading: s.run(s.machine.listWanted())
+            case .readingStale:
+                // A read took the list, then the store changed: a second read is asked for.
+                s.run(s.machine.listWanted())
+                s.listReadTakesList()
+                s.otherProcessSignsIn("carol")
+            case .listed:
+                s.run(s.machine.listWanted())
+                s.listReadAnswers()
+            }
+            return s
+        }
+    }
+
+    enum ListEvent: String, CaseIterable, CustomStringConvertible {
+        case storeChanged, stateChangedWhileStoreReading, stateChangedStoreRead, answer, answerUnavailable, sessionsNotMade
+        var description: String { rawValue }
+
+        func apply(to s: inout Storage) {
+            switch self {
+            case .storeChanged: s.otherProcessSignsIn("dave")
+            case .stateChangedWhileStoreReading: s.run(s.machine.sessionStateChanged(storeReading: true))
+            case .stateChangedStoreRead: s.run(s.machine.sessionStateChanged(storeReading: false))
+            case .answer: s.listReadAnswers()
+            case .answerUnavailable: s.listReadAnswers(unavailable: true)
+            case .sessionsNotMade: s.run(s.machine.sessionsNotMade())
+            }
+        }
+    }
+
+    /// Columns: unread, reading, readingStale, listed. "listed/0": the list taken, no read on
+    /// the worker.
+    static let listExpected: [ListEvent: [String]] = [
+        .storeChanged: ["unlisted/1", "unlisted/2", "unlisted/3", "unlisted/1"],
+        .stateChangedWhileStoreReading: ["unlisted/0", "unlisted/1", "unlisted/2", "listed/0"],
+        .stateChangedStoreRead: ["unlisted/1", "unlisted/2", "unlisted/3", "listed/0"],
+        .answer: ["unlisted/0", "listed/0", "unlisted/1", "listed/0"],
+        .answerUnavailable: ["unlisted/0", "unlisted/0", "unlisted/1", "listed/0"],
+        .sessionsNotMade: ["unlisted/0", "unlisted/1", "unlisted/2", "unlisted/0"],
+    ]
+
+    @Test("every list state × every event leads to the expected state, the pointer untouched",
+          arguments: ListState.allCases)
+    func everyListStateTimesEveryEvent(state: ListState) {
+        for event in ListEvent.allCases {
+            var s = state.make()
+            s.checkConsistency("\(state) before \(event)")
+            let pointerBefore = s.machine.pointer
+            event.apply(to: &s)
+            let column = ListState.allCases.firstIndex(of: state)!
+            #expect(s.listName == Self.listExpected[event]![column], "\(state) + \(event) → \(s.listName)")
+            #expect(s.machine.pointer == pointerBefore, "\(state) + \(event) moved the pointer")
+            s.checkConsistency("\(state) + \(event)")
+            // Whatever is still on the worker answers: the list ends up taken and complete.
+            while !s.listReads.isEmpty { s.listReadAnswers() }
+            if !s.machine.listed { s.run(s.machine.sessionStateChanged(storeReading: false)) }
+            while !s.listReads.isEmpty { s.listReadAnswers() }
+            #expect(s.machine.listed && s.sessions.isSuperset(of: s.storeKeys), "\(state) + \(event), drained: \(s.listName)")
+            s.checkConsistency("\(state) + \(event), drained")
+        }
+    }
+
+    // MARK: - The active-account pointer: every state × every event
+
+    enum PointerState: String, CaseIterable, CustomStringConvertible {
+        case recorded, writing, writingTwo, writingStoreTookWrite, owed
+        var description: String { rawValue }
+
+        func make() -> Storage {
+            var s = Storage()
+            switch self {
+            case .recorded:
+                s.switchTo("alice")
+                s.pointerWriteAnswers(failing: false)
+            case .writing: s.switchTo("alice")
+            case .writingTwo:
+                s.switchTo("alice")
+                s.switchTo("bob")
+            case .writingStoreTookWrite:
+                s.switchTo("alice")
+                s.activeWriteLands()
+            case .owed:
+                s.switchTo("alice")
+                s.pointerWriteAnswers(failing: true)
+            }
+            return s
+        }
+    }
+
+    enum PointerEvent: String, CaseIterable, CustomStringConvertible {
+        case switchAccount, writeLands, writeFails, activeWriteLands
+        var description: String { rawValue }
+
+        func apply(to s: inout Storage) {
+            switch self {
+            case .switchAccount: s.switchTo("carol")
+            case .writeLands: s.pointerWriteAnswers(failing: false)
+            case .writeFails: s.pointerWriteAnswers(failing: true)
+            case .activeWriteLands: s.activeWriteLands()
+            }
+        }
+    }
+
+    /// Columns: recorded, writing, writingTwo, writingStoreTookWrite, owed.
+    static let pointerExpected: [PointerEvent: [String]] = [
+        .switchAccount: ["writing/1", "writing/2", "writing/3", "writing/2", "writing/1"],
+        .writeLands: ["recorded", "recorded", "writing/1", "recorded", "owed"],
+        .writeFails: ["recorded", "owed", "writing/1", "writing/1", "owed"],
+        .activeWriteLands: ["recorded", "writing/1+landed", "writing/2+landed", "writing/1+landed", "writing/1"],
+    ]
+
+    @Test("every pointer state × every event leads to the expected state, the list untouched",
+          arguments: PointerState.allCases)
+    func everyPointerStateTimesEveryEvent(state: PointerState) {
+        for event in PointerEvent.allCases {
+            var s = state.make()
+            s.checkConsistency("\(state) before \(event)")
+            let (listed, listRequest) = (s.machine.listed, s.machine.listRequest)
+            event.apply(to: &s)
+            let column = PointerState.allCases.firstIndex(of: state)!
+            #expect(s.pointerName == Self.pointerExpected[event]![column], "\(state) + \(event) → \(s.pointerName)")
+            #expect(s.machine.listed == listed && s.machine.listRequest == listRequest, "\(state) + \(event) moved the list")
+            s.checkConsistency("\(state) + \(event)")
+            // The store comes back: every write lands, and one active write repays a debt.
+            while !s.pointerWrites.isEmpty { s.pointerWriteAnswers(failing: false) }
+            s.activeWriteLands()
+            while !s.pointerWrites.isEmpty { s.pointerWriteAnswers(failing: false) }
+            #expect(s.machine.pointer == .recorded && s.storePointer == s.lastActive, "\(state) + \(event), drained: \(s.pointerName)")
+        }
+    }
+
+    // MARK: - The races, step by step
+
+    /// 64beb70: a read of the list took it before another process signed carol in; its answer
+    /// arrives after the read that change asked for was made. Taking it would mark the list
+    /// read and drop the later answer: carol would never get a session.
+    @Test func aListReadAnsweredAfterALaterChangeOfTheStoreIsNotTaken() {
+        var s = Storage()
+        s.run(s.machine.storeChanged())
+        s.listReadTakesList()  // [bob]
+        s.otherProcessSignsIn("carol")
+
+        s.listReadAnswers()  // the first read's [bob]
+        #expect(!s.machine.listed, "an earlier read's answer was taken")
+        s.checkConsistency("after the stale answer")
+
+        s.listReadAnswers()  // the second read's [bob, carol]
+        #expect(s.machine.listed)
+        #expect(s.sessions == ["bob", "carol"])
+    }
+
+    /// The owed flag cleared by a stale answer: the switch to alice and then to carol are both
+    /// on the pointer's worker; alice's write lands, carol's fails. Alice's success says
+    /// nothing about carol's write: carol is owed, and written with the next active write.
+    @Test func aStaleSuccessOfAnEarlierPointerWriteDoesNotClearTheLatestWritesDebt() {
+        var s = Storage()
+        s.switchTo("alice")
+        s.switchTo("carol")
+
+        s.pointerWriteAnswers(failing: false)  // alice's: lands
+        s.checkConsistency("after alice's write")
+        s.pointerWriteAnswers(failing: true)  // carol's: fails
+        #expect(s.machine.pointer == .owed(key: "carol"))
+        s.checkConsistency("after carol's failure")
+
+        s.activeWriteLands()
+        #expect(s.pointerWrites.map(\.key) == ["carol"], "the owed pointer is written again with the next active write")
+        s.pointerWriteAnswers(failing: false)
+        #expect(s.storePointer == "carol")
+        s.checkConsistency("repaid")
+    }
+
+    /// The owed flag cleared too early: the pointer write is on its way when the store takes
+    /// a write of the active session (it came back), and the pointer write's failure is known
+    /// only after that landing. Waiting for the next active write could mean an hour (the
+    /// next refresh): the pointer is written again at once.
+    @Test func aPointerWriteThatFailsAfterTheStoreTookAnActiveWriteIsMadeAgainAtOnce() {
+        var s = Storage()
+        s.switchTo("alice")
+        s.activeWriteLands()  // the landing reaches the loop before the pointer's failure
+        s.pointerWriteAnswers(failing: true)
+        #expect(s.pointerWrites.map(\.key) == ["alice"], "written again at once")
+        s.checkConsistency("after the failure")
+        s.pointerWriteAnswers(failing: false)
+        #expect(s.machine.pointer == .recorded && s.storePointer == "alice")
+    }
+
+    @Test func anOwedPointerWaitsForTheNextActiveWriteAndIsWrittenOnce() {
+        var s = Storage()
+        s.switchTo("alice")
+        s.pointerWriteAnswers(failing: true)
+        #expect(s.pointerWrites.isEmpty, "nothing is retried before the store takes a write")
+        s.activeWriteLands()
+        s.activeWriteLands()
+        #expect(s.pointerWrites.map(\.key) == ["alice"], "one write however many active writes land")
+        s.pointerWriteAnswers(failing: false)
+        #expect(s.machine.pointer == .recorded)
+    }
+
+    @Test func aStateChangeReadsTheListOnlyOnceTheActiveSessionsStoreHasAnswered() {
+        var s = Storage()
+        s.run(s.machine.sessionStateChanged(storeReading: true))
+        #expect(s.listReads.isEmpty)
+        s.run(s.machine.sessionStateChanged(storeReading: false))
+        #expect(s.listReads.count == 1)
+        s.listReadAnswers()
+        s.run(s.machine.sessionStateChanged(storeReading: false))
+        #expect(s.listReads.isEmpty, "a taken list is not read again for a state change")
+    }
+}
