@@ -121,7 +121,8 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
             return finish(.failure(Self.failure(TokenResponse.error(from: answer), at: "the device authorization endpoint")))
         }
         let parsed: (DevicePrompt, Secret)
-        switch Self.parse(answer) {
+        guard let origin = configuration.deviceAuthorizationEndpoint else { return }
+        switch Self.parse(answer, origin: origin) {
         case .failure(let error): return finish(.failure(error))
         case .success(let value): parsed = value
         }
@@ -220,7 +221,9 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
     // MARK: - Parsing
 
     /// The device authorization answer (RFC 8628 §3.2), bounded.
-    static func parse(_ answer: HTTPAnswer) -> Result<(DevicePrompt, Secret), SessionError> {
+    /// `origin`: the device authorization endpoint that answered; the verification URIs may be
+    /// plain http to loopback only when it is loopback itself.
+    static func parse(_ answer: HTTPAnswer, origin: URL) -> Result<(DevicePrompt, Secret), SessionError> {
         func refuse(_ why: String) -> Result<(DevicePrompt, Secret), SessionError> {
             .failure(SessionError(.configuration, "the device authorization answer \(why)"))
         }
@@ -235,12 +238,12 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
             return refuse("has no usable user_code")
         }
         // (`verification_url`: the name some servers used before the RFC.)
-        guard let verification = usableURL(object["verification_uri"]?.string ?? object["verification_url"]?.string),
+        guard let verification = usableURL(object["verification_uri"]?.string ?? object["verification_url"]?.string, origin: origin),
               !secret.occurs(in: verification.absoluteString)
         else {
             return refuse("has no verification_uri that is https (or http to loopback)")
         }
-        let complete = usableURL(object["verification_uri_complete"]?.string).flatMap {
+        let complete = usableURL(object["verification_uri_complete"]?.string, origin: origin).flatMap {
             secret.occurs(in: $0.absoluteString) ? nil : $0
         }
         let lifetime = clamp(seconds(object["expires_in"]) ?? 600, DeviceAuthorization.lifetimeRange)
@@ -252,10 +255,10 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
     }
 
     /// A URL the user may be sent to: what the endpoints' rule allows.
-    static func usableURL(_ text: String?) -> URL? {
+    static func usableURL(_ text: String?, origin: URL) -> URL? {
         guard let text, text.utf8.count <= 2048, let url = URL(string: text) else { return nil }
         do {
-            try OAuthConfiguration.check(url, "verification URI")
+            try OAuthConfiguration.check(url, "verification URI", namedBy: origin)
             return url
         } catch {
             return nil

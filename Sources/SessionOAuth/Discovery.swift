@@ -162,6 +162,9 @@ public enum OAuthDiscovery {
             return refuse("issuer", "the metadata's issuer '\(shown)' is not the issuer asked for '\(asked)' "
                 + "(RFC 8414 section 3.3: they must be identical)")
         }
+        guard let issuerURL = URL(string: issuer) else {
+            return refuse("issuer", "the issuer is not a URL")
+        }
         func endpoint(_ name: String) -> Result<URL?, OAuthDiscoveryError> {
             guard let member = object[name] else { return .success(nil) }
             guard case .string(let text) = member else {
@@ -171,7 +174,8 @@ public enum OAuthDiscovery {
                 return .failure(OAuthDiscoveryError(.metadata, field: name, message: "the metadata's \(name) is not a URL"))
             }
             do {
-                try OAuthConfiguration.check(url, "metadata's \(name)")
+                // Plain http to loopback only for a loopback issuer (issue 29, point 3).
+                try OAuthConfiguration.check(url, "metadata's \(name)", namedBy: issuerURL)
             } catch {
                 return .failure(OAuthDiscoveryError(.metadata, field: name, message: error.description))
             }

@@ -59,6 +59,28 @@ public struct OAuthConfiguration: Sendable {
         }
     }
 
+    /// Whether `url` names a loopback host (127.0.0.0/8, ::1, localhost), whatever its scheme.
+    static func isLoopback(_ url: URL) -> Bool {
+        guard let host = url.host?.lowercased() else { return false }
+        if host == "localhost" || host == "::1" || host == "[::1]" { return true }
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127"
+            && parts.allSatisfy { $0.count <= 3 && !$0.isEmpty && $0.allSatisfy(\.isASCII) && UInt8($0) != nil }
+    }
+
+    /// `check`, for a URL a server named (metadata, a device answer) on behalf of a server at
+    /// `origin`: plain http to loopback only when `origin` is itself loopback. A remote https
+    /// issuer naming `http://127.0.0.1:8080/token` would have refresh tokens, the client
+    /// secret, codes and verifiers sent in clear to whatever a local user binds there.
+    static func check(_ url: URL, _ field: String, namedBy origin: URL) throws(OAuthConfigurationError) {
+        try check(url, field)
+        if lh_url_check(url.absoluteString) == LH_URL_LOOPBACK_HTTP, !isLoopback(origin) {
+            throw OAuthConfigurationError(
+                field: field, reason: "uses plain http to a loopback host, but the server that named it (\(origin.host ?? "?")) "
+                    + "is not loopback: anything on this machine could listen there")
+        }
+    }
+
     /// Whether `url` may be used, and if plain http is allowed for it.
     static func check(_ url: URL, _ field: String) throws(OAuthConfigurationError) -> Void {
         switch lh_url_check(url.absoluteString) {

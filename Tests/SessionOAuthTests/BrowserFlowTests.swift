@@ -460,9 +460,19 @@ struct BrowserFlowTests {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         defer { close(fd) }
         var address = loopback(port)
-        return withUnsafePointer(to: &address) {
+        let connected = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         } == 0
+        guard connected else { return false }
+        // TCP self-connect: with nothing listening, the kernel may pick `port` itself as this
+        // socket's ephemeral port and connect it to itself (seen once in a full parallel run).
+        // That is no listener.
+        var local = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let named = withUnsafeMutablePointer(to: &local) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        return !(named == 0 && Int(UInt16(bigEndian: local.sin_port)) == port)
     }
 
     /// Whether a server could listen on 127.0.0.1:`port` again (SO_REUSEADDR, as servers do).

@@ -226,23 +226,33 @@ struct DeviceFlowTests {
         func answer(_ object: [String: Any]) throws -> HTTPAnswer {
             HTTPAnswer(status: 200, retryAfter: nil, body: try JSONSerialization.data(withJSONObject: object), redactions: [])
         }
+        let remote = URL(string: "https://auth.example.com/device")!
         let good: [String: Any] = [
             "device_code": "dc-1", "user_code": "ABCD-EFGH", "verification_uri": "https://example.com/device",
             "expires_in": 1e12, "interval": 0,
         ]
-        let (prompt, code) = try DevicePolling.parse(try answer(good)).get()
+        let (prompt, code) = try DevicePolling.parse(try answer(good), origin: remote).get()
         #expect(code.reveal() == "dc-1")
         #expect(prompt.expiresIn == .seconds(3 * 3600) && prompt.interval == .seconds(1))
         #expect(prompt.verificationURIComplete == nil)
         var missing = good
         missing["interval"] = nil
-        #expect(try DevicePolling.parse(try answer(missing)).get().0.interval == .seconds(5))
+        #expect(try DevicePolling.parse(try answer(missing), origin: remote).get().0.interval == .seconds(5))
         var javascript = good
         javascript["verification_uri"] = "javascript:alert(1)"
-        #expect(throws: SessionError.self) { try DevicePolling.parse(try answer(javascript)).get() }
+        #expect(throws: SessionError.self) { try DevicePolling.parse(try answer(javascript), origin: remote).get() }
         var noCode = good
         noCode["device_code"] = nil
-        #expect(throws: SessionError.self) { try DevicePolling.parse(try answer(noCode)).get() }
+        #expect(throws: SessionError.self) { try DevicePolling.parse(try answer(noCode), origin: remote).get() }
+        // Plain http to loopback: only from a loopback device endpoint (issue 29, point 3).
+        var local = good
+        local["verification_uri"] = "http://127.0.0.1:8080/device"
+        #expect(throws: SessionError.self) { try DevicePolling.parse(try answer(local), origin: remote).get() }
+        let loopback = URL(string: "http://127.0.0.1:9/device")!
+        #expect(try DevicePolling.parse(try answer(local), origin: loopback).get().0.verificationURI.port == 8080)
+        var complete = good
+        complete["verification_uri_complete"] = "http://localhost:8080/device?code=ABCD"
+        #expect(try DevicePolling.parse(try answer(complete), origin: remote).get().0.verificationURIComplete == nil)
     }
 }
 

@@ -235,6 +235,31 @@ struct DiscoveryTests {
         #expect(https.revocationEndpoint?.absoluteString == "https://auth.example.com/revoke")
     }
 
+    /// Issue 29, point 3: a remote issuer's metadata naming plain http to loopback is refused
+    /// (anything on this machine could listen there); a loopback issuer's may.
+    @Test func aRemoteIssuerMayNotNameLoopbackHttpEndpoints() throws {
+        let template = OAuthConfiguration(tokenEndpoint: URL(string: "https://as.example")!, clientID: "c")
+        for field in ["token_endpoint", "revocation_endpoint", "introspection_endpoint",
+                      "device_authorization_endpoint", "authorization_endpoint"] {
+            var document: [String: String] = ["issuer": "https://as.example", "token_endpoint": "https://as.example/token"]
+            document[field] = "http://127.0.0.1:8080/x"
+            let body = Array(try JSONSerialization.data(withJSONObject: document))
+            guard case .failure(let error) = OAuthDiscovery.configuration(metadata: body, issuer: "https://as.example", template: template) else {
+                Issue.record("\(field): loopback http accepted from a remote issuer")
+                continue
+            }
+            #expect(error.field == field && error.description.contains("is not loopback"), "\(error)")
+            // The same document from a loopback issuer is taken.
+            document["issuer"] = "http://127.0.0.1:9"
+            let local = Array(try JSONSerialization.data(withJSONObject: document))
+            #expect((try? OAuthDiscovery.configuration(metadata: local, issuer: "http://127.0.0.1:9", template: template).get()) != nil)
+        }
+        #expect(OAuthConfiguration.isLoopback(URL(string: "https://localhost:1/")!))
+        #expect(OAuthConfiguration.isLoopback(URL(string: "http://[::1]:1/")!))
+        #expect(!OAuthConfiguration.isLoopback(URL(string: "https://127.0.0.1.evil.example/")!))
+        #expect(!OAuthConfiguration.isLoopback(URL(string: "https://as.example/")!))
+    }
+
     @Test func garbageAFailureStatusARedirectAndAnOversizedAnswerAreRefusedClearly() async throws {
         let server = try OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery-faults")
