@@ -11,6 +11,9 @@ import SessionCore
 
     /// The members whose string values are secrets: parsed into `Secret`s, never `String`s.
     static let secretMembers: Set<String> = ["access_token", "refresh_token", "id_token", "device_code"]
+    /// The most secrets an answer may hold (each is a page of its own: a server must not be
+    /// able to make thousands). A token answer has one of each member, at the top.
+    static let maximumSecrets = 16
 
     public init(status: Int, retryAfter: Duration?, body: Data, redactions: [Secret]) {
         self.init(
@@ -31,7 +34,7 @@ import SessionCore
     /// The body as a JSON object (its top-level members), nil if it is not one. The values
     /// of `secretMembers` are read into secrets (`JSONObject.secret`), never into strings.
     var json: JSONObject? {
-        guard let redacted = secretBody.withUnsafeBytes({ SecretJSON.redact($0, keys: Self.secretMembers) }),
+        guard let redacted = secretBody.withUnsafeBytes({ SecretJSON.redact($0, keys: Self.secretMembers, maximumSecrets: Self.maximumSecrets) }),
             let members = try? JSONDecoder().decode([String: JSONMember].self, from: Data(redacted.json))
         else { return nil }
         return JSONObject(members: members, redacted: redacted)
