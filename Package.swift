@@ -86,7 +86,7 @@ let package = Package(
             name: "SessionFlowErrors",
             cSettings: [.headerSearchPath("../../Bindings/include")]
         ),
-        // The C ABI: one thin file per area, each function checked against the header.
+        // The C ABI: the functions of one area per file (translation only: types, ownership, threads), each checked against the header.
         .target(
             name: "SessionFlowC",
             dependencies: [
