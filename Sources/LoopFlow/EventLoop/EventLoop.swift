@@ -1,4 +1,4 @@
-// One type in one file (473 lines): creation, the work queue, hooks, timers and shutdown share
+// One type in one file (over 400 lines): creation, the work queue, hooks, timers and shutdown share
 // the uv handles and the run state, and teardown's order across them is the point. Its parts
 // already stand apart: JobQueue, LoopResources, LoopTimer, RunState, DirectoryWatch.
 

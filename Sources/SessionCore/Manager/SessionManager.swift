@@ -1,3 +1,7 @@
+// The façade (over 400 lines, a third of them doc comments: it is the public API). Its parts
+// stand apart already: accounts (SessionManager+Accounts), sign-in (+SignIn), authorizing
+// requests (+Authorize); the work is the engine's (SessionEngine*), the bookkeeping of several
+// accounts the pure AccountsMachine's.
 import LoopFlow
 import Synchronization
 

@@ -1,4 +1,4 @@
-// One file (422 lines): `redact` and `splice` share one private byte scanner and one escaping
+// One file (over 400 lines): `redact` and `splice` share one private byte scanner and one escaping
 // rule, which must agree exactly (what one writes the other reads); apart, both would be
 // visible to the whole module.
 
