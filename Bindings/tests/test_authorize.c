@@ -484,7 +484,22 @@ static int run_curl_client(const char *base, const user_tokens *tokens, int coun
     static char access[600], refresh[600];
     snprintf(access, sizeof access, "SF_ACCESS_TOKEN=%s", tokens->access);
     snprintf(refresh, sizeof refresh, "SF_REFRESH_TOKEN=%s", tokens->refresh);
-    char *envp[] = {access, refresh, "PATH=/usr/bin:/bin", NULL};
+    /* Our environment (LD_LIBRARY_PATH for an installed library, sanitizer options) plus the
+     * tokens. */
+    size_t inherited = 0;
+    while (environ[inherited]) inherited++;
+    char **envp = calloc(inherited + 3, sizeof *envp);
+    CHECK(envp != NULL);
+    if (!envp) return -1;
+    size_t used_env = 0;
+    for (size_t i = 0; i < inherited; i++) {
+        if (strncmp(environ[i], "SF_ACCESS_TOKEN=", 16) != 0 && strncmp(environ[i], "SF_REFRESH_TOKEN=", 17) != 0) {
+            envp[used_env++] = environ[i];
+        }
+    }
+    envp[used_env++] = access;
+    envp[used_env++] = refresh;
+    envp[used_env] = NULL;
     char *argv[] = {(char *)client, url, endpoint, "sessionflow-public", requests, NULL};
     int out[2];
     CHECK_EQ_INT(pipe(out), 0);
@@ -495,6 +510,7 @@ static int run_curl_client(const char *base, const user_tokens *tokens, int coun
     pid_t pid;
     int spawned = posix_spawn(&pid, client, &actions, NULL, argv, envp);
     posix_spawn_file_actions_destroy(&actions);
+    free(envp);
     close(out[1]);
     explicit_bzero(access, sizeof access);
     explicit_bzero(refresh, sizeof refresh);
