@@ -71,6 +71,25 @@ static sf_runtime *signed_in_runtime(const char *base, const char *user, user_to
     return runtime;
 }
 
+/* The server, a runtime signed in there as a user, and the resource's URL. */
+typedef struct setup {
+    const char *base;
+    sf_runtime *runtime;
+    user_tokens tokens;
+    char url[256];
+} setup;
+
+/* Sets up `s` for `user`; 0 when it could not (a CHECK said why). */
+static int set_up(setup *s, const char *user) {
+    memset(s, 0, sizeof *s);
+    s->base = oauth_server();
+    CHECK(s->base != NULL);
+    if (!s->base) return 0;
+    s->runtime = signed_in_runtime(s->base, user, &s->tokens);
+    snprintf(s->url, sizeof s->url, "%s/api/resource", s->base);
+    return s->runtime != NULL;
+}
+
 /* One answer of sf_session_authorize / sf_session_unauthorized, waited for. */
 typedef struct answer {
     pthread_mutex_t lock;
@@ -191,73 +210,69 @@ static void count_token(int result, const char *token, void *userdata) {
 }
 
 void test_authorize_bad_input_calls_nothing(void) {
-    NEED_SERVER(base);
-    user_tokens tokens;
-    sf_runtime *runtime = signed_in_runtime(base, "alice", &tokens);
-    if (!runtime) return;
-    char url[256];
-    snprintf(url, sizeof url, "%s/api/resource", base);
+    setup s;
+    if (!set_up(&s, "alice")) return;
     atomic_store(&stray_calls, 0);
 
-    CHECK_CODE(sf_session_authorize(NULL, "GET", url, count_call, NULL), SF_EINVAL);
-    CHECK_CODE(sf_session_authorize(runtime, NULL, url, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(NULL, "GET", s.url, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, NULL, s.url, count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "method") != NULL);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", NULL, count_call, NULL), SF_EINVAL);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", url, NULL, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", NULL, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", s.url, NULL, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "on_done") != NULL);
-    CHECK_CODE(sf_session_authorize(runtime, "", url, count_call, NULL), SF_EINVAL);
-    CHECK_CODE(sf_session_authorize(runtime, "GE T", url, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "", s.url, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GE T", s.url, count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "method") != NULL);
     char long_method[64];
     memset(long_method, 'A', 33);
     long_method[33] = 0;
-    CHECK_CODE(sf_session_authorize(runtime, long_method, url, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, long_method, s.url, count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "32") != NULL);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", "ftp://127.0.0.1/x", count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", "ftp://127.0.0.1/x", count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "URL") != NULL);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", "http://example.com/api", count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", "http://example.com/api", count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "loopback") != NULL);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", "https://example.com/a#b", count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", "https://example.com/a#b", count_call, NULL), SF_EINVAL);
     static char long_url[9000];
     memset(long_url, 'a', sizeof long_url - 1);
     memcpy(long_url, "https://example.com/", 20);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", long_url, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", long_url, count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "url is longer than 8192") != NULL);
 
     char refused[600];
-    snprintf(refused, sizeof refused, "Bearer %s", tokens.access);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, NULL, 401, NULL, count_call, NULL), SF_EINVAL);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, refused, 401, NULL, NULL, NULL), SF_EINVAL);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, "Basic YWxpY2U6eA==", 401, NULL, count_call, NULL),
+    snprintf(refused, sizeof refused, "Bearer %s", s.tokens.access);
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, NULL, 401, NULL, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, refused, 401, NULL, NULL, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, "Basic YWxpY2U6eA==", 401, NULL, count_call, NULL),
                SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "Bearer") != NULL);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, "Bearer ", 401, NULL, count_call, NULL), SF_EINVAL);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GE T", url, refused, 401, NULL, count_call, NULL), SF_EINVAL);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, refused, 500, NULL, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, "Bearer ", 401, NULL, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GE T", s.url, refused, 401, NULL, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, refused, 500, NULL, count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "500") != NULL);
     static char long_refused[70000];
     memset(long_refused, 'x', sizeof long_refused - 1);
     memcpy(long_refused, "Bearer ", 7);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, long_refused, 401, NULL, count_call, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, long_refused, 401, NULL, count_call, NULL), SF_EINVAL);
     CHECK(strstr(sf_last_error_message(), "refused is longer than 65536") != NULL);
     /* A 403 is not cured by a new token: refused at once, nothing refreshed, nothing called. */
     long refreshes = oauth_stat("/__stats", "refresh_grants");
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, refused, 403,
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, refused, 403,
                                        "Bearer error=\"insufficient_scope\", scope=\"admin\"", count_call, NULL),
                SF_EUNAUTHORIZED);
     CHECK(strstr(sf_last_error_message(), "insufficient_scope") != NULL);
-    CHECK_CODE(sf_session_refresh_now(runtime, NULL, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_refresh_now(s.runtime, NULL, NULL), SF_EINVAL);
     CHECK_CODE(sf_session_refresh_now(NULL, count_token, NULL), SF_EINVAL);
 
     sf_test_sleep_ms(100);
     CHECK_EQ_INT(atomic_load(&stray_calls), 0);
     CHECK_EQ_INT(oauth_stat("/__stats", "refresh_grants"), refreshes);
-    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", url, count_call, NULL), SF_ECLOSED);
-    CHECK_CODE(sf_session_refresh_now(runtime, count_token, NULL), SF_ECLOSED);
+    CHECK_CODE(sf_runtime_destroy(s.runtime), SF_OK);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", s.url, count_call, NULL), SF_ECLOSED);
+    CHECK_CODE(sf_session_refresh_now(s.runtime, count_token, NULL), SF_ECLOSED);
     sf_test_sleep_ms(20);
     CHECK_EQ_INT(atomic_load(&stray_calls), 0);
-    explicit_bzero(&tokens, sizeof tokens);
+    explicit_bzero(&s.tokens, sizeof s.tokens);
     explicit_bzero(refused, sizeof refused);
 }
 
@@ -285,16 +300,13 @@ static void on_refreshed(int result, const char *token, void *userdata) {
 /* ---- The header the resource accepts ------------------------------------------------- */
 
 void test_authorize_gives_the_header_the_resource_accepts(void) {
-    NEED_SERVER(base);
-    user_tokens tokens;
-    sf_runtime *runtime = signed_in_runtime(base, "alice", &tokens);
-    if (!runtime) return;
-    char url[256], expected[600], challenge[256];
-    snprintf(url, sizeof url, "%s/api/resource", base);
-    snprintf(expected, sizeof expected, "Bearer %s", tokens.access);
+    setup s;
+    if (!set_up(&s, "alice")) return;
+    char expected[600], challenge[256];
+    snprintf(expected, sizeof expected, "Bearer %s", s.tokens.access);
     answer a;
     answer_begin(&a);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", url, on_authorized, &a), SF_OK);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", s.url, on_authorized, &a), SF_OK);
     CHECK_EQ_INT(answer_wait(&a), SF_OK);
     CHECK_EQ_INT(a.calls, 1);
     CHECK(!a.on_asking_thread); /* the loop thread, never inside the call */
@@ -303,9 +315,9 @@ void test_authorize_gives_the_header_the_resource_accepts(void) {
     CHECK_EQ_INT(a.header_count, 1);
     CHECK(strcmp(a.name, "Authorization") == 0);
     CHECK(strcmp(a.value, expected) == 0);
-    CHECK_EQ_INT(get_resource(url, a.value, challenge, sizeof challenge), 200);
+    CHECK_EQ_INT(get_resource(s.url, a.value, challenge, sizeof challenge), 200);
     /* Without a token: the resource's bare challenge. */
-    CHECK_EQ_INT(http_exchange(url, NULL, NULL, NULL, 0, "WWW-Authenticate", challenge, sizeof challenge), 401);
+    CHECK_EQ_INT(http_exchange(s.url, NULL, NULL, NULL, 0, "WWW-Authenticate", challenge, sizeof challenge), 401);
     CHECK(strncasecmp(challenge, "Bearer", 6) == 0);
     answer_end(&a);
 
@@ -313,7 +325,7 @@ void test_authorize_gives_the_header_the_resource_accepts(void) {
     long refreshes = oauth_stat("/__stats", "refresh_grants");
     answer b;
     answer_begin(&b);
-    CHECK_CODE(sf_session_unauthorized(runtime, "GET", url, "bearer someone-elses-token", 401,
+    CHECK_CODE(sf_session_unauthorized(s.runtime, "GET", s.url, "bearer someone-elses-token", 401,
                                        "Bearer error=\"invalid_token\"", on_authorized, &b),
                SF_OK);
     CHECK_EQ_INT(answer_wait(&b), SF_OK);
@@ -325,17 +337,17 @@ void test_authorize_gives_the_header_the_resource_accepts(void) {
     answer c;
     answer_begin(&c);
     atomic_store(&refreshed, 1);
-    CHECK_CODE(sf_session_refresh_now(runtime, on_refreshed, NULL), SF_OK);
+    CHECK_CODE(sf_session_refresh_now(s.runtime, on_refreshed, NULL), SF_OK);
     WAIT_FOR(atomic_load(&refreshed) != 1);
     CHECK_EQ_INT(atomic_load(&refreshed), SF_OK);
     CHECK_EQ_INT(oauth_stat("/__stats", "refresh_grants"), refreshes + 1);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", url, on_authorized, &c), SF_OK);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", s.url, on_authorized, &c), SF_OK);
     CHECK_EQ_INT(answer_wait(&c), SF_OK);
     CHECK(strcmp(c.value, expected) != 0);
-    CHECK_EQ_INT(get_resource(url, c.value, challenge, sizeof challenge), 200);
+    CHECK_EQ_INT(get_resource(s.url, c.value, challenge, sizeof challenge), 200);
     answer_end(&c);
-    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
-    explicit_bzero(&tokens, sizeof tokens);
+    CHECK_CODE(sf_runtime_destroy(s.runtime), SF_OK);
+    explicit_bzero(&s.tokens, sizeof s.tokens);
     explicit_bzero(expected, sizeof expected);
 }
 
@@ -396,19 +408,15 @@ static void run_concurrently(sf_runtime *runtime, const char *url, request_run *
 }
 
 void test_authorize_a_revoked_token_under_50_concurrent_requests_refreshes_once(void) {
-    NEED_SERVER(base);
-    user_tokens tokens;
-    sf_runtime *runtime = signed_in_runtime(base, "alice", &tokens);
-    if (!runtime) return;
-    char url[256];
-    snprintf(url, sizeof url, "%s/api/resource", base);
-    revoke_access(tokens.access);
+    setup s;
+    if (!set_up(&s, "alice")) return;
+    revoke_access(s.tokens.access);
     long refreshes = oauth_stat("/__stats", "refresh_grants");
     long requests = resource_stat("requests"), ok = resource_stat("ok");
-    long old_presented = presented(tokens.access);
+    long old_presented = presented(s.tokens.access);
 
     request_run runs[50];
-    run_concurrently(runtime, url, runs, 50);
+    run_concurrently(s.runtime, s.url, runs, 50);
 
     int succeeded = 0, retried = 0, most_sent = 0;
     for (int i = 0; i < 50; i++) {
@@ -421,27 +429,23 @@ void test_authorize_a_revoked_token_under_50_concurrent_requests_refreshes_once(
     CHECK_EQ_INT(oauth_stat("/__stats", "refresh_grants") - refreshes, 1);
     CHECK_EQ_INT(resource_stat("ok") - ok, 50);
     CHECK_EQ_INT(resource_stat("requests") - requests, 50 + retried);
-    CHECK(presented(tokens.access) - old_presented <= 50);
+    CHECK(presented(s.tokens.access) - old_presented <= 50);
     printf("     50 requests: %d retried, %ld refresh(es), %ld resource requests\n", retried,
            oauth_stat("/__stats", "refresh_grants") - refreshes, resource_stat("requests") - requests);
-    CHECK_EQ_INT(state_of(runtime), SF_LOGGED_IN);
-    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
-    explicit_bzero(&tokens, sizeof tokens);
+    CHECK_EQ_INT(state_of(s.runtime), SF_LOGGED_IN);
+    CHECK_CODE(sf_runtime_destroy(s.runtime), SF_OK);
+    explicit_bzero(&s.tokens, sizeof s.tokens);
 }
 
 void test_authorize_a_dead_session_is_eauth_once_per_request(void) {
-    NEED_SERVER(base);
-    user_tokens tokens;
-    sf_runtime *runtime = signed_in_runtime(base, "bob", &tokens);
-    if (!runtime) return;
-    char url[256];
-    snprintf(url, sizeof url, "%s/api/resource", base);
+    setup s;
+    if (!set_up(&s, "bob")) return;
     CHECK_EQ_INT(oauth_post("/__revoke_user", "user=bob"), 200);
     long token_requests = oauth_stat("/__stats", "token_requests");
     long requests = resource_stat("requests");
 
     request_run runs[10];
-    run_concurrently(runtime, url, runs, 10);
+    run_concurrently(s.runtime, s.url, runs, 10);
 
     for (int i = 0; i < 10; i++) {
         CHECK_EQ_INT(runs[i].error, SF_EAUTH);
@@ -450,17 +454,17 @@ void test_authorize_a_dead_session_is_eauth_once_per_request(void) {
     }
     CHECK(resource_stat("requests") - requests <= 10);
     CHECK_EQ_INT(oauth_stat("/__stats", "token_requests") - token_requests, 1); /* one refresh attempt */
-    CHECK_EQ_INT(state_of(runtime), SF_SESSION_EXPIRED);
+    CHECK_EQ_INT(state_of(s.runtime), SF_SESSION_EXPIRED);
     /* And later: no request is even authorized. */
     answer a;
     answer_begin(&a);
-    CHECK_CODE(sf_session_authorize(runtime, "GET", url, on_authorized, &a), SF_OK);
+    CHECK_CODE(sf_session_authorize(s.runtime, "GET", s.url, on_authorized, &a), SF_OK);
     CHECK_EQ_INT(answer_wait(&a), SF_EAUTH);
     answer_end(&a);
     sf_test_sleep_ms(50);
     CHECK_EQ_INT(oauth_stat("/__stats", "token_requests") - token_requests, 1);
-    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
-    explicit_bzero(&tokens, sizeof tokens);
+    CHECK_CODE(sf_runtime_destroy(s.runtime), SF_OK);
+    explicit_bzero(&s.tokens, sizeof s.tokens);
 }
 
 /* ---- The libcurl example host --------------------------------------------------------- */

@@ -9,21 +9,12 @@ import time
 import pytest
 
 import sessionflow as sf
-from helpers import call, oauth_server as start_oauth_server
+from helpers import CLIENT, call
 
 httpx = pytest.importorskip("httpx")
 requests = pytest.importorskip("requests")
 import sessionflow.httpx  # noqa: E402  (after the importorskip: it imports httpx)
 import sessionflow.requests  # noqa: E402
-
-CLIENT = "sessionflow-public"
-
-
-@pytest.fixture(scope="module")
-def server():
-    pytest.importorskip("authlib")
-    with start_oauth_server() as url:
-        yield url
 
 
 def password_sign_in(server, user):
