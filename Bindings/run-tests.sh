@@ -91,6 +91,11 @@ fi
 $cc -std=gnu11 -Wall -Wextra -Werror "${sanitize[@]}" \
     Bindings/tests/*.c -o "$out/sessionflow-tests" "${link[@]}" -lpthread
 
+# The libcurl example host: the suite runs it against the test server (test_authorize.c).
+$cc -std=gnu11 -Wall -Wextra -Werror "${sanitize[@]}" Bindings/examples/curl_client.c \
+    -o "$out/curl_client" "${link[@]}" $(pkg-config --libs libcurl) -lpthread
+export SF_TEST_CURL_CLIENT="$out/curl_client"
+
 echo "== C suite ($mode)"
 case "$mode" in
 asan) export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1" ;;

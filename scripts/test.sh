@@ -62,6 +62,10 @@ python3 -c "import setuptools, wheel" >/dev/null 2>&1 || python3 -m pip install 
 python3 -m mypy --version >/dev/null 2>&1 || python3 -m pip install --quiet mypy
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
 python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask
+# The HTTP adapters' tests use the real libraries (sessionflow[httpx], sessionflow[requests]);
+# mypy --strict reads requests' type stubs.
+{ python3 -c "import httpx, requests" && python3 -m pip show -q types-requests; } >/dev/null 2>&1 ||
+    python3 -m pip install --quiet httpx requests types-requests
 
 # The tests never reach the desktop's Secret Service (a developer's keyring would gain their
 # stores' keys): the keyring tests start a gnome-keyring-daemon of their own under

@@ -7,9 +7,9 @@
  * C/FFI hosts observe through callbacks on one libuv loop thread.
  *
  * THREADING (the whole contract; every function also says where it may be called)
- *  1. Every callback (state, event, error, complete, release, token, refresh, prompt, done)
- *     runs on the runtime's loop thread — never inside the call that caused it, never
- *     while a library lock is held. A callback may call any function of this API, except
+ *  1. Every callback (state, event, error, complete, release, token, refresh, prompt, done,
+ *     authorize) runs on the runtime's loop thread — never inside the call that caused it,
+ *     never while a library lock is held. A callback may call any function of this API, except
  *     sf_runtime_destroy on an owned runtime (SF_EBUSY).
  *  2. A new state subscriber first receives the current state, then each change
  *     (conflated: a slow observer skips intermediate states but always ends on the
@@ -582,6 +582,86 @@ int sf_session_notify_unauthorized(sf_runtime *runtime, const char *access_token
  * refresh if due; coalesced with one already due). Returns SF_OK, SF_ECLOSED,
  * SF_ESHUTDOWN. Any thread. */
 int sf_session_resume(sf_runtime *runtime);
+
+/* Refreshes now, whatever the margin says (joins a refresh already in flight; brings a
+ * scheduled retry forward): for a host that knows the token went bad in a way no 401
+ * shows (a permission changed server-side). `callback` runs once on the loop thread with the
+ * new token (borrowed, as sf_session_fresh_token's) or the reason there is none (as
+ * sf_session_fresh_token's). Returns SF_OK (the callback will run), or SF_EINVAL (NULL
+ * callback), SF_ECLOSED, SF_ESHUTDOWN, SF_EBUSY (see LIMITS): then it will not. Any thread. */
+int sf_session_refresh_now(sf_runtime *runtime, sf_token_fn callback, void *userdata);
+
+/* ---- Authorizing requests --------------------------------------------------------- */
+/* The one primitive an HTTP client needs: sf_session_authorize gives the header fields to
+ * add to a request (today `Authorization: Bearer <token>`; a sender-constrained session will
+ * add a `DPoP` proof field beside it: add every field you are given, in order, and nothing
+ * changes for you), refreshing first when the token is due (one refresh shared by every
+ * request). Send the request. On HTTP 401 (or 403) hand the refusal to
+ * sf_session_unauthorized: it refreshes only if the refused token is still the session's
+ * (compare-and-refresh: 50 requests refused with one token cause one refresh) and answers
+ * the authorization to retry with. Retry once; a second refusal is the answer, never a loop
+ * (a token fresh from such a refresh that is refused again is SF_EUNAUTHORIZED, not another
+ * refresh). Bindings/examples/curl_client.c does this with libcurl.
+ *
+ * Secrets: the header values are the session's own secret memory, lent to the callback in
+ * place (never copied into a string the library cannot wipe) and zeroed after the last use.
+ * Copy them only where your HTTP client needs them (curl_slist_append copies: free the list
+ * with curl_slist_free_all when the request is done), and wipe your own copies. */
+
+/* One header field: name and value, NUL-terminated, no CR or LF. */
+typedef struct sf_header {
+    const char *name;  /* "Authorization" (and "DPoP" for a sender-constrained session) */
+    const char *value; /* "Bearer <access token>": a secret */
+} sf_header;
+
+/* What to add to one request. */
+typedef struct sf_authorization {
+    size_t size;              /* sizeof(sf_authorization) of the library: fields are only appended */
+    const char *scheme;       /* "Bearer" today ("DPoP" for a sender-constrained session) */
+    const sf_header *headers; /* add every one, in order */
+    size_t header_count;      /* 1 today */
+} sf_authorization;
+
+/* The answer to sf_session_authorize or sf_session_unauthorized: on the loop thread, exactly
+ * once per accepted call, never inside the call that asked, not at all if that call failed.
+ * On SF_OK `authorization` and every string in it are borrowed for the callback only (the
+ * values are the session's secret memory, zeroed later: copy them only where your HTTP client
+ * needs them); otherwise `authorization` is NULL and `result` says why: SF_ENOTLOGGEDIN,
+ * SF_EAUTH (the session expired: the refresh token is dead too; the state is then
+ * SF_SESSION_EXPIRED), SF_EUNAUTHORIZED (a token fresh from the refresh made for this very
+ * refusal was refused again), SF_ENETWORK, SF_ECONFIG, SF_ESESSIONENDED, SF_ESHUTDOWN, or
+ * SF_EINVAL (the session's token cannot go in a header: it holds a control character). */
+typedef void (*sf_authorize_fn)(int result, const sf_authorization *authorization, void *userdata);
+
+/* Asks for the header fields that authorize `method` (an HTTP method name, at most 32 bytes)
+ * on `url` (absolute https://, or http:// to a loopback host; no fragment; printable ASCII;
+ * at most 8192 bytes), with the current access token, refreshed first when it is within the
+ * margin of expiry (one refresh shared with every other token request). Both strings are
+ * copied. `on_done` runs once, as sf_authorize_fn says.
+ * Returns SF_OK (on_done will run), or (it will not) SF_EINVAL (NULL runtime, method, url or
+ * on_done; a method or URL refused as above: sf_last_error_message names it), SF_ECLOSED,
+ * SF_ESHUTDOWN, SF_EBUSY (see LIMITS). Any thread, callbacks included. */
+int sf_session_authorize(sf_runtime *runtime, const char *method, const char *url, sf_authorize_fn on_done,
+                         void *userdata);
+
+/* The request `method` `url`, sent with the Authorization value `refused` (as it was sent:
+ * "Bearer <token>", the scheme in any case; at most 65 536 bytes; copied into secret memory),
+ * got `http_status` with the `WWW-Authenticate` field `www_authenticate` (may be NULL; read
+ * up to 8192 bytes): `on_done` gets the authorization to retry with, once.
+ *  - 401 (whatever the challenge): compare-and-refresh. If `refused` carries the session's
+ *    current token it is refreshed (once, shared by every request refused with it) and the
+ *    answer carries the new one; if the session has moved on already, the current one at
+ *    once. A session whose refresh token is dead answers SF_EAUTH (once per call, no retry
+ *    to make) and goes SF_SESSION_EXPIRED.
+ *  - 403: a new token would not help (with error="insufficient_scope" it would not have more
+ *    scope): SF_EUNAUTHORIZED is returned at once, nothing is refreshed, on_done never runs.
+ * Returns SF_OK (on_done will run), or (it will not) SF_EINVAL (NULL runtime, method, url,
+ * refused or on_done; a method or URL refused as sf_session_authorize's; `refused` too long
+ * or not a Bearer value; an `http_status` other than 401 or 403), SF_EUNAUTHORIZED (403),
+ * SF_ECLOSED, SF_ESHUTDOWN, SF_EBUSY (see LIMITS). Any thread, callbacks included. */
+int sf_session_unauthorized(sf_runtime *runtime, const char *method, const char *url, const char *refused,
+                            int http_status, const char *www_authenticate, sf_authorize_fn on_done,
+                            void *userdata);
 
 /* ---- Sign-in flows ---------------------------------------------------------------- */
 /* The library signs the user in itself, with the OAuth 2.0 authority's own user-facing

@@ -80,7 +80,14 @@
     XX(sign_in_browser_denied_is_edenied)                            \
     XX(sign_in_browser_timeout_is_eexpired)                          \
     XX(sign_in_browser_cancelled_closes_the_listener)                \
-    XX(sign_in_browser_bad_input_and_destroy)
+    XX(sign_in_browser_bad_input_and_destroy)                        \
+    XX(authorize_bad_input_calls_nothing)                            \
+    XX(authorize_when_logged_out_is_enotloggedin_in_the_callback)    \
+    XX(authorize_gives_the_header_the_resource_accepts)              \
+    XX(authorize_a_revoked_token_under_50_concurrent_requests_refreshes_once) \
+    XX(authorize_a_dead_session_is_eauth_once_per_request)           \
+    XX(authorize_curl_client_retries_a_revoked_token_once)           \
+    XX(authorize_curl_client_on_a_dead_session_fails_each_request_once)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

@@ -63,6 +63,13 @@ const char *oauth_server(void) {
 }
 
 int http_request(const char *url, const char *form, char *body, size_t length, char *location, size_t location_length) {
+    return http_exchange(url, form, NULL, body, length, "Location", location, location_length);
+}
+
+int http_exchange(const char *url, const char *form, const char *header, char *body, size_t length,
+                  const char *wanted, char *value_out, size_t value_length) {
+    char *location = value_out;
+    size_t location_length = value_length;
     if (body && length) body[0] = 0;
     if (location && location_length) location[0] = 0;
     int port = 0;
@@ -82,14 +89,16 @@ int http_request(const char *url, const char *form, char *body, size_t length, c
         return -1;
     }
     size_t form_length = form ? strlen(form) : 0;
-    size_t request_size = strlen(path) + form_length + 256;
+    size_t header_length = header ? strlen(header) : 0;
+    size_t request_size = strlen(path) + form_length + header_length + 256;
     char *request = malloc(request_size);
     int head = form
         ? snprintf(request, request_size,
-                   "POST %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                   "POST %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n%s%sContent-Type: application/x-www-form-urlencoded\r\n"
                    "Content-Length: %zu\r\n\r\n%s",
-                   path, port, form_length, form)
-        : snprintf(request, request_size, "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n", path, port);
+                   path, port, header ? header : "", header ? "\r\n" : "", form_length, form)
+        : snprintf(request, request_size, "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n%s%s\r\n", path, port,
+                   header ? header : "", header ? "\r\n" : "");
     for (int sent = 0; sent < head;) {
         ssize_t n = write(fd, request + sent, (size_t)(head - sent));
         if (n <= 0) break;
@@ -117,8 +126,9 @@ int http_request(const char *url, const char *form, char *body, size_t length, c
     char *end = strstr(answer, "\r\n\r\n");
     if (location && location_length) {
         for (char *line = strstr(answer, "\r\n"); line && (!end || line < end); line = strstr(line + 2, "\r\n")) {
-            if (strncasecmp(line + 2, "Location:", 9) == 0) {
-                const char *value = line + 11;
+            size_t wanted_length = strlen(wanted);
+            if (strncasecmp(line + 2, wanted, wanted_length) == 0 && line[2 + wanted_length] == ':') {
+                const char *value = line + 3 + wanted_length;
                 while (*value == ' ') value++;
                 size_t n = strcspn(value, "\r\n");
                 if (n >= location_length) n = location_length - 1;

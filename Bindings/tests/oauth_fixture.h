@@ -16,6 +16,12 @@ const char *oauth_server(void);
  * when `location` is not NULL, the Location header (or ""). */
 int http_request(const char *url, const char *form, char *body, size_t length, char *location, size_t location_length);
 
+/* The same with one more header line `header` ("Name: value", no CRLF; may be NULL), and the
+ * value of the response header `wanted` (e.g. "WWW-Authenticate") copied into `value` ("" if
+ * absent; may be NULL). */
+int http_exchange(const char *url, const char *form, const char *header, char *body, size_t length,
+                  const char *wanted, char *value, size_t value_length);
+
 /* POST `form` to the server's `path`; returns the status. */
 int oauth_post(const char *path, const char *form);
 

@@ -38,7 +38,7 @@ func synchronousCall(_ pointer: OpaquePointer?, _ body: (Runtime) throws(Session
 }
 
 /// A call that only posts work: any thread.
-private func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
+func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -> Void) -> Int32 {
     withRuntime(pointer) { runtime throws(SessionError) in
         try body(runtime)
         return SF_OK.code

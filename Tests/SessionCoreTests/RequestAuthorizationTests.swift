@@ -22,6 +22,28 @@ import Testing
     func anAuthorizableRequestPasses(_ method: String, _ url: String) {
         #expect(RequestAuthorization.problem(method: method, url: url) == nil)
     }
+
+    /// What a C host hands back as it sent it (`sf_session_unauthorized`): the token inside.
+    @Test(arguments: ["Bearer tok-1", "bearer tok-1", "BEARER   tok-1  "])
+    func aRefusedBearerValueGivesBackItsToken(_ value: String) throws {
+        let refused = try RequestAuthorization(refused: Secret(value), method: "GET", url: "https://api.example.com/")
+        #expect(refused.accessToken == Secret("tok-1"))
+        #expect(refused.value(of: "Authorization") == Secret("Bearer tok-1"))
+        #expect(refused.method == "GET" && refused.url == "https://api.example.com/")
+    }
+
+    @Test(arguments: ["", "Bearer", "Bearer ", "Bearer    ", "Basic YTpi", "Bearertok", "DPoP tok"])
+    func aValueThatIsNoBearerTokenIsRefused(_ value: String) {
+        #expect(throws: SessionError.self) {
+            try RequestAuthorization(refused: Secret(value), method: "GET", url: "https://api.example.com/")
+        }
+    }
+
+    @Test func aRefusedValueForARequestThatCannotBeAuthorizedIsRefused() {
+        #expect(throws: SessionError.self) {
+            try RequestAuthorization(refused: Secret("Bearer t"), method: "GET", url: "http://example.com/")
+        }
+    }
 }
 
 @Suite struct AuthenticationChallengeTests {

@@ -24,6 +24,7 @@ def wait_for(condition, timeout=10.0):
 
 
 FIXTURE = os.path.join(REPO, "Tests", "Fixtures", "oauth_server.py")
+CLIENT = "sessionflow-public"  # the test server's public client
 
 
 @contextlib.contextmanager

@@ -9,16 +9,7 @@ import urllib.request
 import pytest
 
 import sessionflow as sf
-from helpers import call, oauth_server as start_oauth_server
-
-CLIENT = "sessionflow-public"
-
-
-@pytest.fixture(scope="module")
-def server():
-    pytest.importorskip("authlib")
-    with start_oauth_server() as url:
-        yield url
+from helpers import CLIENT, call
 
 
 def device_config(server, interval=1, expires_in=60):

@@ -44,6 +44,34 @@ public struct RequestAuthorization: Sendable, Hashable, CustomStringConvertible 
         self.fields = [Field(name: "Authorization", value: value)]
     }
 
+    /// The authorization a host sent as the `Authorization` value `refused` (`Bearer <token>`,
+    /// the scheme in any case) for `method` `url`: what a host that keeps only the header it
+    /// sent (the C API) hands back to `SessionManager.unauthorized`.
+    /// - Throws: `invalidArgument` when `method` / `url` cannot be authorized (as
+    ///   `authorization(method:url:)`) or `refused` is not a Bearer value with a token.
+    package init(refused: Secret, method: String, url: String) throws(SessionError) {
+        if let problem = Self.problem(method: method, url: url) {
+            throw SessionError(.invalidArgument, problem)
+        }
+        let prefix = Array("bearer".utf8)
+        let token: Secret? = refused.withUnsafeBytes { bytes in
+            guard bytes.count > prefix.count,
+                  zip(bytes.prefix(prefix.count), prefix).allSatisfy({ ($0 | 0x20) == $1 }),
+                  bytes[prefix.count] == 0x20
+            else { return nil }
+            var start = prefix.count
+            while start < bytes.count, bytes[start] == 0x20 { start += 1 }
+            var end = bytes.count
+            while end > start, bytes[end - 1] == 0x20 { end -= 1 }
+            guard end > start else { return nil }
+            return Secret(copying: UnsafeRawBufferPointer(rebasing: bytes[start..<end]))
+        }
+        guard let token else {
+            throw SessionError(.invalidArgument, "the refused authorization is not a Bearer value with a token (\"Bearer <token>\")")
+        }
+        self.init(accessToken: token, method: method, url: url)
+    }
+
     /// The value of the field `name` (case-insensitive), if present.
     public func value(of name: String) -> Secret? {
         fields.first { $0.name.lowercased() == name.lowercased() }?.value
@@ -56,10 +84,10 @@ public struct RequestAuthorization: Sendable, Hashable, CustomStringConvertible 
 
 extension RequestAuthorization {
     /// The longest method name taken (RFC 9110 §9.1 sets none; every registered one is short).
-    static let maximumMethodLength = 32
+    package static let maximumMethodLength = 32
     /// The longest URL taken: ample for any API request (RFC 9110 §4.1 recommends supporting
     /// 8 000 octets), and a bound on what a DPoP proof will carry.
-    static let maximumURLLength = 8192
+    package static let maximumURLLength = 8192
 
     /// Why `method` and `url` cannot be authorized, or nil. The method is an RFC 9110 token
     /// (`tchar`s); the URL is absolute `https://`, or `http://` to a loopback host only (a

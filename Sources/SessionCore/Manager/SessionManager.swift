@@ -247,6 +247,12 @@ public final class SessionManager: Sendable {
         try await awaitToken { engine, completion in engine.refreshNow(completion) }
     }
 
+    /// The same, answered on the loop thread (never inside this call; not at all when it
+    /// throws).
+    public func refreshNow(_ completion: @escaping TokenCompletion) throws(SessionError) {
+        try postTokenRequest(completion) { engine, answer in engine.refreshNow(answer) }
+    }
+
     /// A request failed with 401 using `token`. If it is still the current token, it is
     /// refreshed (once, shared by every caller); otherwise the current one is returned.
     /// Retry your request once with the answer — a token fresh from such a refresh that is

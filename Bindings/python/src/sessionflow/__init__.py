@@ -25,7 +25,8 @@ from ._asyncio import FlowIterator
 from ._callbacks import CallbackError, CallbackErrorHandler
 from ._loader import LibraryNotFoundError
 from ._runtime import RefreshRequest, Runtime, SignIn
-from ._types import Event, EventKind, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
+from ._types import (Authorization, Event, EventKind, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus,
+                     Subscription)
 from ._version import __version__
 from .errors import (ERRORS, SF_OK, AuthError, BusyError, ClosedError, ConfigError, ErrorCode,
                      InvalidArgumentError, InvalidStateError, NetworkError, NotLoggedInError, RangeError,
@@ -51,7 +52,8 @@ def version_info() -> Tuple[int, int, int]:
 
 
 __all__ = [
-    "ERRORS", "SF_OK", "AuthError", "BusyError", "CallbackError", "CallbackErrorHandler", "ClosedError",
+    "ERRORS", "SF_OK", "AuthError", "Authorization", "BusyError", "CallbackError", "CallbackErrorHandler",
+    "ClosedError",
     "ConfigError", "ErrorCode", "Event", "EventKind", "FlowIterator", "InvalidArgumentError", "InvalidStateError",
     "LibraryNotFoundError", "LogLevel", "NetworkError", "NotLoggedInError", "RangeError", "RefreshRequest", "Runtime",
     "SessionEndedError", "SessionFlowError", "ShutdownError", "SignIn", "SignInCancelledError",

@@ -95,6 +95,7 @@ class Entry:
     def on_prompt(self, raw: Any) -> None: ...
     def on_log(self, level: int, line: Optional[bytes]) -> None: ...
     def on_done(self, result: int, message: Optional[bytes]) -> None: ...
+    def on_authorized(self, result: int, raw: Any) -> None: ...
 
 
 def _entry(userdata: Optional[int]) -> Optional[Entry]:
@@ -159,6 +160,10 @@ def _done(result: int, message: Optional[bytes], userdata: Optional[int]) -> Non
     _dispatch(userdata, "on_done", result, message)
 
 
+def _authorized(result: int, raw: Any, userdata: Optional[int]) -> None:
+    _last(userdata, "on_authorized", result, raw)
+
+
 def _log_line(level: int, line: Optional[bytes], userdata: Optional[int]) -> None:
     _dispatch(userdata, "on_log", level, line)
 
@@ -175,6 +180,7 @@ REFRESH_THUNK = _ffi.REFRESH_FN(_refresh)
 CANCEL_THUNK = _ffi.CANCEL_FN(_cancel)
 PROMPT_THUNK = _ffi.PROMPT_FN(_prompt)
 DONE_THUNK = _ffi.DONE_FN(_done)
+AUTHORIZE_THUNK = _ffi.AUTHORIZE_FN(_authorized)
 
 
 # ---- The policy --------------------------------------------------------------------------

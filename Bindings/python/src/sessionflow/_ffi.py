@@ -155,6 +155,23 @@ class SignInObserver(ctypes.Structure):
     ]
 
 
+class Header(ctypes.Structure):
+    # value is a secret lent in place: read with ctypes.string_at, never kept as c_char_p
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_void_p)]
+
+
+class AuthorizationStruct(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("scheme", ctypes.c_char_p),
+        ("headers", ctypes.POINTER(Header)),
+        ("header_count", ctypes.c_size_t),
+    ]
+
+
+AUTHORIZE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(AuthorizationStruct), ctypes.c_void_p)
+
+
 # sf_options_init / sf_sign_in_options_init write the library's whole struct, whose size may
 # be larger in a newer library (fields are only appended). These buffers leave room for that;
 # the caller then sets `size` to this binding's layout, which every later library accepts
@@ -213,6 +230,9 @@ _PROTOTYPES: List[Tuple[str, Any, List[Any]]] = [
     ("sf_session_fresh_token", _int, [_ptr, TOKEN_FN, _ptr]),
     ("sf_session_notify_unauthorized", _int, [_ptr, _str]),
     ("sf_session_resume", _int, [_ptr]),
+    ("sf_session_refresh_now", _int, [_ptr, TOKEN_FN, _ptr]),
+    ("sf_session_authorize", _int, [_ptr, _str, _str, AUTHORIZE_FN, _ptr]),
+    ("sf_session_unauthorized", _int, [_ptr, _str, _str, _str, _int, _str, AUTHORIZE_FN, _ptr]),
     ("sf_sign_in_options_init", None, [ctypes.c_void_p]),
     ("sf_session_sign_in_device", _int, [_ptr, ctypes.c_void_p, _P(SignInObserver), _P(_u64)]),
     ("sf_session_sign_in_browser", _int, [_ptr, ctypes.c_void_p, _P(SignInObserver), _P(_u64)]),
@@ -295,6 +315,9 @@ EXPOSED: Dict[str, str] = {
     "sf_session_fresh_token": "Runtime.fresh_token",
     "sf_session_notify_unauthorized": "Runtime.notify_unauthorized",
     "sf_session_resume": "Runtime.resume",
+    "sf_session_refresh_now": "Runtime.refresh_now",
+    "sf_session_authorize": "Runtime.authorize",
+    "sf_session_unauthorized": "Runtime.unauthorized",
     "sf_session_sign_in_device": "Runtime.sign_in_device",
     "sf_session_sign_in_browser": "Runtime.sign_in_browser",
     "sf_sign_in_cancel": "SignIn.cancel",

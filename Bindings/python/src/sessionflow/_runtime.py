@@ -20,10 +20,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union, c
 from . import _ffi
 from ._asyncio import (AsyncTokenEntry, Channel, EventPush, FlowIterator, StatePush, StatusPush,
                        running_loop)
-from ._callbacks import (COMPLETE_THUNK, DONE_THUNK, ERROR_THUNK, EVENT_THUNK, PROMPT_THUNK, REFRESH_THUNK,
-                         CANCEL_THUNK, LOG_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK, CallbackErrorHandler,
-                         Entry, ErrorSink, drop, inside_callback, keep)
-from ._types import Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
+from ._callbacks import (AUTHORIZE_THUNK, COMPLETE_THUNK, DONE_THUNK, ERROR_THUNK, EVENT_THUNK, PROMPT_THUNK,
+                         REFRESH_THUNK, CANCEL_THUNK, LOG_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK,
+                         CallbackErrorHandler, Entry, ErrorSink, drop, inside_callback, keep)
+from ._types import Authorization, Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
 from .errors import ErrorCode, SessionFlowError, check, code_of
 
 _log = logging.getLogger("sessionflow")
@@ -208,6 +208,79 @@ class _TokenEntry(Entry):
     def on_token(self, result: int, token: Optional[bytes]) -> None:
         self.result, self.token = result, _ffi.text(token)
         self.done.set()
+
+
+def _c_text(text: str, what: str) -> bytes:
+    """A str for a C string argument: a NUL inside would cut it short without a word."""
+    if "\0" in text:
+        raise SessionFlowError.from_code(ErrorCode.EINVAL, None, f"{what} holds a NUL character")
+    return text.encode()
+
+
+def _refusal(authorization: Authorization, status: int, www_authenticate: Optional[str]) -> Tuple[Any, ...]:
+    """sf_session_unauthorized's arguments between the runtime and the callback: method, url,
+    refused, http_status, www_authenticate (the library reads 8 KiB of it; a NUL ends it)."""
+    challenge = www_authenticate.replace("\0", " ").encode("utf-8", errors="replace") \
+        if www_authenticate is not None else None
+    return (_c_text(authorization.method, "method"), _c_text(authorization.url, "url"),
+            _c_text(authorization.value, "the refused authorization"), int(status), challenge)
+
+
+class _AuthorizeEntry(Entry):
+    """One sf_session_authorize / sf_session_unauthorized answer: waited for on the caller's
+    thread, or (with an asyncio loop) resolved on that loop."""
+
+    def __init__(self, sink: ErrorSink, call: str, method: str, url: str,
+                 loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        super().__init__(sink, call.replace("sf_session_", ""))
+        self.call, self.method, self.url = call, method, url
+        self.done = threading.Event()
+        self.result = 0
+        self.authorization: Optional[Authorization] = None
+        self.loop = loop
+        self.future: "Optional[asyncio.Future[Authorization]]" = loop.create_future() if loop else None
+
+    def on_authorized(self, result: int, raw: Any) -> None:
+        if result == 0 and raw:
+            self.authorization = Authorization._from_raw(self.method, self.url, raw.contents)
+        self.result = result
+        self.done.set()
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._resolve)
+            except RuntimeError:
+                pass  # the event loop is closed: no one awaits it
+
+    def _answer(self) -> Authorization:
+        # Not check(): sf_last_error_message is of this thread's calls, not of the loop's answer.
+        if self.result < 0:
+            raise SessionFlowError.from_code(self.result, f"{self.call} (answer)")
+        if self.authorization is None:  # never: SF_OK always comes with one
+            raise SessionFlowError.from_code(ErrorCode.EINVAL, f"{self.call} (answer)", "no authorization")
+        return self.authorization
+
+    def _resolve(self) -> None:
+        if self.future is None or self.future.done():  # the awaiting task was cancelled
+            return
+        try:
+            self.future.set_result(self._answer())
+        except SessionFlowError as error:
+            self.future.set_exception(error)
+
+    def wait(self, key: int, code: int, timeout: float) -> Authorization:
+        if code < 0:
+            drop(key)
+            check(code, self.call)  # raises, with what the library said
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"{self.call}: no answer within {timeout} s")
+        return self._answer()
+
+    async def wait_async(self, key: int, code: int) -> Authorization:
+        if code < 0:
+            drop(key)
+            check(code, self.call)  # raises, with what the library said
+        assert self.future is not None
+        return await self.future
 
 
 # ---- Sign-in flows -----------------------------------------------------------------------
@@ -662,21 +735,97 @@ class Runtime:
         Raises SessionFlowError for the library's answer, TimeoutError after `timeout` seconds
         (the answer still comes later, and is dropped). Not on the runtime's own loop thread
         (inside its callbacks), where it would wait for itself: BusyError."""
-        if inside_callback() and self._sink.loop_thread == threading.get_ident():
-            raise SessionFlowError.from_code(
-                ErrorCode.EBUSY, "Runtime.fresh_token",
-                "called on the runtime's own loop thread, it would wait for itself: use a callback "
-                "(sf_session_fresh_token answers on the loop thread) or fresh_token_async()")
+        self._not_on_loop_thread("fresh_token", "fresh_token_async()")
         entry = _TokenEntry(self._sink)
         key = keep(entry)  # until the one answer the library owes (also at destroy: SF_ESHUTDOWN)
         code = int(_ffi.lib.sf_session_fresh_token(self._pointer, TOKEN_THUNK, key))
+        return self._wait_token(entry, key, code, "sf_session_fresh_token", timeout)
+
+    @_api
+    def refresh_now(self, timeout: float = 10.0) -> str:
+        """sf_session_refresh_now, waited for: refreshes now, whatever the margin says (joins a
+        refresh in flight), and returns the new access token. For a token that went bad in a way
+        no 401 shows. Raises as fresh_token()."""
+        self._not_on_loop_thread("refresh_now", "a thread of your own")
+        entry = _TokenEntry(self._sink)
+        key = keep(entry)
+        code = int(_ffi.lib.sf_session_refresh_now(self._pointer, TOKEN_THUNK, key))
+        return self._wait_token(entry, key, code, "sf_session_refresh_now", timeout)
+
+    def _not_on_loop_thread(self, call: str, instead: str) -> None:
+        """A call that waits for the loop, refused on the loop's own thread (BusyError)."""
+        if inside_callback() and self._sink.loop_thread == threading.get_ident():
+            raise SessionFlowError.from_code(
+                ErrorCode.EBUSY, f"Runtime.{call}",
+                f"called on the runtime's own loop thread, it would wait for itself: use {instead}")
+
+    @staticmethod
+    def _wait_token(entry: "_TokenEntry", key: int, code: int, call: str, timeout: float) -> str:
         if code < 0:
             drop(key)
-            raise SessionFlowError.from_code(code, "sf_session_fresh_token")
+            check(code, call)  # raises, with what the library said
         if not entry.done.wait(timeout):
-            raise TimeoutError(f"sf_session_fresh_token: no answer within {timeout} s")
-        check(entry.result, "sf_session_fresh_token (answer)")
+            raise TimeoutError(f"{call}: no answer within {timeout} s")
+        check(entry.result, f"{call} (answer)")
         return entry.token
+
+    # ---- authorizing requests (the one primitive of sessionflow.httpx and sessionflow.requests)
+
+    @_api
+    def authorize(self, method: str, url: str, timeout: float = 10.0) -> Authorization:
+        """sf_session_authorize, waited for: the headers that authorize `method` on `url`
+        (absolute https://, or http:// to a loopback host), with the access token refreshed first
+        if due (one refresh shared by every request). Add every header of `.headers`, send, and on
+        HTTP 401 ask unauthorized() for the authorization to retry with, once.
+        Raises InvalidArgumentError (a method or URL refused), NotLoggedInError, AuthError (the
+        session expired), NetworkError, ConfigError...; TimeoutError after `timeout` seconds;
+        BusyError on the runtime's loop thread (use authorize_async() or a callback-free thread)."""
+        self._not_on_loop_thread("authorize", "authorize_async()")
+        c_method, c_url = _c_text(method, "method"), _c_text(url, "url")
+        entry = _AuthorizeEntry(self._sink, "sf_session_authorize", method, url)
+        key = keep(entry)  # until the one answer the library owes (also at destroy: SF_ESHUTDOWN)
+        code = int(_ffi.lib.sf_session_authorize(self._pointer, c_method, c_url, AUTHORIZE_THUNK, key))
+        return entry.wait(key, code, timeout)
+
+    @_api
+    def unauthorized(self, authorization: Authorization, status: int, www_authenticate: Optional[str] = None,
+                     timeout: float = 10.0) -> Authorization:
+        """sf_session_unauthorized, waited for: the request sent with `authorization` got HTTP
+        `status` (401, or 403) with `www_authenticate` (the WWW-Authenticate header, or None): the
+        authorization to retry with, once. On 401 the session refreshes only if the refused token
+        is still its own (compare-and-refresh: N requests refused with one token, one refresh).
+        Raises UnauthorizedError at once for a 403 (a new token would not help:
+        insufficient_scope or a plain refusal), AuthError when the refresh finds the session dead
+        (state SESSION_EXPIRED: do not retry), UnauthorizedError when the token of a refresh made
+        for this refusal was refused again, InvalidArgumentError for another status; as authorize()."""
+        self._not_on_loop_thread("unauthorized", "unauthorized_async()")
+        args = _refusal(authorization, status, www_authenticate)
+        entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url)
+        key = keep(entry)
+        code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
+        return entry.wait(key, code, timeout)
+
+    async def authorize_async(self, method: str, url: str) -> Authorization:
+        """`await runtime.authorize_async(method, url)`: authorize() without blocking the event
+        loop (sf_session_authorize). Cancelling the await abandons the answer."""
+        self._sink.raise_pending()
+        c_method, c_url = _c_text(method, "method"), _c_text(url, "url")
+        entry = _AuthorizeEntry(self._sink, "sf_session_authorize", method, url, asyncio.get_running_loop())
+        key = keep(entry)
+        code = int(_ffi.lib.sf_session_authorize(self._pointer, c_method, c_url, AUTHORIZE_THUNK, key))
+        return await entry.wait_async(key, code)
+
+    async def unauthorized_async(self, authorization: Authorization, status: int,
+                                 www_authenticate: Optional[str] = None) -> Authorization:
+        """`await runtime.unauthorized_async(...)`: unauthorized() without blocking the event loop
+        (sf_session_unauthorized)."""
+        self._sink.raise_pending()
+        args = _refusal(authorization, status, www_authenticate)
+        entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url,
+                                asyncio.get_running_loop())
+        key = keep(entry)
+        code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
+        return await entry.wait_async(key, code)
 
     # ---- sign-in flows
 

@@ -1,9 +1,10 @@
 """The values the library hands to Python: states, events, store statuses, sign-in prompts."""
 from __future__ import annotations
 
+import ctypes
 import enum
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import List, Optional, Tuple, Union
 
 from . import _ffi
 
@@ -127,6 +128,47 @@ class SignInPrompt:
             authorization_url=_optional(raw.authorization_url),
             redirect_uri=_optional(raw.redirect_uri),
         )
+
+
+class Authorization:
+    """What to add to one HTTP request (sf_authorization): `headers`, every (name, value) pair
+    in order (today [("Authorization", "Bearer <token>")]; a sender-constrained session adds a
+    ("DPoP", proof) pair: add them all and nothing changes for you), and `scheme` ("Bearer").
+    `method` and `url` are the request's; hand the authorization back to
+    Runtime.unauthorized() when the server refuses it.
+
+    The values are secrets, copied out of the library's memory into Python strings (which
+    cannot be wiped): keep an authorization only as long as its request. repr() shows no value."""
+
+    __slots__ = ("method", "url", "scheme", "headers")
+
+    def __init__(self, method: str, url: str, scheme: str, headers: List[Tuple[str, str]]) -> None:
+        self.method = method
+        self.url = url
+        self.scheme = scheme
+        self.headers = headers
+
+    @property
+    def value(self) -> str:
+        """The Authorization header's value ("Bearer <token>")."""
+        for name, value in self.headers:
+            if name.lower() == "authorization":
+                return value
+        raise ValueError("this authorization has no Authorization header")
+
+    @classmethod
+    def _from_raw(cls, method: str, url: str, raw: _ffi.AuthorizationStruct) -> "Authorization":
+        headers = []
+        for index in range(int(raw.header_count)):
+            header = raw.headers[index]
+            # Borrowed for the callback: copied now.
+            value = ctypes.string_at(header.value).decode("utf-8", errors="replace") if header.value else ""
+            headers.append((_ffi.text(header.name), value))
+        return cls(method, url, _ffi.text(raw.scheme), headers)
+
+    def __repr__(self) -> str:
+        names = ", ".join(name for name, _ in self.headers)
+        return f"Authorization({self.scheme}, {self.method} {self.url}, headers: {names}; values <redacted>)"
 
 
 class Subscription:

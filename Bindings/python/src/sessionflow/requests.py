@@ -1,0 +1,90 @@
+"""`sessionflow.requests.Auth`: the session authorizes requests' requests
+(`pip install sessionflow[requests]`).
+
+    import requests, sessionflow, sessionflow.requests
+    with sessionflow.Runtime(token_endpoint=..., client_id=...) as runtime:
+        runtime.sign_in(...)
+        session = requests.Session()
+        session.auth = sessionflow.requests.Auth(runtime)
+        session.get("https://api.example.com/me")
+
+Each request gets the headers Runtime.authorize gives (the token refreshed first when due:
+one refresh shared by every request). A response hook hands a 401 to Runtime.unauthorized
+(compare-and-refresh: a refresh only if the refused token is still the session's) and sends a
+copy of the request once more, through the same connection adapter, with its answer; the
+copy carries no hook of ours, so it is never retried again. The 401 is in the answer's
+`history`. A 403 that carries a WWW-Authenticate challenge goes to the session too, which
+raises UnauthorizedError (insufficient_scope: a new token would not help); a 403 without one
+is returned as it is. Errors are the session's: AuthError when the session is dead (the
+state is SESSION_EXPIRED; nothing is retried), NotLoggedInError, NetworkError...
+
+A request whose body is a stream that cannot be rewound is not retried (the 401 is returned).
+The headers' values are secrets copied into the request (Python strings cannot be wiped).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import requests
+import requests.auth
+from requests.models import PreparedRequest, Response
+
+from ._runtime import Runtime
+from ._types import Authorization
+
+__all__ = ["Auth"]
+
+
+def _apply(request: PreparedRequest, authorization: Authorization) -> None:
+    for name, value in authorization.headers:
+        request.headers[name] = value
+
+
+class Auth(requests.auth.AuthBase):
+    """A requests authentication over a sessionflow Runtime; each request is sent at most twice."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def __call__(self, request: PreparedRequest) -> PreparedRequest:
+        authorization = self.runtime.authorize(request.method or "GET", request.url or "")
+        _apply(request, authorization)
+        request.hooks["response"].append(self._hook(authorization))
+        return request
+
+    def _hook(self, authorization: Authorization) -> Callable[..., Response]:
+        def on_response(response: Response, **kwargs: Any) -> Response:
+            challenge = response.headers.get("WWW-Authenticate")
+            refused = response.status_code == 401 or (response.status_code == 403 and bool(challenge))
+            if not refused:
+                return response
+            retry = response.request.copy()
+            # The mark: the copy runs no hook of ours, so it is never retried again. (copy()
+            # shares the hook lists: a new one, so that the running dispatch is not disturbed.)
+            others = [hook for hook in retry.hooks["response"] if hook is not on_response]
+            retry.hooks = {**retry.hooks, "response": others}
+            if not _rewound(retry):
+                return response
+            answer = self.runtime.unauthorized(authorization, response.status_code, challenge)
+            _apply(retry, answer)
+            response.content  # read the refusal, so that its connection goes back to the pool
+            response.close()
+            sent: Response = response.connection.send(retry, **kwargs)
+            sent.history.append(response)
+            sent.request = retry
+            return sent
+
+        return on_response
+
+
+def _rewound(request: PreparedRequest) -> bool:
+    """Whether the body can be sent again: none, bytes or str, or a stream rewound to where
+    requests first found it."""
+    position = getattr(request, "_body_position", None)
+    if position is None:
+        return not hasattr(request.body, "read")
+    try:
+        requests.utils.rewind_body(request)
+    except requests.exceptions.UnrewindableBodyError:
+        return False
+    return True

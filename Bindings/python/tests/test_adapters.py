@@ -1,0 +1,227 @@
+"""Authorizing requests from Python: Runtime.authorize / unauthorized / refresh_now, and the
+adapters over them (sessionflow.httpx.Auth, sync and async; sessionflow.requests.Auth) with
+the real libraries against the real test server's protected resource (Tests/Fixtures/
+oauth_server.py: /api/resource, Authlib's ResourceProtector)."""
+import asyncio
+import concurrent.futures
+import time
+
+import pytest
+
+import sessionflow as sf
+from helpers import CLIENT, call
+
+httpx = pytest.importorskip("httpx")
+requests = pytest.importorskip("requests")
+import sessionflow.httpx  # noqa: E402  (after the importorskip: it imports httpx)
+import sessionflow.requests  # noqa: E402
+
+
+def password_sign_in(server, user):
+    """Tokens for `user` from the server (the password grant, as the Swift tests sign in)."""
+    answer = call(f"{server}/oauth/token", {"grant_type": "password", "username": user,
+                                            "password": "correct horse", "client_id": CLIENT})
+    return answer["access_token"], answer["refresh_token"]
+
+
+def signed_in(server, user="alice", expires_in=3600, **options):
+    runtime = sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT, **options)
+    access, refresh = password_sign_in(server, user)
+    runtime.sign_in(access, refresh, expires_in=expires_in, member=user)
+    return runtime, access
+
+
+def stats(server):
+    return call(f"{server}/__stats")
+
+
+def resource_stats(server):
+    return call(f"{server}/__resource/stats")
+
+
+def revoke_access(server, token):
+    assert call(f"{server}/__resource/revoke_access", {"token": token})["ok"]
+
+
+def resource(server):
+    return f"{server}/api/resource"
+
+
+# ---- The primitive ------------------------------------------------------------------------
+
+def test_authorize_gives_the_header_the_resource_accepts(server):
+    runtime, access = signed_in(server)
+    with runtime:
+        authorization = runtime.authorize("GET", resource(server))
+        assert authorization.scheme == "Bearer"
+        assert authorization.headers == [("Authorization", f"Bearer {access}")]
+        assert authorization.value == f"Bearer {access}"
+        assert authorization.method == "GET" and authorization.url == resource(server)
+        assert access not in repr(authorization) and "redacted" in repr(authorization)
+        assert httpx.get(resource(server), headers=dict(authorization.headers)).status_code == 200
+
+        # A refusal of a token that is not the session's any more: the current one, no refresh.
+        refreshes = stats(server)["refresh_grants"]
+        stale = sf.Authorization("GET", resource(server), "Bearer", [("Authorization", "Bearer gone")])
+        assert runtime.unauthorized(stale, 401, 'Bearer error="invalid_token"').value == f"Bearer {access}"
+        assert stats(server)["refresh_grants"] == refreshes
+
+        # refresh_now: a refresh whatever the margin says.
+        token = runtime.refresh_now()
+        assert token != access and stats(server)["refresh_grants"] == refreshes + 1
+        assert runtime.authorize("GET", resource(server)).value == f"Bearer {token}"
+
+
+def test_authorize_bad_input_raises_at_once(server):
+    runtime, access = signed_in(server)
+    with runtime:
+        for method, url in [("GE T", resource(server)), ("GET", "http://example.com/x"), ("GET", "ftp://x/y"),
+                            ("A" * 33, resource(server)), ("GET", "https://example.com/" + "a" * 9000),
+                            ("GET\0", resource(server))]:
+            with pytest.raises(sf.InvalidArgumentError):
+                runtime.authorize(method, url)
+        authorization = runtime.authorize("GET", resource(server))
+        with pytest.raises(sf.InvalidArgumentError):
+            runtime.unauthorized(authorization, 500)
+        refreshes = stats(server)["refresh_grants"]
+        with pytest.raises(sf.UnauthorizedError) as error:
+            runtime.unauthorized(authorization, 403, 'Bearer error="insufficient_scope", scope="admin"')
+        assert "insufficient_scope" in error.value.detail
+        assert stats(server)["refresh_grants"] == refreshes
+
+
+def test_authorize_when_logged_out_raises_not_logged_in():
+    with sf.Runtime() as runtime:
+        with pytest.raises(sf.NotLoggedInError):
+            runtime.authorize("GET", "https://api.example.com/x")
+
+        async def main():
+            with pytest.raises(sf.NotLoggedInError):
+                await runtime.authorize_async("GET", "https://api.example.com/x")
+
+        asyncio.run(main())
+
+
+# ---- Concurrency through the adapters -----------------------------------------------------
+
+def run_httpx_sync(runtime, url, count):
+    auth = sessionflow.httpx.Auth(runtime)
+    with httpx.Client(auth=auth, timeout=30, limits=httpx.Limits(max_connections=count)) as client:
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            futures = [pool.submit(client.get, url) for _ in range(count)]
+            return [outcome(future) for future in futures]
+
+
+def run_httpx_async(runtime, url, count):
+    async def main():
+        auth = sessionflow.httpx.Auth(runtime)
+        async with httpx.AsyncClient(auth=auth, timeout=30, limits=httpx.Limits(max_connections=50)) as client:
+            return await asyncio.gather(*(client.get(url) for _ in range(count)), return_exceptions=True)
+
+    return list(asyncio.run(main()))
+
+
+def run_requests(runtime, url, count):
+    auth = sessionflow.requests.Auth(runtime)
+
+    def get():
+        with requests.Session() as session:
+            session.auth = auth
+            return session.get(url, timeout=30)
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(get) for _ in range(count)]
+        return [outcome(future) for future in futures]
+
+
+def outcome(future):
+    try:
+        return future.result()
+    except Exception as error:  # noqa: BLE001 - the test looks at what each request ended with
+        return error
+
+
+ADAPTERS = {"httpx-sync": run_httpx_sync, "httpx-async": run_httpx_async, "requests": run_requests}
+
+
+def sends(response):
+    """How often the request behind `response` was sent (the refusals are in its history)."""
+    return 1 + len(response.history)
+
+
+def test_httpx_async_200_concurrent_requests_on_a_just_expired_token_refresh_once(server):
+    # The token has just expired: the session knows it (expires_in 0: it starts refreshing at
+    # once, and the requests join that refresh or follow it) and the resource refuses it.
+    refreshes = stats(server)["refresh_grants"]
+    before = resource_stats(server)
+    runtime, access = signed_in(server, expires_in=0)
+    with runtime:
+        revoke_access(server, access)
+        responses = run_httpx_async(runtime, resource(server), 200)
+        after = resource_stats(server)
+        assert [getattr(response, "status_code", response) for response in responses] == [200] * 200
+        assert stats(server)["refresh_grants"] - refreshes == 1
+        assert all(sends(response) <= 2 for response in responses)
+        # None was sent with the expired token more than once.
+        expired_sends = after["presented"].get(access, 0) - before["presented"].get(access, 0)
+        assert expired_sends == sum(sends(response) - 1 for response in responses) <= 200
+        assert after["ok"] - before["ok"] == 200
+        print(f"httpx async, 200 requests on an expired token: 1 refresh, {after['requests'] - before['requests']} "
+              f"resource requests, {expired_sends} with the expired token")
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_a_revoked_access_token_under_50_concurrent_requests_refreshes_once(server, adapter):
+    runtime, access = signed_in(server)
+    with runtime:
+        revoke_access(server, access)
+        refreshes = stats(server)["refresh_grants"]
+        before = resource_stats(server)
+        responses = ADAPTERS[adapter](runtime, resource(server), 50)
+        after = resource_stats(server)
+        assert [getattr(response, "status_code", response) for response in responses] == [200] * 50
+        assert stats(server)["refresh_grants"] - refreshes == 1
+        assert all(sends(response) <= 2 for response in responses)  # retried at most once
+        retried = sum(sends(response) - 1 for response in responses)
+        assert after["requests"] - before["requests"] == 50 + retried
+        assert after["ok"] - before["ok"] == 50
+        assert runtime.state == sf.State.LOGGED_IN
+        print(f"{adapter}: 50 requests, {retried} retried, 1 refresh")
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_a_dead_session_raises_auth_error_once_per_request(server, adapter):
+    runtime, access = signed_in(server, user="bob")
+    with runtime:
+        assert call(f"{server}/__revoke_user", {"user": "bob"})["ok"]
+        token_requests = stats(server)["token_requests"]
+        before = resource_stats(server)
+        outcomes = ADAPTERS[adapter](runtime, resource(server), 10)
+        assert all(isinstance(outcome, sf.AuthError) for outcome in outcomes), outcomes
+        assert runtime.state == sf.State.SESSION_EXPIRED
+        # No loop of retries: each request was sent at most once, and one refresh was tried.
+        assert resource_stats(server)["requests"] - before["requests"] <= 10
+        assert stats(server)["token_requests"] - token_requests == 1
+        # And later requests fail before they are sent.
+        time.sleep(0.05)
+        assert isinstance(ADAPTERS[adapter](runtime, resource(server), 1)[0], sf.AuthError)
+        assert resource_stats(server)["requests"] - before["requests"] <= 10
+
+
+def test_httpx_a_403_goes_to_the_session_only_with_a_challenge(server):
+    """The resource never answers 403: a transport that does, in front of the session."""
+    runtime, access = signed_in(server)
+    with runtime:
+        answers = []
+
+        def forbidden(request):
+            answers.append(request.headers["Authorization"])
+            challenge = {"WWW-Authenticate": 'Bearer error="insufficient_scope"'} if len(answers) == 1 else {}
+            return httpx.Response(403, headers=challenge)
+
+        auth = sessionflow.httpx.Auth(runtime)
+        with httpx.Client(auth=auth, transport=httpx.MockTransport(forbidden)) as client:
+            with pytest.raises(sf.UnauthorizedError):
+                client.get(resource(server))  # insufficient_scope: a new token would not help
+            assert client.get(resource(server)).status_code == 403  # no challenge: the answer
+        assert answers == [f"Bearer {access}"] * 2  # never retried

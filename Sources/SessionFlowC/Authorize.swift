@@ -1,0 +1,160 @@
+import CSessionFlow
+import SessionCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Authorizing requests (sf_session_authorize, sf_session_unauthorized) and refreshing on
+// demand (sf_session_refresh_now): thin over SessionManager's completion forms.
+
+/// The longest refused `Authorization` value read: far beyond any real token (a JWT with
+/// many claims is a few KiB), and a bound on what a host can make the library copy.
+private let maximumRefusedLength = 65_536
+
+private let bearerScheme = StaticCString(RequestAuthorization.Scheme.bearer.rawValue)
+
+extension RequestAuthorization.Scheme {
+    /// The scheme's name as a C string that lives as long as the process.
+    fileprivate var cString: UnsafePointer<CChar> {
+        switch self {
+        case .bearer: bearerScheme.pointer
+        }
+    }
+}
+
+/// The C callback of one authorization request, carried to the loop thread.
+struct AuthorizeCallback: @unchecked Sendable {
+    let function: sf_authorize_fn
+    let userdata: UnsafeMutableRawPointer?
+
+    func callAsFunction(_ result: Result<RequestAuthorization, SessionError>) {
+        switch result {
+        case .success(let authorization):
+            lend(authorization) { function(SF_OK.code, $0, userdata) }
+        case .failure(let error):
+            function(errorCode(error), nil, userdata)
+        }
+    }
+}
+
+/// `authorization` as an `sf_authorization`, for the duration of `body`: the names copied
+/// (they are no secret), the values the secrets' own bytes (in place: nothing to zero).
+private func lend(_ authorization: RequestAuthorization, _ body: (UnsafePointer<sf_authorization>) -> Void) {
+    let fields = authorization.fields
+    let names = fields.map { strdup($0.name)! }
+    defer { names.forEach { free($0) } }
+    let headers = UnsafeMutablePointer<sf_header>.allocate(capacity: max(fields.count, 1))
+    defer { headers.deallocate() }
+    // One `withCString` per value, nested: each value's bytes are lent until `body` returns.
+    func lendValues(from index: Int) {
+        guard index < fields.count else {
+            let lent = sf_authorization(
+                size: MemoryLayout<sf_authorization>.size, scheme: authorization.scheme.cString,
+                headers: UnsafePointer(headers), header_count: fields.count)
+            withUnsafePointer(to: lent) { body($0) }
+            return
+        }
+        fields[index].value.withCString { value in
+            headers[index] = sf_header(name: names[index], value: value)
+            lendValues(from: index + 1)
+        }
+    }
+    lendValues(from: 0)
+}
+
+/// The bytes of the host's C string `text`, read up to `limit` (one more to tell that it is
+/// longer): nil when it is longer.
+private func bounded(_ text: UnsafePointer<CChar>, _ limit: Int) -> UnsafeRawBufferPointer? {
+    let length = strnlen(text, limit + 1)
+    return length <= limit ? UnsafeRawBufferPointer(start: text, count: length) : nil
+}
+
+/// The method and URL of a request a host passed, copied; nil (refused, SF_EINVAL) when one
+/// is NULL or too long to be one. What they say is checked by the session
+/// (`RequestAuthorization.problem`).
+private func readRequest(
+    _ function: String, _ pointer: OpaquePointer?, _ method: UnsafePointer<CChar>?, _ url: UnsafePointer<CChar>?
+) -> (method: String, url: String)? {
+    guard let method, let url else {
+        refuse(function, pointer, method == nil ? "method is NULL" : "url is NULL")
+        return nil
+    }
+    guard let methodBytes = bounded(method, RequestAuthorization.maximumMethodLength) else {
+        refuse(function, pointer, "method is longer than \(RequestAuthorization.maximumMethodLength) bytes")
+        return nil
+    }
+    guard let urlBytes = bounded(url, RequestAuthorization.maximumURLLength) else {
+        refuse(function, pointer, "url is longer than \(RequestAuthorization.maximumURLLength) bytes")
+        return nil
+    }
+    return (String(decoding: methodBytes, as: UTF8.self), String(decoding: urlBytes, as: UTF8.self))
+}
+
+@c @implementation
+public func sf_session_authorize(
+    _ pointer: OpaquePointer!, _ method: UnsafePointer<CChar>!, _ url: UnsafePointer<CChar>!,
+    _ onDone: sf_authorize_fn!, _ userdata: UnsafeMutableRawPointer!
+) -> Int32 {
+    api("sf_session_authorize") {
+        guard let request = readRequest("sf_session_authorize", pointer, method, url) else { return SF_EINVAL.code }
+        guard let onDone else {
+            refuse("sf_session_authorize", pointer, "on_done is NULL")
+            return SF_EINVAL.code
+        }
+        let answer = AuthorizeCallback(function: onDone, userdata: userdata)
+        return posting(pointer) { runtime throws(SessionError) in
+            try runtime.session.authorization(method: request.method, url: request.url) { answer($0) }
+        }
+    }
+}
+
+@c @implementation
+public func sf_session_unauthorized(
+    _ pointer: OpaquePointer!, _ method: UnsafePointer<CChar>!, _ url: UnsafePointer<CChar>!,
+    _ refused: UnsafePointer<CChar>!, _ httpStatus: Int32, _ wwwAuthenticate: UnsafePointer<CChar>!,
+    _ onDone: sf_authorize_fn!, _ userdata: UnsafeMutableRawPointer!
+) -> Int32 {
+    api("sf_session_unauthorized") {
+        let function = "sf_session_unauthorized"
+        guard let request = readRequest(function, pointer, method, url) else { return SF_EINVAL.code }
+        guard let refused else {
+            refuse(function, pointer, "refused is NULL")
+            return SF_EINVAL.code
+        }
+        guard let refusedBytes = bounded(refused, maximumRefusedLength) else {
+            refuse(function, pointer, "refused is longer than \(maximumRefusedLength) bytes")
+            return SF_EINVAL.code
+        }
+        guard let onDone else {
+            refuse(function, pointer, "on_done is NULL")
+            return SF_EINVAL.code
+        }
+        // Straight into secret memory: the refused value holds the access token.
+        let refusedValue = Secret(copying: refusedBytes)
+        // Read up to what the parser reads; a longer field is cut (its first challenges count).
+        let challenge = wwwAuthenticate.map {
+            String(
+                decoding: UnsafeRawBufferPointer(start: $0, count: strnlen($0, AuthenticationChallenge.maximumFieldLength)),
+                as: UTF8.self)
+        }
+        let answer = AuthorizeCallback(function: onDone, userdata: userdata)
+        return posting(pointer) { runtime throws(SessionError) in
+            let authorization = try RequestAuthorization(refused: refusedValue, method: request.method, url: request.url)
+            try runtime.session.unauthorized(authorization, status: Int(httpStatus), wwwAuthenticate: challenge) {
+                answer($0)
+            }
+        }
+    }
+}
+
+@c @implementation
+public func sf_session_refresh_now(_ pointer: OpaquePointer!, _ callback: sf_token_fn!, _ userdata: UnsafeMutableRawPointer!) -> Int32 {
+    api("sf_session_refresh_now") {
+        guard let callback else { return SF_EINVAL.code }
+        let answer = TokenCallback(function: callback, userdata: userdata)
+        return posting(pointer) { runtime throws(SessionError) in
+            try runtime.session.refreshNow { answer($0) }
+        }
+    }
+}
