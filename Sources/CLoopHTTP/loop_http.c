@@ -449,8 +449,10 @@ static int start(lh_client *client, const lh_post_options *options, int post, lh
     if (!request->body || !request->easy) goto fail;
     if (options->body_length) memcpy(request->body, options->body, options->body_length);
 
-    /* Accept-Encoding: identity, and no CURLOPT_ACCEPT_ENCODING: nothing is decompressed, so
-     * the size limit is the memory bound. "Expect:" off: no 100-continue round trip. */
+    /* Accept-Encoding: identity, and no CURLOPT_ACCEPT_ENCODING: no Content-Encoding is decoded.
+     * libcurl does decode a Transfer-Encoding: gzip a server sends unasked; the size limit counts
+     * the bytes written to us, decoded, so it stays the memory bound (TransportFaultTests' gzip
+     * bomb). "Expect:" off: no 100-continue round trip. */
     request->headers = curl_slist_append(NULL, "Accept-Encoding: identity");
     if (!request->headers || !curl_slist_append(request->headers, "Expect:")) goto fail;
     for (const char *const *header = options->headers; header && *header; header++)

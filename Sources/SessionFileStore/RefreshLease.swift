@@ -68,10 +68,17 @@ struct LeaseRecord: Equatable, Sendable {
             let boot = fields["boot"], isIdentifier(boot),
             let pidNamespace = fields["pidns"], isIdentifier(pidNamespace),
             let granted = fields["granted"].flatMap({ Int64($0) }), granted >= 0,
-            let until = fields["until"].flatMap({ Int64($0) }), until >= granted
+            let until = fields["until"].flatMap({ Int64($0) }), until >= granted,
+            until - granted <= LeaseRecord.maximumDuration
         else { return nil }
         return LeaseRecord(pid: pid, nonce: nonce, boot: boot, pidNamespace: pidNamespace, granted: granted, until: until)
     }
+
+    /// The longest lease a record may give, in nanoseconds (one hour; a lease lasts twice the
+    /// refresh timeout): a record claiming longer (written by anything but us: `until` years
+    /// away) is unreadable, so free — it cannot lock every process out of refreshing. Leases
+    /// asked for longer are granted this long.
+    static let maximumDuration: Int64 = 3_600_000_000_000
 
     /// 1 to 64 characters of [0-9a-zA-Z-].
     private static func isIdentifier(_ text: String) -> Bool {
@@ -269,7 +276,8 @@ enum LeaseFile {
         // Free: no record, garbage, expired, from another boot, or its holder died.
         let mine = LeaseRecord(
             pid: getpid(), nonce: UInt64.random(in: 1...UInt64.max), boot: LeaseClock.boot,
-            pidNamespace: LeaseClock.pidNamespace, granted: now, until: now + LeaseClock.nanoseconds(duration))
+            pidNamespace: LeaseClock.pidNamespace, granted: now,
+            until: now + min(LeaseClock.nanoseconds(duration), LeaseRecord.maximumDuration))
         if writable && replaceContents(fd, with: Array(mine.line.utf8)) {
             _ = flock(fd, LOCK_UN)
             close(fd)

@@ -165,7 +165,7 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
         let answer: HTTPAnswer
         switch outcome {
         case .failure(let error) where error.kind == .transient:
-            return schedulePoll(after: retryDelay(error.retryAfter))
+            return schedulePoll(after: backOff(error.retryAfter))
         case .failure(let error):
             return finish(.failure(Self.failure(error, at: "the token endpoint")))
         case .success(let value):
@@ -197,11 +197,20 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
             finish(.failure(SessionError(.signInExpired, "the device code expired before the sign-in was approved (\(error.message))")))
         default:
             if error.kind == .transient {
-                schedulePoll(after: retryDelay(error.retryAfter))
+                schedulePoll(after: backOff(error.retryAfter))
             } else {
                 finish(.failure(Self.failure(error, at: "the token endpoint")))
             }
         }
+    }
+
+    /// A poll failed for a passing reason (a timeout, a lost connection, 5xx, 429): RFC 8628
+    /// §3.5 — the client MUST reduce its polling frequency. The interval doubles (up to its
+    /// bound) and stays doubled for the rest of the sign-in; the next poll waits for it, or for
+    /// the server's `Retry-After` if longer.
+    private func backOff(_ retryAfter: Duration?) -> Duration {
+        interval = min(interval * 2, DeviceAuthorization.intervalRange.upperBound)
+        return retryDelay(retryAfter)
     }
 
     /// The wait after a transient failure: the interval, or the server's `Retry-After` if longer

@@ -156,7 +156,9 @@ public enum OAuthDiscovery {
         guard case .string(let stated) = member else {
             return refuse("issuer", "the metadata's issuer is not a string")
         }
-        guard stated == issuer else {
+        // Byte for byte (RFC 8414 §3.3 "identical"): Swift's `==` on strings compares canonical
+        // equivalence, so ".../K" would equal ".../\u{212A}" (the Kelvin sign).
+        guard stated.utf8.elementsEqual(issuer.utf8) else {
             let shown = ErrorText.description(stated, secrets: secrets) ?? ""
             let asked = ErrorText.description(issuer, secrets: secrets) ?? ""
             return refuse("issuer", "the metadata's issuer '\(shown)' is not the issuer asked for '\(asked)' "

@@ -305,6 +305,8 @@ struct RefreshLeaseTests {
             ("pid overflows", replacing("pid", with: "99999999999999999999")),
             ("until overflows", replacing("until", with: "99999999999999999999999")),
             ("until before granted", replacing("until", with: "1")),
+            ("until years away", text { $0.until = $0.granted + 100 * 365 * 86_400 * 1_000_000_000 }),
+            ("until just over the longest lease", text { $0.until = $0.granted + LeaseRecord.maximumDuration + 1 }),
             ("until not a number", replacing("until", with: "soon")),
             ("nonce too long", replacing("nonce", with: "12345678901234567")),
             ("boot with a slash", replacing("boot", with: "../../x")),

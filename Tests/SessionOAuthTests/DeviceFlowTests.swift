@@ -140,7 +140,7 @@ struct DeviceFlowTests {
         await session.stop()
     }
 
-    @Test func transientFailuresKeepPolling() async throws {
+    @Test func transientFailuresKeepPollingLessOften() async throws {
         let setup = try await Setup(["interval": "1", "expires_in": "60"])
         let (server, session) = (setup.server, setup.session)
         try await server.fault("status:503", count: 2)
@@ -154,6 +154,10 @@ struct DeviceFlowTests {
         #expect(session.manager.state.value == .loggedIn)
         let log = try await server.deviceLog()
         #expect(Array(log.pollFaults.prefix(2)) == ["status:503", "status:503"])
+        // RFC 8628 §3.5: each failure halves the polling frequency (interval 1 s → 2 s → 4 s).
+        try #require(log.polls.count >= 3, "polls: \(log.polls)")
+        let gaps = zip(log.polls.dropFirst(), log.polls).map { $0 - $1 }
+        #expect(gaps[0] >= 1.95 && gaps[1] >= 3.95, "gaps between polls: \(gaps)")
         await session.stop()
     }
 

@@ -254,6 +254,15 @@ struct DiscoveryTests {
             let local = Array(try JSONSerialization.data(withJSONObject: document))
             #expect((try? OAuthDiscovery.configuration(metadata: local, issuer: "http://127.0.0.1:9", template: template).get()) != nil)
         }
+        // Byte for byte: a Kelvin sign is not a K, however Unicode compares them.
+        #expect("https://as.example/K" == "https://as.example/\u{212A}")  // Swift's ==: canonical
+        let kelvin = Array(try JSONSerialization.data(withJSONObject: [
+            "issuer": "https://as.example/\u{212A}", "token_endpoint": "https://as.example/token"]))
+        guard case .failure(let other) = OAuthDiscovery.configuration(metadata: kelvin, issuer: "https://as.example/K", template: template) else {
+            Issue.record("an issuer equal only under canonical equivalence was taken")
+            return
+        }
+        #expect(other.field == "issuer")
         #expect(OAuthConfiguration.isLoopback(URL(string: "https://localhost:1/")!))
         #expect(OAuthConfiguration.isLoopback(URL(string: "http://[::1]:1/")!))
         #expect(!OAuthConfiguration.isLoopback(URL(string: "https://127.0.0.1.evil.example/")!))

@@ -9,9 +9,16 @@
  *
  * Requests are POSTs with a body (lh_post) or GETs (lh_get), no redirect is ever followed,
  * each has an overall deadline, the answer is limited in size while it is received
- * (Content-Length checked up front, the transfer aborted at the limit), Accept-Encoding is identity (nothing is
- * decompressed), and TLS is always verified. Only https is spoken, except plain http to a
- * loopback host when the caller allows it.
+ * (Content-Length checked up front, the transfer aborted at the limit), Accept-Encoding is identity (no
+ * Content-Encoding is asked for or decoded; libcurl still decodes a `Transfer-Encoding: gzip` a
+ * server sends unasked, and the limit counts the decoded bytes, so it still bounds memory), and TLS
+ * is always verified. Only https is spoken, except plain http to a loopback host when the caller
+ * allows it.
+ *
+ * Proxies: an https request honours libcurl's proxy environment variables (https_proxy,
+ * HTTPS_PROXY, all_proxy, no_proxy) as any libcurl program does — the proxy sees where the
+ * request goes, never what it carries (TLS runs end to end through a CONNECT tunnel). A plain
+ * http request to loopback never goes through a proxy (NOPROXY "*").
  */
 #ifndef LOOP_HTTP_H
 #define LOOP_HTTP_H
