@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking  // URLSession on Linux
+#endif
 import LoopFlow
 import SessionCore
 import SessionFileStore
@@ -7,7 +10,9 @@ import SessionOAuth
 /// The README's Swift quick start: README.md shows the lines between the markers (the test
 /// `theReadmeShowsThisCode` compares them), and `QuickStartTests` runs them against the real
 /// Authlib server. `show` stands for the app's UI.
-func quickStart(issuer: URL, clientID: String, storeDirectory: String, show: @escaping @Sendable (String) -> Void)
+func quickStart(
+    issuer: URL, clientID: String, storeDirectory: String, api: String, show: @escaping @Sendable (String) -> Void
+)
     async throws
 {
     // README begin
@@ -23,8 +28,18 @@ func quickStart(issuer: URL, clientID: String, storeDirectory: String, show: @es
             show("Open \(prompt.verificationURI) and enter \(prompt.userCode)")
         })
     }
-    let token = try await session.freshAccessToken()  // refreshed first when it is due
-    show("call the API with a Bearer token of \(token.count) bytes")  // token.withCString { … }
+    // Call an API: authorized (the token refreshed first when it is due), retried once after a 401.
+    let body: Data = try await session.perform(method: "GET", url: api) { authorization in
+        var request = URLRequest(url: URL(string: api)!)
+        for field in authorization.fields { request.setValue(field.value.reveal(), forHTTPHeaderField: field.name) }
+        let (body, response) = try await URLSession.shared.data(for: request)
+        let answer = response as! HTTPURLResponse
+        if answer.statusCode == 401 {
+            return .refused(status: 401, wwwAuthenticate: answer.value(forHTTPHeaderField: "WWW-Authenticate"))
+        }
+        return .done(body)
+    }
+    show("the API answered with \(body.count) bytes")
     try await session.logout()  // revoked at the server, store wiped, timers cancelled
     states.close()
     _ = try loop.shutdown()

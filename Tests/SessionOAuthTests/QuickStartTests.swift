@@ -44,7 +44,9 @@ struct QuickStartTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         let shown = Mutex<[String]>([])
         let run = Task {
-            try await quickStart(issuer: server.base, clientID: "sessionflow-public", storeDirectory: directory.path) {
+            try await quickStart(
+                issuer: server.base, clientID: "sessionflow-public", storeDirectory: directory.path, api: server.resourceURL
+            ) {
                 line in shown.withLock { $0.append(line) }
             }
         }
@@ -59,8 +61,9 @@ struct QuickStartTests {
         #expect(lines.first == "session: loggedOut")
         #expect(lines.contains("session: loggedIn"))
         #expect(lines.last == "session: loggedOut")
-        #expect(lines.contains { $0.hasPrefix("call the API with a Bearer token of ") })
+        #expect(lines.contains { $0.hasPrefix("the API answered with ") })
         let stats = try await server.stats()
         #expect(stats["revocations"] == 1)
+        #expect(try await server.resourceStats().counts["ok"] == 1)
     }
 }
