@@ -209,13 +209,19 @@ typedef struct sf_store_observer {
     void *userdata;
 } sf_store_observer;
 
-/* Tokens for a sign-in or a completed refresh. Strings are copied. */
+/* Tokens for a sign-in or a completed refresh. Strings are copied. Limits (beyond them, or
+ * another size, the call is SF_EINVAL and sf_last_error_message names the field): tokens at
+ * most 65 536 bytes each, kept byte for byte; member_id at most 1 024 bytes of valid UTF-8
+ * (so it comes back exactly as given: invalid bytes would come back changed, and two ids
+ * could become one account). Account keys (sf_session_switch_account...) follow the member
+ * id's rule. A member id may hold any character: the library's log lines write control,
+ * format and bidi characters as \u{..}, whatever their source. */
 typedef struct sf_tokens {
     size_t size;               /* set to sizeof(sf_tokens) */
-    const char *access_token;  /* required, not blank */
+    const char *access_token;  /* required, not blank; at most 65 536 bytes */
     const char *refresh_token; /* may be NULL (no refresh possible; for a refresh: keep the old one) */
     int64_t expires_in;        /* seconds the access token lives (negative counts as 0) */
-    const char *member_id;     /* may be NULL (for a refresh: keep the old one) */
+    const char *member_id;     /* may be NULL (for a refresh: keep the old one); UTF-8, <= 1 024 bytes */
 } sf_tokens;
 
 /* Receives a token: result is SF_OK and access_token (borrowed) the token, or a negative

@@ -3,6 +3,10 @@
 
 #define SF_TEST_LIST(XX)                                             \
     XX(errors_every_code_has_a_name_and_a_text)                      \
+    XX(host_input_tokens_over_their_limit_are_refused_naming_the_field) \
+    XX(host_input_member_ids_and_account_keys_must_be_utf8)          \
+    XX(host_input_a_wrong_tokens_size_names_the_expected_size)       \
+    XX(host_input_control_characters_reach_the_log_escaped)          \
     XX(errors_unknown_codes_have_static_fallbacks)                   \
     XX(version_macros_match_the_library)                             \
     XX(runtime_create_and_destroy)                                   \

@@ -56,14 +56,16 @@ public func sf_session_account_state(
 @c @implementation
 public func sf_session_switch_account(_ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!) -> Int32 {
     api("sf_session_switch_account") {
-        accountCall(pointer, account) { runtime, key throws(SessionError) in try runtime.session.switchAccountAndWait(to: key) }
+        accountCall("sf_session_switch_account", pointer, account) { runtime, key throws(SessionError) in
+            try runtime.session.switchAccountAndWait(to: key)
+        }
     }
 }
 
 @c @implementation
 public func sf_session_add_account(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
     api("sf_session_add_account") {
-        guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
+        guard let tokens = readTokens(tokens, "sf_session_add_account", pointer) else { return SF_EINVAL.code }
         let sessionTokens = tokens.session
         return synchronousCall(pointer) { runtime throws(SessionError) in try runtime.session.addAccountAndWait(sessionTokens) }
     }
@@ -72,7 +74,9 @@ public func sf_session_add_account(_ pointer: OpaquePointer!, _ tokens: UnsafePo
 @c @implementation
 public func sf_session_logout_account(_ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!) -> Int32 {
     api("sf_session_logout_account") {
-        accountCall(pointer, account) { runtime, key throws(SessionError) in try runtime.session.logoutAndWait(account: key) }
+        accountCall("sf_session_logout_account", pointer, account) { runtime, key throws(SessionError) in
+            try runtime.session.logoutAndWait(account: key)
+        }
     }
 }
 
@@ -86,9 +90,17 @@ public func sf_session_logout_all(_ pointer: OpaquePointer!) -> Int32 {
 /// The calls that name an account: the key copied (a NULL one is SF_EINVAL), then the call
 /// made as every waiting call is (`synchronousCall`).
 private func accountCall(
-    _ pointer: OpaquePointer?, _ account: UnsafePointer<CChar>?, _ body: (Runtime, String) throws(SessionError) -> Void
+    _ call: String, _ pointer: OpaquePointer?, _ account: UnsafePointer<CChar>?,
+    _ body: (Runtime, String) throws(SessionError) -> Void
 ) -> Int32 {
-    guard let account else { return SF_EINVAL.code }
+    guard let account else {
+        refuse(call, pointer, "account is NULL")
+        return SF_EINVAL.code
+    }
+    if let problem = HostInput.problem(account, "account", limit: HostInput.maximumMemberIDLength) {
+        refuse(call, pointer, problem)
+        return SF_EINVAL.code
+    }
     let key = String(cString: account)
     return synchronousCall(pointer) { runtime throws(SessionError) in try body(runtime, key) }
 }

@@ -134,6 +134,27 @@ struct HostLogHandler: LogHandler {
         for (key, value) in all.sorted(by: { $0.key < $1.key }) {
             line += " \(key)=\(value)"
         }
-        sink.write(event.level, line)
+        sink.write(event.level, Self.escaped(line))
+    }
+
+    /// The line with every control character (C0, DEL, C1) and every format or bidi control
+    /// (general category Cf: U+200E, U+202E, U+2066...) written as `\u{..}`, whatever put it
+    /// there — a host's member id too: one call is one line, and nothing in it can forge
+    /// another line, move the cursor or reorder what a terminal shows.
+    static func escaped(_ line: String) -> String {
+        guard line.unicodeScalars.contains(where: needsEscape) else { return line }
+        var out = String.UnicodeScalarView()
+        for scalar in line.unicodeScalars {
+            if needsEscape(scalar) {
+                out.append(contentsOf: "\\u{\(String(scalar.value, radix: 16))}".unicodeScalars)
+            } else {
+                out.append(scalar)
+            }
+        }
+        return String(out)
+    }
+
+    private static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {
+        scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.properties.generalCategory == .format
     }
 }

@@ -78,18 +78,33 @@ struct RefreshRelease: @unchecked Sendable {
     }
 }
 
-/// Reads `tokens` (up to the size the host declared); nil if unusable.
-func readTokens(_ tokens: UnsafePointer<sf_tokens>?) -> sf_tokens? {
-    guard let tokens else { return nil }
+/// Reads `tokens` (up to the size the host declared); nil if unusable, with the reason said
+/// (`refuse`: logged and in sf_last_error_message), naming the field.
+func readTokens(_ tokens: UnsafePointer<sf_tokens>?, _ call: String, _ pointer: OpaquePointer?) -> sf_tokens? {
+    guard let tokens else {
+        refuse(call, pointer, "tokens is NULL")
+        return nil
+    }
     let declared = tokens.pointee.size
     // One released layout so far.
-    guard acceptedSize(declared, [MemoryLayout<sf_tokens>.size]) else { return nil }
+    guard acceptedSize(declared, [MemoryLayout<sf_tokens>.size]) else {
+        refuse(call, pointer, "sf_tokens.size is \(declared); this library takes \(MemoryLayout<sf_tokens>.size) "
+            + "(set it to sizeof(sf_tokens))")
+        return nil
+    }
     var result = sf_tokens()
     let count = declared
     withUnsafeMutableBytes(of: &result) { target in
         target.copyMemory(from: UnsafeRawBufferPointer(start: tokens, count: count))
     }
-    guard let access = result.access_token, !secret(access).isBlank else { return nil }
+    if let problem = HostInput.problem(result) {
+        refuse(call, pointer, problem)
+        return nil
+    }
+    guard let access = result.access_token, !secret(access).isBlank else {
+        refuse(call, pointer, "sf_tokens.access_token is NULL or blank")
+        return nil
+    }
     return result
 }
 
@@ -110,7 +125,7 @@ func string(_ text: UnsafePointer<CChar>?) -> String? {
 public func sf_refresh_request_succeed(_ request: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
     api("sf_refresh_request_succeed") {
         guard let id = handle(of: request), refreshRequests.lookup(id) != nil else { return SF_ECLOSED.code }
-        guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
+        guard let tokens = readTokens(tokens, "sf_refresh_request_succeed", nil) else { return SF_EINVAL.code }
         guard let open = refreshRequests.remove(id) else { return SF_ECLOSED.code }
         guard !open.completion.isAbandoned else {
             // The session that asked has ended (logout, a new sign-in): the tokens are not used.

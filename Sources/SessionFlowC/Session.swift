@@ -47,7 +47,8 @@ func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -
 
 /// Both sign-ins: the tokens copied, then signed in on the loop (see the header).
 private func signIn(_ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens>?, replacingStore: Bool) -> Int32 {
-    guard let tokens = readTokens(tokens) else { return SF_EINVAL.code }
+    let call = replacingStore ? "sf_session_sign_in_replacing_store" : "sf_session_sign_in"
+    guard let tokens = readTokens(tokens, call, pointer) else { return SF_EINVAL.code }
     let sessionTokens = tokens.session
     return synchronousCall(pointer) { runtime throws(SessionError) in
         try runtime.session.signInAndWait(sessionTokens, replacingUnreadableStore: replacingStore)
