@@ -97,6 +97,7 @@ package.products += [
     .executable(name: "fuzz-token-response", targets: ["FuzzTokenResponse"]),
     .executable(name: "fuzz-store-decoder", targets: ["FuzzStoreDecoder"]),
     .executable(name: "fuzz-error-text", targets: ["FuzzErrorText"]),
+    .executable(name: "fuzz-loopback-request", targets: ["FuzzLoopbackRequest"]),
 ]
 package.targets += [
     .executableTarget(
@@ -112,6 +113,10 @@ package.targets += [
             .product(name: "SessionOAuth", package: "SessionFlow"),
             .product(name: "SessionCore", package: "SessionFlow"),
         ]
+    ),
+    .executableTarget(
+        name: "FuzzLoopbackRequest",
+        dependencies: [.product(name: "SessionOAuth", package: "SessionFlow")]
     ),
     .executableTarget(
         name: "FuzzStoreDecoder",

@@ -14,7 +14,7 @@ seconds=${1:-60}
 # -Xswiftc flag comes last and instruments every Swift module with both.
 build=(swift build --package-path Tools --sanitize=fuzzer --sanitize=address -Xswiftc -sanitize=fuzzer,address
     --scratch-path .build-fuzz)
-for product in fuzz-token-response fuzz-store-decoder fuzz-error-text; do
+for product in fuzz-token-response fuzz-store-decoder fuzz-error-text fuzz-loopback-request; do
     "${build[@]}" --product "$product"
 done
 bin=$("${build[@]}" --show-bin-path)
@@ -61,9 +61,10 @@ run() {
 run token-response fuzz-token-response -dict=Fuzz/token-response.dict
 run store-decoder fuzz-store-decoder
 run error-text fuzz-error-text -dict=Fuzz/error-text.dict
+run loopback-request fuzz-loopback-request -dict=Fuzz/loopback-request.dict
 
 if [ "$failures" -ne 0 ]; then
-    echo "fuzzing: $failures of 3 targets failed" >&2
+    echo "fuzzing: $failures of 4 targets failed" >&2
     exit 1
 fi
-echo "fuzzing: 3 targets, no crash, leak or property violation"
+echo "fuzzing: 4 targets, no crash, leak or property violation"

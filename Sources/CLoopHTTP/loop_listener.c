@@ -142,26 +142,37 @@ static void refuse(ll_connection *c) {
     send_reply(c, &reply);
 }
 
-/* The head is complete (it ends at `end`): parse the request line, call back, reply. */
-static void handle_head(ll_connection *c) {
-    ll_listener *listener = c->owner;
-    char *line_end = memmem(c->head, c->used, "\r\n", 2);
-    if (!line_end) return refuse(c);
+int ll_parse_request_line(char *head, size_t used, const char **method_out, const char **target_out) {
+    if (!head || !method_out || !target_out) return -1;
+    char *line_end = memmem(head, used, "\r\n", 2);
+    if (!line_end) return -1;
     *line_end = '\0';
-    char *method = c->head;
+    /* The request line ends at the first NUL too (strchr below stops there): a NUL inside it
+     * leaves no space or version to find, so the line is refused. */
+    char *method = head;
     char *space = strchr(method, ' ');
-    if (!space || space == method || space - method > 16) return refuse(c);
+    if (!space || space == method || space - method > 16) return -1;
     *space = '\0';
     for (char *p = method; *p; p++)
-        if (*p < 'A' || *p > 'Z') return refuse(c);
+        if (*p < 'A' || *p > 'Z') return -1;
     char *target = space + 1;
     space = strchr(target, ' ');
-    if (!space || target[0] != '/') return refuse(c);
+    if (!space || target[0] != '/') return -1;
     *space = '\0';
     for (unsigned char *p = (unsigned char *)target; *p; p++)
-        if (*p < 0x21 || *p > 0x7e) return refuse(c);
+        if (*p < 0x21 || *p > 0x7e) return -1;
     const char *version = space + 1;
-    if (strcmp(version, "HTTP/1.1") != 0 && strcmp(version, "HTTP/1.0") != 0) return refuse(c);
+    if (strcmp(version, "HTTP/1.1") != 0 && strcmp(version, "HTTP/1.0") != 0) return -1;
+    *method_out = method;
+    *target_out = target;
+    return 0;
+}
+
+/* The head is complete: parse the request line, call back, reply. */
+static void handle_head(ll_connection *c) {
+    ll_listener *listener = c->owner;
+    const char *method, *target;
+    if (ll_parse_request_line(c->head, c->used, &method, &target) != 0) return refuse(c);
     if (listener->closed) {
         connection_close(c);
         return;

@@ -95,3 +95,34 @@ private func loopbackRequest(
         ll_reply_set(reply, Int32(answer.status), bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
     }
 }
+
+/// What the loopback listener and the browser flow read from bytes any local process may send,
+/// for the fuzz target (Tools/Sources/FuzzLoopbackRequest) and tests: not API.
+@_spi(Fuzzing) public enum LoopbackRequestParsing {
+    /// The request line of `head` as the listener reads it (`ll_parse_request_line`), or nil
+    /// (the listener answers 400).
+    public static func requestLine(_ head: [UInt8]) -> (method: String, target: String)? {
+        var buffer = head + [0]
+        return buffer.withUnsafeMutableBufferPointer { bytes -> (String, String)? in
+            var method: UnsafePointer<CChar>?
+            var target: UnsafePointer<CChar>?
+            let rc = bytes.baseAddress!.withMemoryRebound(to: CChar.self, capacity: bytes.count) {
+                ll_parse_request_line($0, head.count, &method, &target)
+            }
+            guard rc == 0, let method, let target else { return nil }
+            return (String(cString: method), String(cString: target))
+        }
+    }
+
+    /// The path and the decoded query fields of a request target, as the browser flow reads
+    /// the redirect (`?code=..&state=..`).
+    public static func callback(_ target: String) -> (path: String, fields: [(String, String)]?) {
+        let (path, query) = BrowserRedirect.split(target)
+        return (path, query.map(BrowserRedirect.parseQuery))
+    }
+
+    /// A server's text as the browser page shows it: printable, bounded, HTML-escaped.
+    public static func shown(_ text: String, limit: Int) -> String {
+        BrowserRedirect.html(BrowserRedirect.printable(text, limit: limit))
+    }
+}

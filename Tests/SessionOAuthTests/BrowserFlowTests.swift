@@ -5,7 +5,7 @@ import SessionCore
 import SessionFlowTestSupport
 import Testing
 
-@testable import SessionOAuth
+@_spi(Fuzzing) @testable import SessionOAuth
 
 /// The authorization code grant with PKCE on a loopback redirect (RFC 6749 §4.1, RFC 7636,
 /// RFC 8252 §7.3) against the real Authlib server. The tests play the browser over HTTP: open
@@ -576,5 +576,25 @@ extension OAuthServer {
         html.replacingOccurrences(of: "&quot;", with: "\"").replacingOccurrences(of: "&#x27;", with: "'")
             .replacingOccurrences(of: "&lt;", with: "<").replacingOccurrences(of: "&gt;", with: ">")
             .replacingOccurrences(of: "&amp;", with: "&")
+    }
+}
+
+/// The listener's request-line parser (loop_listener.c) on what any local process may send;
+/// the fuzz target (fuzz-loopback-request) holds it to the same properties.
+@Suite struct LoopbackRequestLineTests {
+    @Test func aWellFormedLineIsTakenAndNothingElse() {
+        func line(_ text: String) -> (String, String)? {
+            LoopbackRequestParsing.requestLine(Array(text.utf8)).map { ($0.method, $0.target) }
+        }
+        #expect(line("GET /callback?code=a&state=b HTTP/1.1\r\nHost: x\r\n\r\n")! == ("GET", "/callback?code=a&state=b"))
+        #expect(line("POST / HTTP/1.0\r\n\r\n")! == ("POST", "/"))
+        for bad in ["get / HTTP/1.1\r\n", "GET  / HTTP/1.1\r\n", "GET / HTTP/2\r\n", "GET x HTTP/1.1\r\n",
+                    "GET / HTTP/1.1", "GET /a\u{0}b HTTP/1.1\r\n", "GET /a\u{7F} HTTP/1.1\r\n", "GETGETGETGETGETGETGET / HTTP/1.1\r\n",
+                    "\r\n", "", "GET /é HTTP/1.1\r\n"] {
+            #expect(line(bad) == nil, "\(bad.debugDescription)")
+        }
+        let (path, fields) = LoopbackRequestParsing.callback("/callback?code=%41+b&state=%ff&x")
+        #expect(path == "/callback" && fields?.map(\.0) == ["code", "x"] && fields?.first?.1 == "A b")
+        #expect(LoopbackRequestParsing.shown("<script>\u{1B}é\"'", limit: 200) == "&lt;script&gt;??&quot;&#39;")
     }
 }

@@ -47,6 +47,13 @@ void ll_reply_set(ll_reply *reply, int status, const char *body, size_t body_len
  * Never called after ll_close. */
 typedef void (*ll_request_fn)(const char *method, const char *target, ll_reply *reply, void *userdata);
 
+/* Any thread (pure). Parses the request line at the start of `head` (`used` bytes, followed by
+ * a NUL at head[used]) in place: the line ends at the first CRLF; the method is 1 to 16 of
+ * A-Z; the target starts with '/' and holds only %x21-7E; the version is HTTP/1.1 or HTTP/1.0.
+ * Returns 0 with *method and *target pointing into `head` (NUL-terminated there), or -1 (the
+ * head is refused, 400). What the listener runs on every connection's bytes (fuzzed). */
+int ll_parse_request_line(char *head, size_t used, const char **method, const char **target);
+
 /* Loop thread. Listens on 127.0.0.1 at a port the kernel chooses (stored in *port).
  * Returns 0 and sets *out, or a negative libuv error code (nothing is left open). */
 int ll_listen(struct uv_loop_s *loop, ll_request_fn on_request, void *userdata, ll_listener **out, int *port);
