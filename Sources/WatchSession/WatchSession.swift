@@ -31,11 +31,16 @@ let helpText = """
       watch-session --store DIR --key-file ~/.config/app/store.key
                                        open a store sealed with a key of your own
       watch-session login --issuer https://auth.example.com --client-id my-app [--store DIR]
-                                       sign in (device flow), then watch the session
+                                       sign in (device flow), store the session and its profile, exit
       watch-session login --browser --issuer https://auth.example.com --client-id my-app [--store DIR]
                                        sign in in this machine's browser (xdg-open; --no-open: print the URL)
-      watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
-                                       sign out: revoke the refresh token, wipe the store
+      watch-session status [--json]    once: each account's state, issuer, scopes, expiry (exit 0/1/4/7)
+      TOKEN=$(watch-session token)     a fresh access token (refreshed first when due), nothing else
+      watch-session exec -- curl …     a command with a fresh token in $ACCESS_TOKEN
+      git config credential.https://git.example.com.helper '!watch-session credential'
+                                       git's password is a fresh token
+      watch-session logout [--store DIR]
+                                       sign out: revoke the refresh token at its issuer, wipe the store
 
     The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
     (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
@@ -66,12 +71,17 @@ struct WatchSession: AsyncParsableCommand {
         usage: """
             watch-session [--speed <n>] [--scenario <s>] [--json] [--store <dir>] [--account <key>] [--key-file <file>] [--token-endpoint <url> --client-id <id> [--refresh-token-file <file>]]
               watch-session login --issuer <url> --client-id <id> [--device | --browser [--no-open]] [--store <dir>] [--key-file <file>] [--scope <s>] [--json]
-              watch-session logout [--store <dir>] [--issuer <url> --client-id <id>] [--account <key>] [--key-file <file>] [--json]
-              (every option of each: watch-session help watch|login|logout)
+              watch-session login --issuer <url> --client-id <id> … [--watch] [--force]
+              watch-session status [--json] [--store <dir>] [--account <key>]
+              watch-session token [--min-valid <seconds>] [--show] [--store <dir>] [--account <key>]
+              watch-session exec [--env <name>] [--store <dir>] [--account <key>] -- <command> <argument>…
+              watch-session credential [--store <dir>] [--account <key>] get|store|erase
+              watch-session logout [--store <dir>] [--account <key>] [--key-file <file>] [--json]
+              (every option of each: watch-session help watch|login|status|token|exec|credential|logout)
             """,
         discussion: helpText,
         version: "watch-session \(SessionFlowVersion.string)",
-        subcommands: [Watch.self, Login.self, Logout.self],
+        subcommands: [Watch.self, Login.self, Status.self, Token.self, Exec.self, Credential.self, Logout.self],
         defaultSubcommand: Watch.self)
 
     /// Before anything: the process holds tokens, so it is made non-dumpable (no core dump;
@@ -120,6 +130,8 @@ struct Watch: AsyncParsableCommand {
 
     @Option(help: "File holding a refresh token to sign in with ('-': standard input). Never on the command line.")
     var refreshTokenFile: String?
+
+    @OptionGroup var verbosity: VerbosityOptions
 
     func validate() throws {
         guard speed > 0, speed <= 1000 else {
@@ -193,15 +205,35 @@ struct Watch: AsyncParsableCommand {
             presenter.note(outcome)
             return
         }
-        let oauth = try oauthConfiguration()
+        var oauth = try oauthConfiguration()
+        let storeKey = try Self.storeKey(store: store, keyFile: keyFile)
+        // The stored session's profile names its server: refreshes go there (a token endpoint
+        // given on the command line must be the same one).
+        if let store {
+            let view = StoreView(directory: store, key: storeKey)
+            if let current = (try? view.accounts().get()).flatMap({ try? view.chosen(account, in: $0) }),
+                let profile = current.session.profile
+            {
+                if let given = oauth?.tokenEndpoint.absoluteString, let stored = profile.tokenEndpoint, given != stored {
+                    throw CommandFailure(
+                        message: "--token-endpoint \(Presenter.printable(given)) is not the token endpoint of the stored "
+                            + "session's issuer \(Presenter.printable(profile.issuer)) (\(Presenter.printable(stored))): "
+                            + "a stored token only goes to the issuer that minted it, so nothing was sent",
+                        code: 64
+                    ).exit()
+                }
+                if oauth == nil { oauth = profile.oauthConfiguration }
+            }
+        }
         let refreshToken = try refreshTokenFile.map(readRefreshToken)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
-        let ending = try await LiveWatch(
-            storeDirectory: store, account: account, storeKey: try Self.storeKey(store: store, keyFile: keyFile), oauth: oauth, refreshToken: refreshToken,
-            presenter: presenter, keys: keys
-        ).run()
+        var live = LiveWatch(
+            storeDirectory: store, account: account, storeKey: storeKey, oauth: oauth, refreshToken: refreshToken,
+            presenter: presenter, keys: keys)
+        live.logLevel = verbosity.level
+        let ending = try await live.run()
         switch ending {
-        case .quit:
+        case .quit, .signedIn:
             return
         case .interrupted:
             throw ExitCode(130)

@@ -51,7 +51,7 @@ struct WatchSessionTests {
         #expect(proactive.count >= 2)
         let failures = lines.filter { $0["event"] as? String == "refreshFailed" }
         #expect(failures.map { $0["attempt"] as? Int } == [1, 2, 3])
-        let delays = failures.compactMap { $0["retryInMs"] as? Int }
+        let delays = failures.compactMap { $0["retry_in_ms"] as? Int }
         #expect(delays.count == 3 && delays == delays.sorted() && delays[2] > delays[0])  // backoff grows
         #expect(lines.contains { $0["event"] as? String == "tokenRefreshed" && $0["reason"] as? String == "retry" })
         #expect(lines.contains { $0["event"] as? String == "sessionExpired" })
