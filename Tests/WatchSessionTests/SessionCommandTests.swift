@@ -344,6 +344,30 @@ struct SessionCommandTests {
         }
     }
 
+    /// `watch-session` with no subcommand follows the default store (the one login uses);
+    /// the demo is `watch-session demo`.
+    @Test func theDefaultCommandWatchesTheDefaultStoreAndTheDemoIsASubcommand() async throws {
+        let state = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+        try FileCredentialStore(directory: state + "/watch-session").write(storedSession(member: "carol"))
+        let watch = try Running(["--json"], terminal: false, environment: ["XDG_STATE_HOME": state])
+        #expect(await watch.wait(for: #""state":"loggedIn""#), "\(watch.screen)")
+        #expect(!watch.screen.contains("demo"), "\(watch.screen)")
+        kill(watch.process.processIdentifier, SIGINT)
+        #expect(await watch.exit() == 130)
+        #expect(clean(watch.screen, of: [storedAccess, storedRefresh]))
+        let status = try watchSession(["status"], environment: ["XDG_STATE_HOME": state])
+        #expect(status.status == 0 && status.stdout.contains("carol (active): loggedIn"), "\(status)")
+
+        let demo = try watchSession(["demo", "--json", "--speed", "50", "--scenario", "401-storm"])
+        #expect(demo.status == 0, "\(demo)")
+        #expect(demo.stdout.contains("one refresh answered twenty 401s"))
+        let script = try String(contentsOfFile: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("scripts/demo.sh").path, encoding: .utf8)
+        #expect(script.contains("watch-session demo"))
+    }
+
     func git(_ arguments: [String], input: String = "", environment extra: [String: String]) throws -> (status: Int32, stdout: String, stderr: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/git")

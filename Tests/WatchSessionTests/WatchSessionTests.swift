@@ -34,7 +34,7 @@ func objects(_ ndjson: String) throws -> [[String: Any]] {
 @Suite("watch-session", .serialized)
 struct WatchSessionTests {
     @Test func theDemoStoryPlaysEventByEventAndExitsZero() throws {
-        let run = try watchSession(["--json", "--speed", "10"])
+        let run = try watchSession(["demo", "--json", "--speed", "10"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let trail = lines.map { line -> String in
@@ -66,7 +66,7 @@ struct WatchSessionTests {
     }
 
     @Test func theHumanFormatHighlightsStatesAndSaysTheSessionExpired() throws {
-        let run = try watchSession(["--speed", "20"])
+        let run = try watchSession(["demo", "--speed", "20"])
         #expect(run.status == 0)
         #expect(run.stdout.contains("STATE → loggedIn"))
         #expect(run.stdout.contains("retrying in"))
@@ -76,7 +76,7 @@ struct WatchSessionTests {
     }
 
     @Test func anOfflineStartLogsNobodyOut() throws {
-        let run = try watchSession(["--json", "--speed", "10", "--scenario", "offline-start"])
+        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "offline-start"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let states = lines.compactMap { $0["kind"] as? String == "state" ? $0["state"] as? String : nil }
@@ -86,7 +86,7 @@ struct WatchSessionTests {
     }
 
     @Test func a401StormIsServedByOneRefresh() throws {
-        let run = try watchSession(["--json", "--speed", "10", "--scenario", "401-storm"])
+        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "401-storm"])
         #expect(run.status == 0)
         let refreshed = try objects(run.stdout).filter { $0["event"] as? String == "tokenRefreshed" }
         #expect(refreshed.count == 1)
@@ -95,7 +95,7 @@ struct WatchSessionTests {
     }
 
     @Test func aRefreshAnsweringAfterLogoutChangesNothing() throws {
-        let run = try watchSession(["--json", "--speed", "10", "--scenario", "logout-during-refresh"])
+        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "logout-during-refresh"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let signedOut = lines.firstIndex { $0["event"] as? String == "signedOut" }
@@ -105,13 +105,13 @@ struct WatchSessionTests {
     }
 
     @Test func badInputGetsOneClearLineAndANonZeroExit() throws {
-        let speed = try watchSession(["--speed", "0"])
+        let speed = try watchSession(["demo", "--speed", "0"])
         #expect(speed.status != 0)
         #expect(speed.stderr.contains("--speed must be above 0"))
         let unknown = try watchSession(["--bogus"])
         #expect(unknown.status != 0)
         #expect(unknown.stderr.contains("Unknown option '--bogus'"))
-        let scenario = try watchSession(["--scenario", "nope"])
+        let scenario = try watchSession(["demo", "--scenario", "nope"])
         #expect(scenario.status != 0)
     }
 
@@ -208,8 +208,11 @@ struct WatchSessionLiveTests {
         #expect(unknown.stderr.contains(#"no account "carol\u{1B}]0;owned\u{7}" in the store (accounts: bob)"#), "\(unknown.stderr)")
         #expect(!unknown.stderr.contains("\u{1B}"))
         #expect(store.readAccounts() == .present(StoredAccounts(keys: ["bob"], active: "bob")))
-        let orphan = try watchSession(["--account", "bob"])
-        #expect(orphan.status != 0 && orphan.stderr.contains("--account needs --store"))
+        // Without --store, the default store (where login keeps the session): bob is not there.
+        let state = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let orphan = try watchSession(["--account", "bob"], environment: ["XDG_STATE_HOME": state])
+        #expect(orphan.status == 1 && orphan.stderr.contains(#"no account "bob" in the store (it holds none)"#), "\(orphan)")
     }
 
     /// A store that cannot be read is not "signed out". The CLI keeps watching, shows
@@ -377,8 +380,11 @@ struct WatchSessionKeyTests {
         for output in [flag.stdout, flag.stderr, environment.stdout, without.stderr, open.stderr, openEnvironment.stderr] {
             #expect(!output.contains(keyHex) && !output.contains(storedAccess) && !output.contains(storedRefresh))
         }
-        let noStore = try watchSession(["--key-file", keyFile])
-        #expect(noStore.status == 64 && noStore.stderr.contains("--key-file needs --store"))
+        // Without --store the key file is the default store's, checked the same way.
+        let state = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let noStore = try watchSession(["--key-file", keyFile], environment: ["XDG_STATE_HOME": state])
+        #expect(noStore.status == 64 && noStore.stderr.contains("open to group or others"), "\(noStore)")
     }
 
     @Test func helpExplainsTheKeyFile() throws {
