@@ -368,6 +368,44 @@ struct SessionCommandTests {
         #expect(script.contains("watch-session demo"))
     }
 
+    /// `login --force` on a signed-in store: the old session is signed out at its own issuer
+    /// (its refresh token revoked), then a new sign-in runs and login exits 0.
+    @Test func loginForceSignsTheOldSessionOutFirst() async throws {
+        let server = try AuthServer()
+        try await server.device(["interval": "1", "expires_in": "120"])
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh)
+        let cli = try Running(
+            ["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--store", directory, "--json", "--force"],
+            terminal: false)
+        #expect(await cli.wait(for: "sign_in_prompt"), "\(cli.screen)")
+        #expect(try await server.refreshError(refresh) == "invalid_grant", "the old refresh token was not revoked")
+        let prompt = try #require(try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_prompt" })
+        try await server.decide(try #require(prompt["user_code"] as? String), approve: true)
+        #expect(await cli.exit() == 0, "\(cli.screen)")
+        let fresh = try #require(storedAccessToken(directory))
+        #expect(fresh != access)
+        #expect(clean(cli.screen, of: [access, refresh, fresh]))
+    }
+
+    /// `token --min-valid N` refreshes first when less than N seconds are left.
+    @Test func tokenMinValidRefreshesFirst() async throws {
+        let server = try AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
+        let enough = try watchSession(["token", "--store", directory, "--min-valid", "60"])
+        #expect(enough.status == 0 && enough.stdout == access + "\n", "\(enough)")
+        #expect(try await server.stats()["refresh_grants"] == 0)
+        let short = try watchSession(["token", "--store", directory, "--min-valid", "1200"])
+        #expect(short.status == 0, "\(short)")
+        #expect(short.stdout != access + "\n" && short.stdout == (storedAccessToken(directory) ?? "-") + "\n")
+        #expect(try await server.stats()["refresh_grants"] == 1)
+    }
+
     func git(_ arguments: [String], input: String = "", environment extra: [String: String]) throws -> (status: Int32, stdout: String, stderr: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/git")
