@@ -145,9 +145,7 @@ struct LiveWatch {
             do {
                 try await manager.switchAccount(to: account)
             } catch {
-                let known = manager.accounts.map { Presenter.printable($0.key) }
-                throw Stop(ending: .failed("no account \"\(Presenter.printable(account))\" in the store ("
-                    + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"))
+                throw Stop(ending: .failed(StoreView.noSuchAccount(account, known: manager.accounts.map(\.key))))
             }
         }
         guard signsIn else { return }

@@ -250,26 +250,14 @@ enum BrowserOpener {
             posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
             posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
             posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-            var attributes = posix_spawnattr_t()
-            posix_spawnattr_init(&attributes)
-            defer { posix_spawnattr_destroy(&attributes) }
-            var defaults = sigset_t()
-            sigemptyset(&defaults)
-            sigaddset(&defaults, SIGINT)
-            sigaddset(&defaults, SIGTERM)
-            posix_spawnattr_setsigdefault(&attributes, &defaults)
-            var none = sigset_t()
-            sigemptyset(&none)
-            posix_spawnattr_setsigmask(&attributes, &none)
-            posix_spawnattr_setpgroup(&attributes, 0)
-            posix_spawnattr_setflags(
-                &attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
             let argv = arguments.map { strdup($0) } + [nil]
             defer { for argument in argv { free(argument) } }
             var pid: pid_t = 0
-            guard posix_spawn(&pid, opener, &actions, &attributes, argv, environ) == 0 else { return }
-            var status: Int32 = 0
-            while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+            let spawned = ChildProcess.withAttributes(newProcessGroup: true) { attributes in
+                posix_spawn(&pid, opener, &actions, attributes, argv, environ)
+            }
+            guard spawned == 0 else { return }
+            ChildProcess.wait(pid)
         }
     }
 }

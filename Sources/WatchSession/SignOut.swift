@@ -157,10 +157,9 @@ struct SignOut {
         // The account named (left where it is: the active one stays active), else the active one.
         let named = account.flatMap { key in manager.accounts.first { $0.key == key } }
         if let account, named == nil {
-            let known = manager.accounts.map { Presenter.printable($0.key) }
+            let known = manager.accounts.map(\.key)
             try await close()
-            outcome.failure = "no account \"\(Presenter.printable(account))\" in the store ("
-                + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"
+            outcome.failure = StoreView.noSuchAccount(account, known: known)
             outcome.code = ExitCodes.failed
             return outcome
         }

@@ -107,15 +107,18 @@ struct StoreView {
     func chosen(_ name: String?, in accounts: [Account]) throws(CommandFailure) -> Account? {
         if let name {
             guard let account = accounts.first(where: { $0.key == name }) else {
-                let known = accounts.map { Presenter.printable($0.key) }
-                throw CommandFailure(
-                    message: "no account \"\(Presenter.printable(name))\" in the store ("
-                        + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")",
-                    code: StatusCodes.signedOut)
+                throw CommandFailure(message: Self.noSuchAccount(name, known: accounts.map(\.key)), code: StatusCodes.signedOut)
             }
             return account
         }
         return accounts.first(where: \.isActive) ?? (accounts.count == 1 ? accounts.first : nil)
+    }
+
+    /// What every command says of an account the store does not hold (naming those it holds).
+    static func noSuchAccount(_ name: String, known: [String]) -> String {
+        let known = known.map(Presenter.printable)
+        return "no account \"\(Presenter.printable(name))\" in the store ("
+            + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"
     }
 
     /// `chosen` after reading the accounts.

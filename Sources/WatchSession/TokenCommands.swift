@@ -109,59 +109,6 @@ struct Exec: AsyncParsableCommand {
     }
 }
 
-/// A child process with an environment of ours added, waited for; Ctrl-C and SIGTERM go to
-/// the child (the terminal sends SIGINT to the whole group) and are ignored here meanwhile.
-enum ChildProcess {
-    enum Status {
-        case exited(Int32)
-        case signalled(Int32)
-        case notStarted(String)
-    }
-
-    static func run(_ argv: [String], environment extra: [String]) -> Status {
-        let names = Set(extra.compactMap { $0.split(separator: "=", maxSplits: 1).first.map(String.init) })
-        var environment = ProcessInfo.processInfo.environment
-            .filter { !names.contains($0.key) }
-            .map { "\($0.key)=\($0.value)" }
-        environment += extra
-        let cArguments = argv.map { strdup($0) } + [nil]
-        let cEnvironment = environment.map { strdup($0) } + [nil]
-        defer {
-            for argument in cArguments { free(argument) }
-            for variable in cEnvironment {
-                if let variable { memset(variable, 0, strlen(variable)) }  // the token's copy
-                free(variable)
-            }
-        }
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var defaults = sigset_t()
-        sigemptyset(&defaults)
-        sigaddset(&defaults, SIGINT)
-        sigaddset(&defaults, SIGTERM)
-        sigaddset(&defaults, SIGPIPE)
-        posix_spawnattr_setsigdefault(&attributes, &defaults)
-        var none = sigset_t()
-        sigemptyset(&none)
-        posix_spawnattr_setsigmask(&attributes, &none)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
-        let previousInt = signal(SIGINT, SIG_IGN)
-        let previousTerm = signal(SIGTERM, SIG_IGN)
-        defer {
-            signal(SIGINT, previousInt)
-            signal(SIGTERM, previousTerm)
-        }
-        var pid: pid_t = 0
-        let spawned = posix_spawnp(&pid, argv[0], nil, &attributes, cArguments, cEnvironment)
-        guard spawned == 0 else { return .notStarted(String(cString: strerror(spawned))) }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-        let low = status & 0x7F
-        return low == 0 ? .exited((status >> 8) & 0xFF) : .signalled(low)
-    }
-}
-
 /// `watch-session credential get|store|erase`: git's credential helper protocol
 /// (`git help credential`), the token as the password.
 struct Credential: AsyncParsableCommand {

@@ -2,27 +2,12 @@ import Foundation
 import SessionFlowTestSupport
 import Testing
 
-/// Runs the built watch-session binary (beside this test binary) and returns its output.
+/// Runs the built watch-session binary (beside this test binary; standard input empty) and
+/// returns its output.
 func watchSession(
     _ arguments: [String], environment extra: [String: String] = [:]
 ) throws -> (status: Int32, stdout: String, stderr: String) {
-    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("watch-session")
-    process.arguments = arguments
-    var environment = ProcessInfo.processInfo.environment
-    environment["NO_COLOR"] = "1"
-    environment.merge(extra) { $1 }
-    process.environment = environment
-    let out = Pipe()
-    let err = Pipe()
-    process.standardOutput = out
-    process.standardError = err
-    try process.run()
-    let stdout = out.fileHandleForReading.readDataToEndOfFile()
-    let stderr = err.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+    try Spawned(arguments, environment: extra).finish()
 }
 
 func objects(_ ndjson: String) throws -> [[String: Any]] {
