@@ -59,7 +59,10 @@ struct LiveWatch {
     private struct Session {
         let loop: EventLoop
         let manager: SessionManager
+        /// The authority itself (a refresh token given on the side is exchanged with it).
         let authority: any SessionAuthority
+        /// What the manager refreshes through, over a store: only the accounts of its issuer.
+        let bound: IssuerBoundAuthority?
         let subscriptions: [FlowSubscription]
     }
 
@@ -121,7 +124,16 @@ struct LiveWatch {
         let authority: any SessionAuthority = try oauth.map { configuration throws in
             try OAuthAuthority(configuration, loop: loop)
         } ?? WatchOnly()
-        let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: configuration)
+        // Every account of the store is refreshed by this session: only those of this issuer here.
+        let bound = oauth.flatMap { oauth in
+            storeDirectory.map { directory in
+                IssuerBoundAuthority(
+                    authority, tokenEndpoint: oauth.tokenEndpoint.absoluteString,
+                    accounts: (try? StoreView(directory: directory, key: storeKey).accounts().get()) ?? [])
+            }
+        }
+        let manager = try SessionManager(
+            loop: loop, authority: bound ?? authority, store: store, configuration: configuration)
         let presenter = self.presenter
         let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
@@ -134,7 +146,7 @@ struct LiveWatch {
             })
             return [states, storeStatus, events]
         }
-        return Session(loop: loop, manager: manager, authority: authority, subscriptions: subscriptions)
+        return Session(loop: loop, manager: manager, authority: authority, bound: bound, subscriptions: subscriptions)
     }
 
     /// Before watching: the account asked for must exist; for `login`, the stored session must
@@ -190,6 +202,7 @@ struct LiveWatch {
         if let refreshToken, manager.state.value != .loggedIn {
             do {
                 let grant = try await firstGrant(session.authority, refreshToken)
+                session.bound?.allow(member: grant.memberID, account: grant.memberID ?? defaultAccount)
                 try await manager.signIn(SessionTokens(
                     accessToken: grant.accessToken, refreshToken: grant.refreshToken ?? refreshToken,
                     expiresIn: grant.expiresIn, memberID: grant.memberID))
@@ -247,6 +260,7 @@ struct LiveWatch {
                 presenter.signInEnded(outcome, flow: login?.flow.rawValue, member: manager.memberID)
                 switch outcome {
                 case .success:
+                    session.bound?.allow(member: manager.memberID, account: manager.accounts.first(where: \.isActive)?.key)
                     if let recorder, let problem = recorder.record(manager) {
                         presenter.note(problem)
                     }

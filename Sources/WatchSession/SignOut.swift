@@ -136,7 +136,14 @@ struct SignOut {
             }
             outcome.revocationEndpoint = oauth?.revocationEndpoint?.absoluteString
         }
-        let witness = RevocationWitness(try oauth.map { configuration throws in try OAuthAuthority(configuration, loop: loop) })
+        // The other accounts of the store are refreshed by this session too while it runs: only
+        // those of this issuer go to it; the revocation is the signed-out account's own.
+        let accounts = (try? StoreView(directory: storeDirectory, key: storeKey).accounts().get()) ?? []
+        let witness = RevocationWitness(try oauth.map { configuration throws in
+            IssuerBoundAuthority(
+                try OAuthAuthority(configuration, loop: loop), tokenEndpoint: configuration.tokenEndpoint.absoluteString,
+                accounts: accounts, revokesOwnAccount: true)
+        })
         var configuration = SessionConfiguration.logging(at: logLevel)
         configuration.startsAutomatically = false
         let manager = try SessionManager(

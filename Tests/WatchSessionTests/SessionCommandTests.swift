@@ -406,6 +406,35 @@ struct SessionCommandTests {
         #expect(try await server.stats()["refresh_grants"] == 1)
     }
 
+    /// A store with accounts of two issuers: watching one of them refreshes it at its issuer,
+    /// and the other account's refresh token goes nowhere (never to the first issuer).
+    @Test func aWatchNeverSendsAnotherIssuersTokenToItsOwn() async throws {
+        let first = try AuthServer()
+        let second = try AuthServer()
+        let alice = try await first.passwordSignIn("alice")
+        let bob = try await second.passwordSignIn("bob")
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = FileCredentialStore(directory: directory)
+        for (member, server, tokens) in [("alice", first, alice), ("bob", second, bob)] {
+            try store.account(member, isActive: true).write(StoredSession(
+                accessToken: Secret(tokens.access), refreshToken: Secret(tokens.refresh),
+                accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: member,
+                profile: SessionProfile(issuer: server.issuer, clientID: "sessionflow-public", tokenEndpoint: server.issuer + "/oauth/token")))
+        }
+        try store.setActiveAccount("alice")
+        let watch = try Running(["--store", directory, "--json", "-vv"], terminal: false)
+        #expect(await watch.wait(for: #""event":"tokenRefreshed""#), "\(watch.screen)")
+        #expect(await watch.wait(for: "other_issuer"), "bob's refresh was not refused: \(watch.screen)")
+        kill(watch.process.processIdentifier, SIGINT)
+        #expect(await watch.exit() == 130)
+        #expect(try await first.stats()["refresh_grants"] == 1)
+        let sentToFirst = try await first.requests().compactMap { ($0["form"] as? [String: String])?["refresh_token"] }
+        #expect(!sentToFirst.contains(bob.refresh), "bob's refresh token went to alice's issuer")
+        #expect(try await second.stats()["refresh_grants"] == 0)
+        #expect(clean(watch.screen, of: [alice.access, alice.refresh, bob.access, bob.refresh]))
+    }
+
     func git(_ arguments: [String], input: String = "", environment extra: [String: String]) throws -> (status: Int32, stdout: String, stderr: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/git")
