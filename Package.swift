@@ -106,6 +106,7 @@ let package = Package(
             dependencies: [
                 "CLibUV", "LoopFlow", "SessionCore", "SessionFileStore", "SessionOAuth",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // What the test targets share: polling, the session harness (not a product: only this

@@ -65,10 +65,25 @@ extension FileCredentialStore: AccountCredentialStore {
     /// store has none (otherwise the active pointer is left as it is).
     func write(_ session: StoredSession, account key: String, claimingActive: Bool) throws(StoreError) {
         try change(creating: true) { document in
-            document.accounts[key] = Record(session)
+            document.accounts[key] = Record(session, keepingProfileOf: document.accounts[key])
             if claimingActive && document.active == nil { document.active = key }
             return true
         }
+    }
+
+    /// Sets the profile of `key`'s record (`SessionProfile`: issuer, client, scope), sealed with
+    /// its tokens; the tokens are left as they are. False when `key` has no record.
+    @discardableResult
+    public func setProfile(_ profile: SessionProfile, account key: String) throws(StoreError) -> Bool {
+        var found = false
+        try change { document in
+            guard document.accounts[key] != nil else { return false }
+            found = true
+            guard document.accounts[key]?.profile != profile else { return false }
+            document.accounts[key]?.profile = profile
+            return true
+        }
+        return found
     }
 
     /// Removes the record of `key`, and the active pointer if it named it; the key is rotated

@@ -231,7 +231,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                     FileIO.removeOrphanedTemporaries(of: [name, keyName], in: directory)
                     var document = try loadForChange(in: directory) ?? Document()
                     let account = session.memberID ?? Self.defaultAccount
-                    document.accounts[account] = Record(session)
+                    document.accounts[account] = Record(session, keepingProfileOf: document.accounts[account])
                     document.active = account
                     try save(document, in: directory)
                 }

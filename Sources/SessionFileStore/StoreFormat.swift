@@ -52,6 +52,9 @@ extension FileCredentialStore {
         var memberID: String?
         var externalUserID: String?
         var expired: Bool
+        /// Issuer, client and scope (`SessionProfile`), sealed with the tokens; absent in
+        /// records written before profiles existed (they still open).
+        var profile: SessionProfile?
 
         init(_ session: StoredSession) {
             accessToken = session.accessToken
@@ -63,17 +66,25 @@ extension FileCredentialStore {
             memberID = session.memberID
             externalUserID = session.externalUserID
             expired = session.expired
+            profile = session.profile
+        }
+
+        /// A record for `session` replacing `previous`: a session without a profile (what a
+        /// manager writes after a refresh) keeps the profile the record had.
+        init(_ session: StoredSession, keepingProfileOf previous: Record?) {
+            self.init(session)
+            if profile == nil { profile = previous?.profile }
         }
 
         public var session: StoredSession {
             StoredSession(
                 accessToken: accessToken, refreshToken: refreshToken,
                 accessTokenExpiresAt: expiresAtNanoseconds.map { .nanoseconds($0) },
-                memberID: memberID, externalUserID: externalUserID, expired: expired)
+                memberID: memberID, externalUserID: externalUserID, expired: expired, profile: profile)
         }
 
         private enum CodingKeys: String, CodingKey {
-            case account, accessToken, refreshToken, expiresAtNanoseconds, memberID, externalUserID, expired
+            case account, accessToken, refreshToken, expiresAtNanoseconds, memberID, externalUserID, expired, profile
         }
 
         public init(from decoder: any Decoder) throws {
@@ -90,6 +101,7 @@ extension FileCredentialStore {
             memberID = try container.decodeIfPresent(String.self, forKey: .memberID)
             externalUserID = try container.decodeIfPresent(String.self, forKey: .externalUserID)
             expired = try container.decode(Bool.self, forKey: .expired)
+            profile = try container.decodeIfPresent(SessionProfile.self, forKey: .profile)
         }
 
         public func encode(to encoder: any Encoder) throws {
@@ -107,6 +119,7 @@ extension FileCredentialStore {
             try container.encodeIfPresent(memberID, forKey: .memberID)
             try container.encodeIfPresent(externalUserID, forKey: .externalUserID)
             try container.encode(expired, forKey: .expired)
+            try container.encodeIfPresent(profile, forKey: .profile)
         }
     }
 

@@ -114,7 +114,8 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         let receivedAt = loop.now
         let tokens = SessionTokens(
             accessToken: grant.accessToken, refreshToken: grant.refreshToken, expiresIn: grant.expiresIn,
-            memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]))
+            memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]),
+            scope: answer.json?["scope"]?.string)
         let secrets = [grant.accessToken] + [grant.refreshToken].compactMap { $0 }
         let done: @Sendable (String?) -> Void = { [self] memberID in
             var signedIn = tokens

@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import LoopFlow
 import SessionCore
 import SessionFileStore
@@ -12,15 +13,21 @@ struct LiveWatch {
     /// The account to follow (nil: the store's active one).
     let account: String?
     let storeKey: FileCredentialStore.Key
-    let oauth: OAuthConfiguration?
+    var oauth: OAuthConfiguration?
     let refreshToken: Secret?
     let presenter: Presenter
     let keys: Bool
     /// Sign in with a flow first (`watch-session login`); `s` signs in again the same way.
     var login: SignInPlan? = nil
+    /// After `login`'s first sign-in: go on watching (`--watch`), or end (`.signedIn`).
+    var keepsWatching = true
+    /// The library's log level (`--verbose`).
+    var logLevel: Logger.Level = .critical
 
     enum Ending: Sendable {
         case quit
+        /// `login` signed in and does not watch: who, under which account key.
+        case signedIn(member: String?, account: String?)
         case interrupted
         /// A message for standard error and the exit code.
         case failed(String, code: Int32 = 1)
@@ -52,7 +59,10 @@ struct LiveWatch {
     private struct Session {
         let loop: EventLoop
         let manager: SessionManager
+        /// The authority itself (a refresh token given on the side is exchanged with it).
         let authority: any SessionAuthority
+        /// What the manager refreshes through, over a store: only the accounts of its issuer.
+        let bound: IssuerBoundAuthority?
         let subscriptions: [FlowSubscription]
     }
 
@@ -68,13 +78,18 @@ struct LiveWatch {
         var session: Session?
         let ending: Ending
         do {
-            let (oauth, flowMaker) = try await discover(on: loop)
-            let canSignInAgain = flowMaker != nil && keys
+            let granted = LockedBox<String?>(nil)
+            let (oauth, flowMaker) = try await discover(on: loop, granted: granted)
+            let canSignInAgain = flowMaker != nil && keys && keepsWatching
             let opened = try await open(on: loop, oauth: oauth, canSignInAgain: canSignInAgain)
             session = opened
             try opened.manager.start()
             try await preflight(opened, signsIn: flowMaker != nil)
-            ending = try await watch(opened, flowMaker: flowMaker, canSignInAgain: canSignInAgain, wake: wake)
+            let recorder: ProfileRecorder? = login.flatMap { plan in
+                oauth.map { ProfileRecorder(plan: plan, oauth: $0, granted: granted, storeDirectory: storeDirectory, storeKey: storeKey) }
+            }
+            ending = try await watch(
+                opened, flowMaker: flowMaker, canSignInAgain: canSignInAgain, recorder: recorder, wake: wake)
         } catch let stop as Stop {
             ending = stop.ending
         } catch {
@@ -86,11 +101,11 @@ struct LiveWatch {
     }
 
     /// `login`: the endpoints come from the issuer's metadata, before anything else.
-    private func discover(on loop: EventLoop) async throws(Stop) -> (OAuthConfiguration?, FlowMaker?) {
+    private func discover(on loop: EventLoop, granted: LockedBox<String?>) async throws(Stop) -> (OAuthConfiguration?, FlowMaker?) {
         guard let login else { return (oauth, nil) }
         do throws(SignInPlan.Failure) {
             let sequence = try await login.prepare(on: loop, presenter: presenter)
-            return (sequence.configuration, { sequence })
+            return (sequence.configuration, { ScopeCapture(inner: sequence, granted: granted) })
         } catch {
             throw Stop(ending: .failed(error.message, code: error.code))
         }
@@ -102,15 +117,23 @@ struct LiveWatch {
         // (the state says loggedOut, but the stored session is not known), and the session is
         // restored when the store can be read again.
         let store: any CredentialStore = storeDirectory.map { FileCredentialStore(directory: $0, key: storeKey) } ?? MemoryCredentialStore()
-        var configuration = SessionConfiguration()
-        configuration.logger.logLevel = .critical
+        var configuration = SessionConfiguration.logging(at: logLevel)
         // Made here, off the loop thread, the manager waits for the store's read (on its worker):
         // the first state shown is the stored one. It starts once the presenter listens.
         configuration.startsAutomatically = false
         let authority: any SessionAuthority = try oauth.map { configuration throws in
             try OAuthAuthority(configuration, loop: loop)
         } ?? WatchOnly()
-        let manager = try SessionManager(loop: loop, authority: authority, store: store, configuration: configuration)
+        // Every account of the store is refreshed by this session: only those of this issuer here.
+        let bound = oauth.flatMap { oauth in
+            storeDirectory.map { directory in
+                IssuerBoundAuthority(
+                    authority, tokenEndpoint: oauth.tokenEndpoint.absoluteString,
+                    accounts: (try? StoreView(directory: directory, key: storeKey).accounts().get()) ?? [])
+            }
+        }
+        let manager = try SessionManager(
+            loop: loop, authority: bound ?? authority, store: store, configuration: configuration)
         let presenter = self.presenter
         let subscriptions = try await loop.submit {
             let states = try manager.subscribeToSessionState(onState: { presenter.state($0) })
@@ -123,7 +146,7 @@ struct LiveWatch {
             })
             return [states, storeStatus, events]
         }
-        return Session(loop: loop, manager: manager, authority: authority, subscriptions: subscriptions)
+        return Session(loop: loop, manager: manager, authority: authority, bound: bound, subscriptions: subscriptions)
     }
 
     /// Before watching: the account asked for must exist; for `login`, the stored session must
@@ -134,9 +157,7 @@ struct LiveWatch {
             do {
                 try await manager.switchAccount(to: account)
             } catch {
-                let known = manager.accounts.map { Presenter.printable($0.key) }
-                throw Stop(ending: .failed("no account \"\(Presenter.printable(account))\" in the store ("
-                    + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"))
+                throw Stop(ending: .failed(StoreView.noSuchAccount(account, known: manager.accounts.map(\.key))))
             }
         }
         guard signsIn else { return }
@@ -155,7 +176,7 @@ struct LiveWatch {
     /// still running at the end is cancelled and waited for (its request, its timers end before
     /// the loop goes).
     private func watch(
-        _ session: Session, flowMaker: FlowMaker?, canSignInAgain: Bool, wake: (stream: AsyncStream<Wake>, continuation: AsyncStream<Wake>.Continuation)
+        _ session: Session, flowMaker: FlowMaker?, canSignInAgain: Bool, recorder: ProfileRecorder?, wake: (stream: AsyncStream<Wake>, continuation: AsyncStream<Wake>.Continuation)
     ) async throws -> Ending {
         let manager = session.manager
         let presenter = self.presenter
@@ -181,6 +202,7 @@ struct LiveWatch {
         if let refreshToken, manager.state.value != .loggedIn {
             do {
                 let grant = try await firstGrant(session.authority, refreshToken)
+                session.bound?.allow(member: grant.memberID, account: grant.memberID ?? defaultAccount)
                 try await manager.signIn(SessionTokens(
                     accessToken: grant.accessToken, refreshToken: grant.refreshToken ?? refreshToken,
                     expiresIn: grant.expiresIn, memberID: grant.memberID))
@@ -235,9 +257,18 @@ struct LiveWatch {
                 break loop
             case .signedIn(let outcome):
                 signingIn = nil
-                presenter.signInEnded(outcome, flow: login?.flow.rawValue)
+                presenter.signInEnded(outcome, flow: login?.flow.rawValue, member: manager.memberID)
                 switch outcome {
                 case .success:
+                    session.bound?.allow(member: manager.memberID, account: manager.accounts.first(where: \.isActive)?.key)
+                    if let recorder, let problem = recorder.record(manager) {
+                        presenter.note(problem)
+                    }
+                    if firstSignIn && !keepsWatching {
+                        result = .signedIn(member: manager.memberID, account: manager.accounts.first(where: \.isActive)?.key)
+                        firstSignIn = false
+                        break loop
+                    }
                     if firstSignIn, keys { presenter.note(keyHelp) }
                     firstSignIn = false
                 case .failure(let error) where firstSignIn:
@@ -363,5 +394,50 @@ final class Keyboard: @unchecked Sendable {
     func stop() {
         lock.withLock { stopped = true }
         tcsetattr(STDIN_FILENO, TCSANOW, &saved)
+    }
+}
+
+
+/// A sign-in flow whose granted scope (the token answer's `scope`) is kept for the profile.
+struct ScopeCapture: SignInFlow {
+    let inner: any SignInFlow
+    let granted: LockedBox<String?>
+
+    func start(
+        on loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void
+    ) -> any SignInCancellable {
+        let granted = self.granted
+        return inner.start(on: loop) { result in
+            if case .success(let tokens) = result { granted.withLockedValue { $0 = tokens.scope } }
+            completion(result)
+        }
+    }
+}
+
+/// Writes the profile of a session `login` signed in (issuer, client, scopes, endpoints) into
+/// its record, sealed with its tokens: every later command finds its server there.
+struct ProfileRecorder: Sendable {
+    let plan: SignInPlan
+    let oauth: OAuthConfiguration
+    let granted: LockedBox<String?>
+    let storeDirectory: String?
+    let storeKey: FileCredentialStore.Key
+
+    /// Nil when recorded; otherwise why not (a note: the session itself is stored).
+    func record(_ manager: SessionManager) -> String? {
+        guard let storeDirectory else { return nil }
+        let key = manager.accounts.first(where: \.isActive)?.key ?? manager.memberID ?? defaultAccount
+        let profile = SessionProfile(
+            issuer: plan.issuer.absoluteString, clientID: plan.clientID, requestedScope: plan.scope,
+            grantedScope: granted.withLockedValue { $0 }, tokenEndpoint: oauth.tokenEndpoint.absoluteString,
+            revocationEndpoint: oauth.revocationEndpoint?.absoluteString)
+        do {
+            guard try FileCredentialStore(directory: storeDirectory, key: storeKey).setProfile(profile, account: key) else {
+                return "the session's profile (issuer, scopes) was not stored: its record is gone"
+            }
+            return nil
+        } catch {
+            return "the session's profile (issuer, scopes) was not stored: \(error.message)"
+        }
     }
 }

@@ -120,14 +120,14 @@ final class Presenter: @unchecked Sendable {
             var fields: [String: Any] = ["kind": "event", "event": Self.name(of: event), "text": event.description]
             switch event {
             case .tokenRefreshed(let expiresIn, let reason):
-                fields["expiresInMs"] = expiresIn.milliseconds
+                fields["expires_in_ms"] = expiresIn.milliseconds
                 fields["reason"] = reason.rawValue
             case .refreshFailed(let attempt, let retryIn, let error):
                 fields["attempt"] = attempt
-                fields["retryInMs"] = retryIn.map { $0.milliseconds as Any } ?? NSNull()
+                fields["retry_in_ms"] = retryIn.map { $0.milliseconds as Any } ?? NSNull()
                 fields["error"] = error.kind.rawValue
             case .signedIn(let member):
-                fields["memberID"] = member ?? NSNull()
+                fields["member_id"] = member ?? NSNull()
             default:
                 break
             }
@@ -229,7 +229,7 @@ final class Presenter: @unchecked Sendable {
     }
 
     /// The sign-in waiting for the user ended: the countdown goes; in JSON, the outcome.
-    func signInEnded(_ outcome: Result<Void, SessionError>, flow: String?) {
+    func signInEnded(_ outcome: Result<Void, SessionError>, flow: String?, member: String? = nil) {
         lock.withLock {
             pending = nil
             if statusShown, terminal, !json {
@@ -242,6 +242,7 @@ final class Presenter: @unchecked Sendable {
         switch outcome {
         case .success:
             fields["event"] = "sign_in_succeeded"
+            fields["member_id"] = member ?? NSNull()
         case .failure(let error):
             fields["event"] = "sign_in_failed"
             fields["reason"] = error.code.name
@@ -281,11 +282,34 @@ final class Presenter: @unchecked Sendable {
         }
     }
 
+    /// `login` signed in and ends: who, and where the session is kept (in JSON the
+    /// `sign_in_succeeded` line said it already).
+    func signedIn(member: String?, account: String?, store: String) {
+        guard !json else { return }
+        let who = member.map { "as \(Self.printable($0))" } ?? "(the server named nobody)"
+        let key = account.map { " (account \(Self.printable($0)))" } ?? ""
+        write(.plain("Signed in \(who)\(key). The session is stored in \(Self.printable(store))."))
+    }
+
+    /// `login` found the store's account signed in already: nothing is done.
+    func alreadySignedIn(member: String?, account: String, issuer: String?) {
+        if json {
+            emitJSON([
+                "kind": "sign_in", "event": "already_signed_in", "member_id": member ?? NSNull(), "account": account,
+                "issuer": issuer ?? NSNull(),
+            ])
+            return
+        }
+        let at = issuer.map { " at \(Self.printable($0))" } ?? ""
+        write(.plain("Already signed in as \(Self.printable(member ?? account))\(at): nothing to do "
+            + "(--force signs in again; watch-session logout signs out)."))
+    }
+
     /// What `watch-session logout` did.
     func signOut(_ outcome: SignOut.Outcome) {
         if json {
             emitJSON([
-                "kind": "logout", "signed_out": outcome.wasSignedIn, "member": outcome.member ?? NSNull(),
+                "kind": "logout", "signed_out": outcome.wasSignedIn, "member_id": outcome.member ?? NSNull(),
                 "previous_state": outcome.previousState.rawValue,
                 "revocation_endpoint": outcome.revocationEndpoint ?? NSNull(),
                 "revoked": outcome.revoked.map { $0 as Any } ?? NSNull(),
@@ -311,7 +335,7 @@ final class Presenter: @unchecked Sendable {
             if outcome.previousState == .sessionExpired {
                 write(.plain("nothing to revoke: the server had refused the refresh token already"))
             } else {
-                let why = outcome.issuerGiven ? "the issuer's metadata names no revocation_endpoint" : "no --issuer given"
+                let why = outcome.issuerGiven ? "the issuer's metadata names no revocation_endpoint" : "the store does not say which issuer minted it, and no --issuer was given"
                 write(.plain("not revoked at the server (\(why)): the refresh token stays valid there until it expires"))
             }
         }

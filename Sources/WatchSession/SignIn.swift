@@ -119,18 +119,21 @@ struct SignInPlan: Sendable {
 /// `watch-session login`: discover, sign in, watch.
 struct Login: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Signs in (device flow by default), stores the session, then watches it live.",
+        abstract: "Signs in (device flow by default), stores the session and its profile, says who signed in.",
         discussion: """
             The endpoints come from the issuer's metadata (RFC 8414, else OpenID Connect \
             Discovery). The device flow shows where to go and the code to enter, with the time \
             the code has left; approve it in any browser. --browser opens the authorization page \
             with xdg-open (when it is on PATH; --no-open: never) and prints its URL, and waits \
-            (5 minutes at most) for the browser to come back to a listener on 127.0.0.1. Once signed in, the session is stored \
-            in --store (where every other mode and process finds it) and watched as \
-            `watch-session --store DIR` does; when it expires, s signs in again the same way.
+            (5 minutes at most) for the browser to come back to a listener on 127.0.0.1. Once \
+            signed in, the session is stored in --store with its profile (issuer, client id, \
+            requested and granted scope, endpoints: where every other command finds its server), \
+            login says who signed in and exits 0. With --watch it goes on watching the session \
+            as `watch-session watch` does; when it expires, s signs in again the same way.
 
-            Ctrl-C while waiting cancels the sign-in (exit 130): nothing is signed in. A \
-            session already signed in in the store is left alone (exit 1: log out first).
+            Ctrl-C while waiting cancels the sign-in (exit 130): nothing is signed in. When the \
+            store's account is signed in already, login says so and exits 0 without a new \
+            sign-in; --force signs that session out first (revoked at its own issuer, wiped).
 
             Examples:
               watch-session login --issuer https://auth.example.com --client-id my-app [--store DIR]
@@ -155,8 +158,16 @@ struct Login: AsyncParsableCommand {
     @Flag(name: .customLong("no-open"), help: "With --browser: print the URL to open, do not run xdg-open.")
     var noOpen = false
 
-    @Flag(help: "Print one JSON object per line (NDJSON): the prompt, the outcome, then the session's events.")
+    @Flag(help: "Print one JSON object per line (NDJSON): the prompt, the outcome (then, with --watch, the session's events).")
     var json = false
+
+    @Flag(help: "Once signed in, go on watching the session live (keys on a terminal; s signs in again once it expired).")
+    var watch = false
+
+    @Flag(help: "Sign in even when the store's account is signed in already (its session is signed out first).")
+    var force = false
+
+    @OptionGroup var verbosity: VerbosityOptions
 
     func validate() throws {
         _ = try issuerURL()
@@ -172,13 +183,41 @@ struct Login: AsyncParsableCommand {
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         let store = storage.directory
         if storage.store == nil { try Watch.prepareDefaultStore(store) }
-        var watch = LiveWatch(
-            storeDirectory: store, account: nil, storeKey: try storage.key(),
+        let storeKey = try storage.key()
+        var live = LiveWatch(
+            storeDirectory: store, account: nil, storeKey: storeKey,
             oauth: nil, refreshToken: nil, presenter: presenter, keys: keys)
-        watch.login = plan
-        switch try await watch.run() {
+        live.logLevel = verbosity.level
+        live.keepsWatching = watch
+        // Signed in already: say so (and watch with --watch), or with --force sign out first.
+        let view = StoreView(directory: store, key: storeKey)
+        if let current = (try? view.accounts().get()).flatMap({ try? view.chosen(nil, in: $0) }), current.state == .loggedIn {
+            if !force {
+                presenter.alreadySignedIn(member: current.session.memberID, account: current.key, issuer: current.session.profile?.issuer)
+                guard watch else { return }
+                live.oauth = current.session.profile?.oauthConfiguration
+                try Self.end(try await live.run(), presenter: presenter, store: store)
+                return
+            }
+            var signOut = SignOut(storeDirectory: store, storeKey: storeKey, account: current.key, issuer: nil, clientID: nil)
+            signOut.configured = current.session.profile?.oauthConfiguration
+            signOut.logLevel = verbosity.level
+            let outcome = try await signOut.run()
+            if let message = outcome.failure {
+                FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
+                if outcome.code != ExitCodes.notRevoked { throw ExitCode(outcome.code) }
+            }
+        }
+        live.login = plan
+        try Self.end(try await live.run(), presenter: presenter, store: store)
+    }
+
+    static func end(_ ending: LiveWatch.Ending, presenter: Presenter, store: String) throws {
+        switch ending {
         case .quit:
             return
+        case .signedIn(let member, let account):
+            presenter.signedIn(member: member, account: account, store: store)
         case .interrupted:
             throw ExitCode(ExitCodes.interrupted)
         case .failed(let message, let code):
@@ -211,26 +250,14 @@ enum BrowserOpener {
             posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
             posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
             posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-            var attributes = posix_spawnattr_t()
-            posix_spawnattr_init(&attributes)
-            defer { posix_spawnattr_destroy(&attributes) }
-            var defaults = sigset_t()
-            sigemptyset(&defaults)
-            sigaddset(&defaults, SIGINT)
-            sigaddset(&defaults, SIGTERM)
-            posix_spawnattr_setsigdefault(&attributes, &defaults)
-            var none = sigset_t()
-            sigemptyset(&none)
-            posix_spawnattr_setsigmask(&attributes, &none)
-            posix_spawnattr_setpgroup(&attributes, 0)
-            posix_spawnattr_setflags(
-                &attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
             let argv = arguments.map { strdup($0) } + [nil]
             defer { for argument in argv { free(argument) } }
             var pid: pid_t = 0
-            guard posix_spawn(&pid, opener, &actions, &attributes, argv, environ) == 0 else { return }
-            var status: Int32 = 0
-            while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+            let spawned = ChildProcess.withAttributes(newProcessGroup: true) { attributes in
+                posix_spawn(&pid, opener, &actions, attributes, argv, environ)
+            }
+            guard spawned == 0 else { return }
+            ChildProcess.wait(pid)
         }
     }
 }

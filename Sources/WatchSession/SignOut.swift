@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Logging
 import LoopFlow
 import SessionCore
 import SessionFileStore
@@ -14,15 +15,17 @@ struct Logout: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Signs the stored session out: revokes its refresh token (RFC 7009) and wipes it from the store.",
         discussion: """
-            With --issuer and --client-id the revocation endpoint comes from the issuer's metadata \
-            (discovery, as login does) and the refresh token is revoked there; without them the \
-            session is only wiped here, and the token stays valid at the server until it expires \
-            (the store keeps no server settings). Other processes watching the store see the \
-            sign-out at once.
+            The refresh token is revoked at the revocation endpoint of the issuer that minted it, \
+            which the store keeps with the session (login stores it), then the session is wiped. \
+            An --issuer other than the stored one is refused (exit 64, nothing sent): a stored \
+            token only goes to its own issuer. For a session stored without a profile, --issuer \
+            and --client-id find the revocation endpoint by discovery; without them it is only \
+            wiped here, and the token stays valid at the server until it expires. Other \
+            processes watching the store see the sign-out at once.
 
             Exit codes: 0 signed out (or nothing to sign out), 1 the store could not be read or \
             changed, 2 discovery failed (nothing was changed), 6 signed out here but the server \
-            did not confirm the revocation.
+            did not confirm the revocation, 64 bad usage (another issuer than the stored one).
             """)
 
     @OptionGroup var storage: StoreOptions
@@ -30,19 +33,19 @@ struct Logout: AsyncParsableCommand {
     @Option(help: "The account to sign out (the store's active one otherwise).")
     var account: String?
 
-    @Option(help: "The issuer whose revocation endpoint revokes the refresh token (with --client-id).")
+    @Option(help: "The issuer whose revocation endpoint revokes the refresh token (only for a session stored without a profile; with --client-id). Checked against the stored issuer otherwise.")
     var issuer: String?
 
     @Option(name: .customLong("client-id"), help: "OAuth 2.0 client id (with --issuer).")
     var clientID: String?
 
+    @OptionGroup var verbosity: VerbosityOptions
+
     @Flag(help: "Print the outcome as one JSON object (NDJSON).")
     var json = false
 
     func validate() throws {
-        if (issuer == nil) != (clientID == nil) {
-            throw ValidationError(issuer == nil ? "--client-id needs --issuer" : "--issuer needs --client-id")
-        }
+        if issuer == nil && clientID != nil { throw ValidationError("--client-id needs --issuer") }
         if account?.isEmpty == true { throw ValidationError("--account is empty") }
         _ = try issuerURL()
     }
@@ -51,10 +54,30 @@ struct Logout: AsyncParsableCommand {
 
     func run() async throws {
         let presenter = Presenter(json: json)
-        let outcome = try await SignOut(
-            storeDirectory: storage.directory, storeKey: try storage.key(), account: account,
-            issuer: try issuerURL(), clientID: clientID
-        ).run()
+        // The session to sign out, read first: its profile says where its token goes.
+        let view = StoreView(directory: storage.directory, key: try storage.key())
+        let target = (try? view.accounts().get()).flatMap { try? view.chosen(account, in: $0) }
+        let profile = target?.session.profile
+        do throws(CommandFailure) {
+            try IssuerGuard.check(issuer, against: target)
+            if let profile, let clientID, clientID != profile.clientID {
+                throw CommandFailure(
+                    message: "--client-id \(Presenter.printable(clientID)) is not the client of the stored session "
+                        + "(\(Presenter.printable(profile.clientID))): nothing was sent",
+                    code: 64)
+            }
+            if profile == nil && issuer != nil && clientID == nil {
+                throw CommandFailure(message: "--issuer needs --client-id (the store keeps no profile for this session)", code: 64)
+            }
+        } catch {
+            throw error.exit()
+        }
+        var signOut = SignOut(
+            storeDirectory: view.directory, storeKey: view.key, account: account,
+            issuer: profile == nil ? try issuerURL() : nil, clientID: profile == nil ? clientID : nil)
+        signOut.configured = profile?.oauthConfiguration
+        signOut.logLevel = verbosity.level
+        let outcome = try await signOut.run()
         presenter.signOut(outcome)
         if let message = outcome.failure {
             FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
@@ -71,6 +94,9 @@ struct SignOut {
     let account: String?
     let issuer: URL?
     let clientID: String?
+    /// Where to revoke without discovery: the stored session's profile (`issuer` nil then).
+    var configured: OAuthConfiguration? = nil
+    var logLevel: Logger.Level = .critical
 
     struct Outcome: Sendable {
         /// Who was signed out (nil: nobody was).
@@ -91,12 +117,13 @@ struct SignOut {
 
     func run() async throws -> Outcome {
         var outcome = Outcome()
-        outcome.issuerGiven = issuer != nil
+        outcome.issuerGiven = issuer != nil || configured != nil
         guard FileManager.default.fileExists(atPath: storeDirectory) else {
             return outcome  // no store: nobody to sign out, and nothing is created
         }
         let loop = try EventLoop(name: "watch-session")
-        var oauth: OAuthConfiguration?
+        var oauth = configured
+        outcome.revocationEndpoint = configured?.revocationEndpoint?.absoluteString
         if let issuer, let clientID {
             do {
                 oauth = try await OAuthDiscovery.configuration(issuer: issuer, clientID: clientID, loop: loop)
@@ -109,9 +136,15 @@ struct SignOut {
             }
             outcome.revocationEndpoint = oauth?.revocationEndpoint?.absoluteString
         }
-        let witness = RevocationWitness(try oauth.map { configuration throws in try OAuthAuthority(configuration, loop: loop) })
-        var configuration = SessionConfiguration()
-        configuration.logger.logLevel = .critical
+        // The other accounts of the store are refreshed by this session too while it runs: only
+        // those of this issuer go to it; the revocation is the signed-out account's own.
+        let accounts = (try? StoreView(directory: storeDirectory, key: storeKey).accounts().get()) ?? []
+        let witness = RevocationWitness(try oauth.map { configuration throws in
+            IssuerBoundAuthority(
+                try OAuthAuthority(configuration, loop: loop), tokenEndpoint: configuration.tokenEndpoint.absoluteString,
+                accounts: accounts, revokesOwnAccount: true)
+        })
+        var configuration = SessionConfiguration.logging(at: logLevel)
         configuration.startsAutomatically = false
         let manager = try SessionManager(
             loop: loop, authority: witness, store: FileCredentialStore(directory: storeDirectory, key: storeKey),
@@ -131,10 +164,9 @@ struct SignOut {
         // The account named (left where it is: the active one stays active), else the active one.
         let named = account.flatMap { key in manager.accounts.first { $0.key == key } }
         if let account, named == nil {
-            let known = manager.accounts.map { Presenter.printable($0.key) }
+            let known = manager.accounts.map(\.key)
             try await close()
-            outcome.failure = "no account \"\(Presenter.printable(account))\" in the store ("
-                + (known.isEmpty ? "it holds none" : "accounts: \(known.joined(separator: ", "))") + ")"
+            outcome.failure = StoreView.noSuchAccount(account, known: known)
             outcome.code = ExitCodes.failed
             return outcome
         }

@@ -5,6 +5,7 @@
 import ArgumentParser
 import CLibUV
 import Foundation
+import Logging
 import LoopFlow
 import SessionCore
 import SessionFileStore
@@ -12,15 +13,18 @@ import SessionOAuth
 
 /// The help of `watch-session` and of its default subcommand `watch` (the same screen).
 let helpText = """
-    With no options it plays an embedded demo: a session signs in, refreshes before its \
-    tokens expire, rides out a struggling server with backoff, and ends when its refresh \
-    token is revoked.
+    With no subcommand it watches the session in the default store (the one login uses: \
+    $XDG_STATE_HOME/watch-session, ~/.local/state/watch-session) live, refreshing it at the \
+    server its stored profile names. `watch-session demo` plays an embedded demo: a session \
+    signs in, refreshes before its tokens expire, rides out a struggling server with backoff, \
+    and ends when its refresh token is revoked.
 
     Examples:
-      watch-session                    the demo, in about a minute
-      watch-session --speed 10         the demo, ten times faster
+      watch-session                    watch the session login stored (the default store)
       watch-session --json             one JSON object per event (NDJSON), for scripts
-      watch-session --scenario offline-start
+      watch-session demo               the demo, in about a minute
+      watch-session demo --speed 10 --scenario offline-start
+                                       the demo, ten times faster; another scenario
       watch-session --store ~/.config/app/session
                                        follow the session other processes keep there
       watch-session --store DIR --account bob
@@ -31,11 +35,16 @@ let helpText = """
       watch-session --store DIR --key-file ~/.config/app/store.key
                                        open a store sealed with a key of your own
       watch-session login --issuer https://auth.example.com --client-id my-app [--store DIR]
-                                       sign in (device flow), then watch the session
+                                       sign in (device flow), store the session and its profile, exit
       watch-session login --browser --issuer https://auth.example.com --client-id my-app [--store DIR]
                                        sign in in this machine's browser (xdg-open; --no-open: print the URL)
-      watch-session logout --store DIR --issuer https://auth.example.com --client-id my-app
-                                       sign out: revoke the refresh token, wipe the store
+      watch-session status [--json]    once: each account's state, issuer, scopes, expiry (exit 0/1/4/7)
+      TOKEN=$(watch-session token)     a fresh access token (refreshed first when due), nothing else
+      watch-session exec -- curl …     a command with a fresh token in $ACCESS_TOKEN
+      git config credential.https://git.example.com.helper '!watch-session credential'
+                                       git's password is a fresh token
+      watch-session logout [--store DIR]
+                                       sign out: revoke the refresh token at its issuer, wipe the store
 
     The store's key: --key-file (or SESSIONFLOW_KEY_FILE) names a file with the key \
     (32 bytes, or 64 hex digits: openssl rand -hex 32), 0600 and yours, in a directory \
@@ -64,14 +73,19 @@ struct WatchSession: AsyncParsableCommand {
         commandName: "watch-session",
         abstract: "Shows a session live: its state, its refreshes, its failures. Signs in and out.",
         usage: """
-            watch-session [--speed <n>] [--scenario <s>] [--json] [--store <dir>] [--account <key>] [--key-file <file>] [--token-endpoint <url> --client-id <id> [--refresh-token-file <file>]]
-              watch-session login --issuer <url> --client-id <id> [--device | --browser [--no-open]] [--store <dir>] [--key-file <file>] [--scope <s>] [--json]
-              watch-session logout [--store <dir>] [--issuer <url> --client-id <id>] [--account <key>] [--key-file <file>] [--json]
-              (every option of each: watch-session help watch|login|logout)
+            watch-session [watch] [--json] [--store <dir>] [--account <key>] [--key-file <file>] [--token-endpoint <url> --client-id <id> [--refresh-token-file <file>]] [-v…]
+              watch-session demo [--speed <n>] [--scenario <s>] [--json]
+              watch-session login --issuer <url> --client-id <id> [--device | --browser [--no-open]] [--store <dir>] [--key-file <file>] [--scope <s>] [--json] [--watch] [--force]
+              watch-session status [--json] [--store <dir>] [--account <key>]
+              watch-session token [--min-valid <seconds>] [--show] [--store <dir>] [--account <key>]
+              watch-session exec [--env <name>] [--store <dir>] [--account <key>] -- <command> <argument>…
+              watch-session credential [--store <dir>] [--account <key>] get|store|erase
+              watch-session logout [--store <dir>] [--account <key>] [--key-file <file>] [--json]
+              (every option of each: watch-session help watch|demo|login|status|token|exec|credential|logout)
             """,
         discussion: helpText,
         version: "watch-session \(SessionFlowVersion.string)",
-        subcommands: [Watch.self, Login.self, Logout.self],
+        subcommands: [Watch.self, DemoCommand.self, Login.self, Status.self, Token.self, Exec.self, Credential.self, Logout.self],
         defaultSubcommand: Watch.self)
 
     /// Before anything: the process holds tokens, so it is made non-dumpable (no core dump;
@@ -82,14 +96,20 @@ struct WatchSession: AsyncParsableCommand {
     }
 }
 
-/// The live watch and the demo: what `watch-session` does without a subcommand.
-struct Watch: AsyncParsableCommand {
+/// `watch-session demo`: the embedded demo, on a temporary store of its own.
+struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "watch",
-        abstract: "Shows a session live: its state, its refreshes, its failures (the default: `watch-session [options]`).",
-        discussion: helpText
-    )
+        commandName: "demo",
+        abstract: "Plays the embedded demo: sign in, refreshes, failures with backoff, revoked, expired.",
+        discussion: """
+            Everything runs in this process: a demo authority answers the refreshes, a temporary \
+            store (removed at the end) keeps the session. No server, no real token.
 
+            Examples:
+              watch-session demo                    about a minute
+              watch-session demo --speed 10 --json  ten times faster, one JSON object per event
+              watch-session demo --scenario 401-storm
+            """)
 
     @Option(help: "Compress time by this factor (the demo's clock runs N times faster).")
     var speed: Double = 1
@@ -100,10 +120,44 @@ struct Watch: AsyncParsableCommand {
     @Flag(help: "Print one JSON object per event (NDJSON) instead of lines for people.")
     var json = false
 
-    @Option(help: "Watch the encrypted file store in this directory (other processes' changes appear live).")
+    @OptionGroup var verbosity: VerbosityOptions
+
+    func validate() throws {
+        guard speed > 0, speed <= 1000 else {
+            throw ValidationError("--speed must be above 0 and at most 1000, got \(speed)")
+        }
+    }
+
+    func run() async throws {
+        let presenter = Presenter(json: json)
+        let outcome: String
+        do {
+            outcome = try await Demo(scenario: scenario, speed: speed, presenter: presenter, logLevel: verbosity.level).play()
+        } catch is DemoInterrupted {
+            presenter.note("demo interrupted")
+            throw ExitCode(ExitCodes.interrupted)
+        }
+        presenter.note(outcome)
+    }
+}
+
+/// The live watch: what `watch-session` does without a subcommand.
+struct Watch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "watch",
+        abstract: "Shows a session live: its state, its refreshes, its failures (the default: `watch-session [options]`).",
+        discussion: helpText
+    )
+
+    @Flag(help: "Print one JSON object per event (NDJSON) instead of lines for people.")
+    var json = false
+
+    @Option(help: ArgumentHelp(
+        "Watch the encrypted file store in this directory (other processes' changes appear live).",
+        discussion: "Default: $XDG_STATE_HOME/watch-session (~/.local/state/watch-session), where login stores the session."))
     var store: String?
 
-    @Option(help: "With --store: the account to follow (its key: the member id it signed in with). The store's active one otherwise.")
+    @Option(help: "The account to follow (its key: the member id it signed in with). The store's active one otherwise.")
     var account: String?
     @Option(
         name: .customLong("key-file"),
@@ -121,10 +175,9 @@ struct Watch: AsyncParsableCommand {
     @Option(help: "File holding a refresh token to sign in with ('-': standard input). Never on the command line.")
     var refreshTokenFile: String?
 
+    @OptionGroup var verbosity: VerbosityOptions
+
     func validate() throws {
-        guard speed > 0, speed <= 1000 else {
-            throw ValidationError("--speed must be above 0 and at most 1000, got \(speed)")
-        }
         if tokenEndpoint != nil {
             guard clientID?.isEmpty == false else { throw ValidationError("--token-endpoint needs --client-id") }
             // The authority's own rules (https, or http to loopback): refused here, exit 64.
@@ -134,17 +187,17 @@ struct Watch: AsyncParsableCommand {
                 throw ValidationError("--token-endpoint: \(Terminal.escape("\(error)"))")
             }
         }
-        if account != nil && store == nil {
-            throw ValidationError("--account needs --store")
-        }
         if account?.isEmpty == true {
             throw ValidationError("--account is empty")
         }
         if refreshTokenFile != nil && tokenEndpoint == nil {
             throw ValidationError("--refresh-token-file needs --token-endpoint")
         }
-        try Self.validateStore(store, keyFile: keyFile)
+        try Self.validateStore(directory, keyFile: keyFile)
     }
+
+    /// `--store`, or the default one (where login keeps the session).
+    var directory: String { store ?? Self.defaultStoreDirectory() }
 
     /// Where `login` and `logout` keep the session without `--store`:
     /// `$XDG_STATE_HOME/watch-session` (default `~/.local/state/watch-session`).
@@ -182,26 +235,37 @@ struct Watch: AsyncParsableCommand {
 
     func run() async throws {
         let presenter = Presenter(json: json)
-        guard store != nil || tokenEndpoint != nil else {
-            let outcome: String
-            do {
-                outcome = try await Demo(scenario: scenario, speed: speed, presenter: presenter).play()
-            } catch is DemoInterrupted {
-                presenter.note("demo interrupted")
-                throw ExitCode(ExitCodes.interrupted)
+        let store = directory
+        if self.store == nil { try Self.prepareDefaultStore(store) }
+        var oauth = try oauthConfiguration()
+        let storeKey = try Self.storeKey(store: store, keyFile: keyFile)
+        // The stored session's profile names its server: refreshes go there (a token endpoint
+        // given on the command line must be the same one).
+        do {
+            let view = StoreView(directory: store, key: storeKey)
+            if let current = (try? view.accounts().get()).flatMap({ try? view.chosen(account, in: $0) }),
+                let profile = current.session.profile
+            {
+                if let given = oauth?.tokenEndpoint.absoluteString, let stored = profile.tokenEndpoint, given != stored {
+                    throw CommandFailure(
+                        message: "--token-endpoint \(Presenter.printable(given)) is not the token endpoint of the stored "
+                            + "session's issuer \(Presenter.printable(profile.issuer)) (\(Presenter.printable(stored))): "
+                            + "a stored token only goes to the issuer that minted it, so nothing was sent",
+                        code: 64
+                    ).exit()
+                }
+                if oauth == nil { oauth = profile.oauthConfiguration }
             }
-            presenter.note(outcome)
-            return
         }
-        let oauth = try oauthConfiguration()
         let refreshToken = try refreshTokenFile.map(readRefreshToken)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
-        let ending = try await LiveWatch(
-            storeDirectory: store, account: account, storeKey: try Self.storeKey(store: store, keyFile: keyFile), oauth: oauth, refreshToken: refreshToken,
-            presenter: presenter, keys: keys
-        ).run()
+        var live = LiveWatch(
+            storeDirectory: store, account: account, storeKey: storeKey, oauth: oauth, refreshToken: refreshToken,
+            presenter: presenter, keys: keys)
+        live.logLevel = verbosity.level
+        let ending = try await live.run()
         switch ending {
-        case .quit:
+        case .quit, .signedIn:
             return
         case .interrupted:
             throw ExitCode(130)
@@ -296,6 +360,7 @@ struct Demo {
     let scenario: Scenario
     let speed: Double
     let presenter: Presenter
+    var logLevel: Logger.Level = .critical
 
     func play() async throws -> String {
         let lifetime = Duration.seconds(20).compressed(by: speed)
@@ -305,7 +370,7 @@ struct Demo {
         configuration.policy.maximumBackoff = Duration.seconds(30).compressed(by: speed)
         configuration.policy.timeout = Duration.seconds(5).compressed(by: speed)
         configuration.storeRetryInterval = Duration.seconds(5).compressed(by: speed)
-        configuration.logger.logLevel = .critical
+        configuration.logger = SessionConfiguration.logging(at: logLevel).logger
         let latency = Duration.milliseconds(150).compressed(by: speed)
 
         let directory = FileManager.default.temporaryDirectory

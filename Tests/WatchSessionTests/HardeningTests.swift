@@ -70,7 +70,7 @@ struct WatchSessionHardeningTests {
     func theDemoEndsOnASignalWithExit130AndLeavesNoTemporaryStore(signal: Int32) async throws {
         let temporary = try privateDirectory()
         defer { try? FileManager.default.removeItem(atPath: temporary) }
-        let demo = try Running(["--json"], environment: ["TMPDIR": temporary])
+        let demo = try Running(["demo", "--json"], environment: ["TMPDIR": temporary])
         // The demo has signed in: its store exists in TMPDIR.
         #expect(await demo.waitFor(#""state":"loggedIn""#), "\(demo.collected.text)")
         #expect(try FileManager.default.contentsOfDirectory(atPath: temporary).contains { $0.hasPrefix("watch-session-demo-") })
@@ -141,7 +141,7 @@ struct WatchSessionHardeningTests {
         // user may write).
         let temporary = try privateDirectory(mode: 0o1777)
         defer { try? FileManager.default.removeItem(atPath: temporary) }
-        let demo = try Running(["--json"], environment: ["TMPDIR": temporary], launcher: asNobody)
+        let demo = try Running(["demo", "--json"], environment: ["TMPDIR": temporary], launcher: asNobody)
         #expect(await demo.waitFor(#""state":"loggedIn""#), "\(demo.collected.text)")
         #expect(try readable(demo.process.processIdentifier) == false)
         #expect(demo.stop(with: SIGINT).status == 130)

@@ -2,27 +2,12 @@ import Foundation
 import SessionFlowTestSupport
 import Testing
 
-/// Runs the built watch-session binary (beside this test binary) and returns its output.
+/// Runs the built watch-session binary (beside this test binary; standard input empty) and
+/// returns its output.
 func watchSession(
     _ arguments: [String], environment extra: [String: String] = [:]
 ) throws -> (status: Int32, stdout: String, stderr: String) {
-    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("watch-session")
-    process.arguments = arguments
-    var environment = ProcessInfo.processInfo.environment
-    environment["NO_COLOR"] = "1"
-    environment.merge(extra) { $1 }
-    process.environment = environment
-    let out = Pipe()
-    let err = Pipe()
-    process.standardOutput = out
-    process.standardError = err
-    try process.run()
-    let stdout = out.fileHandleForReading.readDataToEndOfFile()
-    let stderr = err.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+    try Spawned(arguments, environment: extra).finish()
 }
 
 func objects(_ ndjson: String) throws -> [[String: Any]] {
@@ -34,7 +19,7 @@ func objects(_ ndjson: String) throws -> [[String: Any]] {
 @Suite("watch-session", .serialized)
 struct WatchSessionTests {
     @Test func theDemoStoryPlaysEventByEventAndExitsZero() throws {
-        let run = try watchSession(["--json", "--speed", "10"])
+        let run = try watchSession(["demo", "--json", "--speed", "10"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let trail = lines.map { line -> String in
@@ -51,7 +36,7 @@ struct WatchSessionTests {
         #expect(proactive.count >= 2)
         let failures = lines.filter { $0["event"] as? String == "refreshFailed" }
         #expect(failures.map { $0["attempt"] as? Int } == [1, 2, 3])
-        let delays = failures.compactMap { $0["retryInMs"] as? Int }
+        let delays = failures.compactMap { $0["retry_in_ms"] as? Int }
         #expect(delays.count == 3 && delays == delays.sorted() && delays[2] > delays[0])  // backoff grows
         #expect(lines.contains { $0["event"] as? String == "tokenRefreshed" && $0["reason"] as? String == "retry" })
         #expect(lines.contains { $0["event"] as? String == "sessionExpired" })
@@ -66,7 +51,7 @@ struct WatchSessionTests {
     }
 
     @Test func theHumanFormatHighlightsStatesAndSaysTheSessionExpired() throws {
-        let run = try watchSession(["--speed", "20"])
+        let run = try watchSession(["demo", "--speed", "20"])
         #expect(run.status == 0)
         #expect(run.stdout.contains("STATE → loggedIn"))
         #expect(run.stdout.contains("retrying in"))
@@ -76,7 +61,7 @@ struct WatchSessionTests {
     }
 
     @Test func anOfflineStartLogsNobodyOut() throws {
-        let run = try watchSession(["--json", "--speed", "10", "--scenario", "offline-start"])
+        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "offline-start"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let states = lines.compactMap { $0["kind"] as? String == "state" ? $0["state"] as? String : nil }
@@ -86,7 +71,7 @@ struct WatchSessionTests {
     }
 
     @Test func a401StormIsServedByOneRefresh() throws {
-        let run = try watchSession(["--json", "--speed", "10", "--scenario", "401-storm"])
+        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "401-storm"])
         #expect(run.status == 0)
         let refreshed = try objects(run.stdout).filter { $0["event"] as? String == "tokenRefreshed" }
         #expect(refreshed.count == 1)
@@ -95,7 +80,7 @@ struct WatchSessionTests {
     }
 
     @Test func aRefreshAnsweringAfterLogoutChangesNothing() throws {
-        let run = try watchSession(["--json", "--speed", "10", "--scenario", "logout-during-refresh"])
+        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "logout-during-refresh"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let signedOut = lines.firstIndex { $0["event"] as? String == "signedOut" }
@@ -105,13 +90,13 @@ struct WatchSessionTests {
     }
 
     @Test func badInputGetsOneClearLineAndANonZeroExit() throws {
-        let speed = try watchSession(["--speed", "0"])
+        let speed = try watchSession(["demo", "--speed", "0"])
         #expect(speed.status != 0)
         #expect(speed.stderr.contains("--speed must be above 0"))
         let unknown = try watchSession(["--bogus"])
         #expect(unknown.status != 0)
         #expect(unknown.stderr.contains("Unknown option '--bogus'"))
-        let scenario = try watchSession(["--scenario", "nope"])
+        let scenario = try watchSession(["demo", "--scenario", "nope"])
         #expect(scenario.status != 0)
     }
 
@@ -208,8 +193,11 @@ struct WatchSessionLiveTests {
         #expect(unknown.stderr.contains(#"no account "carol\u{1B}]0;owned\u{7}" in the store (accounts: bob)"#), "\(unknown.stderr)")
         #expect(!unknown.stderr.contains("\u{1B}"))
         #expect(store.readAccounts() == .present(StoredAccounts(keys: ["bob"], active: "bob")))
-        let orphan = try watchSession(["--account", "bob"])
-        #expect(orphan.status != 0 && orphan.stderr.contains("--account needs --store"))
+        // Without --store, the default store (where login keeps the session): bob is not there.
+        let state = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let orphan = try watchSession(["--account", "bob"], environment: ["XDG_STATE_HOME": state])
+        #expect(orphan.status == 1 && orphan.stderr.contains(#"no account "bob" in the store (it holds none)"#), "\(orphan)")
     }
 
     /// A store that cannot be read is not "signed out". The CLI keeps watching, shows
@@ -377,8 +365,11 @@ struct WatchSessionKeyTests {
         for output in [flag.stdout, flag.stderr, environment.stdout, without.stderr, open.stderr, openEnvironment.stderr] {
             #expect(!output.contains(keyHex) && !output.contains(storedAccess) && !output.contains(storedRefresh))
         }
-        let noStore = try watchSession(["--key-file", keyFile])
-        #expect(noStore.status == 64 && noStore.stderr.contains("--key-file needs --store"))
+        // Without --store the key file is the default store's, checked the same way.
+        let state = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let noStore = try watchSession(["--key-file", keyFile], environment: ["XDG_STATE_HOME": state])
+        #expect(noStore.status == 64 && noStore.stderr.contains("open to group or others"), "\(noStore)")
     }
 
     @Test func helpExplainsTheKeyFile() throws {

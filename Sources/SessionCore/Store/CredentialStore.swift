@@ -12,11 +12,17 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
     /// The key of the record it was read from, in a store of several accounts
     /// (`AccountCredentialStore`); nil otherwise. Writes ignore it.
     public var account: String?
+    /// Who the session belongs to at the server (issuer, client, scope), sealed in the same
+    /// record; nil in records written before profiles existed, and in the sessions a manager
+    /// writes (a store keeps the record's profile through them: `SessionProfile`).
+    public var profile: SessionProfile?
 
     public init(
         accessToken: Secret? = nil, refreshToken: Secret? = nil, accessTokenExpiresAt: Duration? = nil,
-        memberID: String? = nil, externalUserID: String? = nil, expired: Bool = false, account: String? = nil
+        memberID: String? = nil, externalUserID: String? = nil, expired: Bool = false, account: String? = nil,
+        profile: SessionProfile? = nil
     ) {
+        self.profile = profile
         self.accessToken = accessToken
         self.refreshToken = refreshToken
         self.accessTokenExpiresAt = accessTokenExpiresAt
@@ -27,7 +33,7 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// Equal sessions hold the same tokens, expiry, member and expiry flag, wherever they were
-    /// read from (`account` is not compared).
+    /// read from (`account` is not compared, nor is `profile`: it travels beside the tokens).
     public static func == (lhs: StoredSession, rhs: StoredSession) -> Bool {
         lhs.accessToken == rhs.accessToken && lhs.refreshToken == rhs.refreshToken
             && lhs.accessTokenExpiresAt == rhs.accessTokenExpiresAt && lhs.memberID == rhs.memberID

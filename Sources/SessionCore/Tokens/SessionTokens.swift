@@ -8,11 +8,16 @@ public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
     public var memberID: String?
     /// An id the authority can re-authenticate with, if it supports that fallback.
     public var externalUserID: String?
+    /// The scope the token endpoint granted, when its answer said (RFC 6749 §5.1; a sign-in
+    /// flow fills it in). Not kept by the session: a host that wants it stores it
+    /// (`SessionProfile.grantedScope`).
+    public var scope: String?
 
     public init(
         accessToken: Secret, refreshToken: Secret?, expiresIn: Duration,
-        memberID: String? = nil, externalUserID: String? = nil
+        memberID: String? = nil, externalUserID: String? = nil, scope: String? = nil
     ) {
+        self.scope = scope
         self.accessToken = accessToken
         self.refreshToken = refreshToken
         self.expiresIn = expiresIn

@@ -1,0 +1,171 @@
+import ArgumentParser
+import Foundation
+import SessionCore
+
+// The only commands that output a token: `token` (on standard output), `exec` (into the
+// child's environment) and `credential` (to git, on standard output). Each gets it from
+// `TokenSource`: refreshed through the shared store's lease when due.
+
+/// `watch-session token`: a fresh access token and a newline, nothing else.
+struct Token: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Prints a fresh access token (refreshed first when due) and a newline on standard output.",
+        discussion: """
+            For scripts: TOKEN=$(watch-session token). A refresh, when one is due (or when less \
+            than --min-valid seconds are left), goes through the store's refresh lease, so any \
+            number of processes asking at once cause one refresh at the server. On a terminal \
+            the token is printed only with --show. Nothing but the token ever goes to standard \
+            output; messages go to standard error.
+
+            Exit codes (as status): 0 printed, 1 signed out (or no such account), 4 the session \
+            expired, 7 the store cannot be read, 8 a due refresh failed, 64 bad usage.
+            """)
+
+    @OptionGroup var options: AccountOptions
+
+    @Option(name: .customLong("min-valid"), help: "Refresh first when less than this many seconds are left.")
+    var minValid: Int?
+
+    @Flag(help: "Print the token on a terminal too (by default it is printed only into a pipe or a file).")
+    var show = false
+
+    @OptionGroup var verbosity: VerbosityOptions
+
+    func validate() throws {
+        if let minValid, minValid < 0 { throw ValidationError("--min-valid must be 0 or more, got \(minValid)") }
+    }
+
+    func run() async throws {
+        if isatty(STDOUT_FILENO) == 1 && !show {
+            throw CommandFailure(
+                message: "standard output is a terminal: the token would be shown on screen (--show prints it anyway)",
+                code: 64
+            ).exit()
+        }
+        do {
+            let (token, _) = try await TokenSource(
+                view: try options.view(), account: options.account, logLevel: verbosity.level,
+                minimumValidity: minValid.map { .seconds($0) }
+            ).token()
+            token.withUnsafeBytes { bytes in
+                FileHandle.standardOutput.write(Data(bytes) + Data([0x0A]))
+            }
+        } catch let failure as CommandFailure {
+            throw failure.exit()
+        }
+    }
+}
+
+/// `watch-session exec -- CMD ARGS…`: CMD with a fresh token in its environment.
+struct Exec: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Runs a command with a fresh access token in its environment (never in its arguments).",
+        discussion: """
+            watch-session exec -- curl -H @- …  or, with the token in $ACCESS_TOKEN: \
+            watch-session exec -- sh -c 'curl -H "Authorization: Bearer $ACCESS_TOKEN" https://api.example.com/me'. \
+            The command's exit status is passed through (128+N when a signal N ended it).
+
+            Exit codes before the command runs (as status): 1 signed out, 4 the session expired, \
+            7 the store cannot be read, 8 a due refresh failed, 64 bad usage, 127 the command \
+            cannot be run.
+            """)
+
+    @OptionGroup var options: AccountOptions
+
+    @Option(help: "The environment variable that carries the token.")
+    var env = "ACCESS_TOKEN"
+
+    @OptionGroup var verbosity: VerbosityOptions
+
+    @Argument(parsing: .captureForPassthrough, help: "-- then the command and its arguments.")
+    var command: [String] = []
+
+    var argv: [String] { command.first == "--" ? Array(command.dropFirst()) : command }
+
+    func validate() throws {
+        if argv.isEmpty { throw ValidationError("no command given: watch-session exec [options] -- CMD ARGS…") }
+        let valid = env.first.map { $0 == "_" || $0.isLetter } == true
+            && env.allSatisfy { $0.isASCII && ($0 == "_" || $0.isLetter || $0.isNumber) }
+        if !valid { throw ValidationError("--env is not a variable name: \(Terminal.escape(env))") }
+    }
+
+    func run() async throws {
+        let token: Secret
+        do {
+            token = try await TokenSource(view: try options.view(), account: options.account, logLevel: verbosity.level)
+                .token().token
+        } catch let failure as CommandFailure {
+            throw failure.exit()
+        }
+        let status = token.withUnsafeBytes { bytes in
+            ChildProcess.run(argv, environment: ["\(env)=" + String(decoding: bytes, as: UTF8.self)])
+        }
+        switch status {
+        case .exited(let code): throw ExitCode(code)
+        case .signalled(let signal): throw ExitCode(128 + signal)
+        case .notStarted(let why):
+            throw CommandFailure(message: "cannot run \(Terminal.escape(argv[0])): \(why)", code: 127).exit()
+        }
+    }
+}
+
+/// `watch-session credential get|store|erase`: git's credential helper protocol
+/// (`git help credential`), the token as the password.
+struct Credential: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "A git credential helper: answers git with a fresh access token as the password.",
+        discussion: """
+            git config --global credential.https://git.example.com.helper \
+            '!watch-session credential --account alice'
+
+            get: answers username and password (a fresh access token) for the host git asks \
+            about. erase (git got a 401 with that token): the session compares and refreshes, \
+            so the next get answers a new token. store: accepted and ignored (the session keeps \
+            its tokens itself). Exit codes as token; git goes on without an answer.
+            """)
+
+    enum Operation: String, ExpressibleByArgument, CaseIterable {
+        case get, store, erase
+    }
+
+    @OptionGroup var options: AccountOptions
+
+    @Option(help: "The username to answer (most servers ignore it for a bearer token).")
+    var username = "oauth2"
+
+    @OptionGroup var verbosity: VerbosityOptions
+
+    @Argument(help: "What git asks: get, store or erase.")
+    var operation: Operation
+
+    func run() async throws {
+        let request = Self.readRequest()
+        if operation == .store { return }
+        var source = TokenSource(view: try options.view(), account: options.account, logLevel: verbosity.level)
+        if operation == .erase {
+            guard let password = request["password"] else { return }
+            source.refused = Secret(password)
+        }
+        do {
+            let (token, _) = try await source.token()
+            guard operation == .get else { return }
+            var answer = Data("username=\(username)\npassword=".utf8)
+            token.withUnsafeBytes { answer.append(contentsOf: $0) }
+            answer.append(Data("\n".utf8))
+            FileHandle.standardOutput.write(answer)
+            answer.withUnsafeMutableBytes { bytes in _ = memset(bytes.baseAddress!, 0, bytes.count) }
+        } catch {
+            throw error.exit()
+        }
+    }
+
+    /// git's `key=value` lines, up to a blank line or the end of the input.
+    static func readRequest() -> [String: String] {
+        var fields: [String: String] = [:]
+        while let line = readLine(strippingNewline: true), !line.isEmpty {
+            guard let equals = line.firstIndex(of: "=") else { continue }
+            fields[String(line[..<equals])] = String(line[line.index(after: equals)...])
+        }
+        return fields
+    }
+}

@@ -1,0 +1,58 @@
+import Crypto
+import Foundation
+import SessionCore
+import Testing
+
+@_spi(Fuzzing) @testable import SessionFileStore
+
+/// The profile (issuer, client, scopes) sealed in the record beside the tokens.
+@Suite("FileCredentialStore: the session's profile")
+struct SessionProfileTests {
+    let profile = SessionProfile(
+        issuer: "https://auth.example", clientID: "app", requestedScope: "read", grantedScope: "read",
+        tokenEndpoint: "https://auth.example/token", revocationEndpoint: "https://auth.example/revoke")
+
+    /// A record as versions before profiles wrote it (its JSON literally) opens, without one.
+    @Test func aRecordWrittenBeforeProfilesOpens() throws {
+        let key = SymmetricKey(size: .bits256)
+        let json = #"{"version":2,"active":"alice","accounts":{"alice":{"account":"alice","accessToken":"A-1","#
+            + #""refreshToken":"R-1","expiresAtNanoseconds":1,"memberID":"alice","expired":false}}}"#
+        let document = try FileCredentialStore.decode(FileCredentialStore.seal(Data(json.utf8), key: key), key: key)
+        let session = try #require(document.accounts["alice"]).session
+        #expect(session.profile == nil)
+        #expect(session.accessToken == Secret("A-1") && session.memberID == "alice")
+    }
+
+    /// Sealed with the record; kept through the writes of a session that knows no profile (a
+    /// refresh); gone with the record (logout); `setProfile` needs a record.
+    @Test func theProfileIsKeptThroughWritesAndGoesWithTheRecord() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        #expect(try store.setProfile(profile, account: "alice") == false)
+        try store.write(session("alice"))
+        #expect(try store.setProfile(profile, account: "alice"))
+        guard case .present(let read) = FileCredentialStore(directory: tmp.store).read() else {
+            Issue.record("unreadable")
+            return
+        }
+        #expect(read.profile == profile)
+        #expect(!String(decoding: contents(store.path), as: UTF8.self).contains("auth.example"), "sealed, not plain")
+
+        try store.account("alice", isActive: true).write(session("alice", access: "SENTINEL-ROTATED"))
+        try store.write(session("alice", access: "SENTINEL-ROTATED-2"))
+        guard case .present(let after) = store.read() else { Issue.record("unreadable"); return }
+        #expect(after.profile == profile && after.accessToken == Secret("SENTINEL-ROTATED-2"))
+
+        try store.account("alice", isActive: true).clear()
+        try store.write(session("alice"))
+        guard case .present(let fresh) = store.read() else { Issue.record("unreadable"); return }
+        #expect(fresh.profile == nil, "a new sign-in after logout starts without the old profile")
+    }
+
+    @Test func issuersCompareWithoutATrailingSlashOrCase() {
+        #expect(profile.isIssuer("https://AUTH.example/"))
+        #expect(!profile.isIssuer("https://other.example"))
+        #expect(SessionProfile(issuer: "https://a.example/Tenant", clientID: "c").isIssuer("https://a.example/Tenant/"))
+        #expect(!SessionProfile(issuer: "https://a.example/Tenant", clientID: "c").isIssuer("https://a.example/tenant"))
+    }
+}

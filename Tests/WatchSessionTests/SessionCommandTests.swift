@@ -1,0 +1,457 @@
+import Foundation
+import SessionCore
+import SessionFileStore
+import SessionFlowTestSupport
+import Testing
+
+/// A watch-session process started now and finished later: many run at once (their output is
+/// a line or two, which a pipe holds until it is read).
+final class Spawned: @unchecked Sendable {
+    let process = Process()
+    private let out = Pipe()
+    private let err = Pipe()
+
+    init(_ arguments: [String], input: String? = nil, environment extra: [String: String] = [:]) throws {
+        process.executableURL = URL(fileURLWithPath: binary("watch-session"))
+        process.arguments = arguments
+        var environment = ProcessInfo.processInfo.environment
+        environment["NO_COLOR"] = "1"
+        environment.merge(extra) { $1 }
+        process.environment = environment
+        process.standardOutput = out
+        process.standardError = err
+        let stdin = Pipe()
+        process.standardInput = stdin
+        try process.run()
+        if let input { stdin.fileHandleForWriting.write(Data(input.utf8)) }
+        try stdin.fileHandleForWriting.close()
+    }
+
+    func finish() -> (status: Int32, stdout: String, stderr: String) {
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+    }
+}
+
+/// A store holding `tokens` for alice, with the profile of `server` (as `login` leaves it).
+func storeSignedIn(
+    _ directory: String, server: AuthServer, access: String, refresh: String, expiresIn: Duration = .seconds(3600),
+    profile: Bool = true
+) throws {
+    try FileCredentialStore(directory: directory).write(StoredSession(
+        accessToken: Secret(access), refreshToken: Secret(refresh),
+        accessTokenExpiresAt: SessionConfiguration.realtime() + expiresIn, memberID: "alice",
+        profile: profile ? SessionProfile(
+            issuer: server.issuer, clientID: "sessionflow-public", requestedScope: "read",
+            tokenEndpoint: server.issuer + "/oauth/token", revocationEndpoint: server.issuer + "/oauth/revoke") : nil))
+}
+
+func storedAccessToken(_ directory: String) -> String? {
+    guard case .present(let session) = FileCredentialStore(directory: directory).read() else { return nil }
+    return session.accessToken?.reveal()
+}
+
+@Suite("watch-session status, token, exec, credential", .serialized)
+struct SessionCommandTests {
+    /// The whole way in a pipe: login ends (exit 0) once the code is approved, saying who signed
+    /// in; status shows the profile it stored; a new token process prints the stored token
+    /// without a request; a second login says "already signed in" and starts no flow.
+    @Test func loginInAPipeFinishesStatusShowsTheProfileAndTokenSendsNothing() async throws {
+        let server = try AuthServer()
+        try await server.device(["interval": "1", "expires_in": "120"])
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let login = ["login", "--device", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--store", directory,
+                     "--scope", "read"]
+        let cli = try Running(login + ["--json"], terminal: false)
+        #expect(await cli.wait(for: "sign_in_prompt"), "\(cli.screen)")
+        let prompt = try #require(try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_prompt" })
+        try await server.decide(try #require(prompt["user_code"] as? String), approve: true)
+        #expect(await cli.exit() == 0, "\(cli.screen)")
+        let succeeded = try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_succeeded" }
+        #expect(succeeded?["member_id"] as? String == "alice", "\(cli.screen)")
+
+        let status = try watchSession(["status", "--json", "--store", directory])
+        #expect(status.status == 0, "\(status)")
+        let document = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
+        #expect(document["version"] as? Int == 1)
+        #expect(document["state"] as? String == "loggedIn")
+        let account = try #require((document["accounts"] as? [[String: Any]])?.first)
+        #expect(account["issuer"] as? String == server.issuer, "\(document)")
+        #expect(account["client_id"] as? String == "sessionflow-public")
+        #expect(account["requested_scope"] as? String == "read")
+        #expect(account["granted_scope"] as? String == "read", "\(document)")
+        #expect(account["member_id"] as? String == "alice")
+        #expect((account["expires_in_s"] as? Int ?? 0) > 3000)
+        let human = try watchSession(["status", "--store", directory])
+        #expect(human.status == 0 && human.stdout.contains("issuer:   \(server.issuer)"), "\(human)")
+
+        let before = try await server.requests().count
+        let token = try watchSession(["token", "--store", directory])
+        #expect(token.status == 0, "\(token)")
+        #expect(token.stdout == (storedAccessToken(directory) ?? "-") + "\n")
+        #expect(token.stderr.isEmpty, "\(token.stderr)")
+        #expect(try await server.requests().count == before, "token sent a request")
+
+        let again = try watchSession(login)
+        #expect(again.status == 0, "\(again)")
+        #expect(again.stdout.contains("Already signed in as alice at \(server.issuer)"), "\(again)")
+        #expect(try await server.requests().count == before, "a second login started a flow")
+
+        let secrets = storedTokens(directory) + Array(try await server.deviceCodes())
+        for output in [cli.screen, status.stdout + status.stderr, human.stdout + human.stderr, again.stdout + again.stderr] {
+            #expect(clean(output, of: secrets), "\(output)")
+        }
+    }
+
+    /// A record written before profiles existed opens; the store keeps a profile through the
+    /// writes of a session that knows none (a refresh); status and token work without one.
+    @Test func aRecordWithoutAProfileOpensAndAProfileSurvivesLaterWrites() throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = FileCredentialStore(directory: directory)
+        try store.write(storedSession(member: "carol"))  // no profile: the record as older versions wrote it
+        guard case .present(let old) = store.read() else { Issue.record("the old record does not open"); return }
+        #expect(old.profile == nil && old.accessToken == Secret(storedAccess))
+
+        let status = try watchSession(["status", "--json", "--store", directory])
+        #expect(status.status == 0, "\(status)")
+        #expect(status.stdout.contains(#""issuer":null"#), "\(status)")
+        let token = try watchSession(["token", "--store", directory])
+        #expect(token.status == 0 && token.stdout == storedAccess + "\n", "\(token)")
+
+        let profile = SessionProfile(issuer: "https://auth.example", clientID: "app", requestedScope: "read")
+        #expect(try store.setProfile(profile, account: "carol"))
+        var refreshed = storedSession(member: "carol")
+        refreshed.accessToken = Secret("SENTINEL-ROTATED-ACCESS")
+        try store.account("carol", isActive: true).write(refreshed)  // as a manager writes: no profile
+        guard case .present(let now) = store.read() else { Issue.record("unreadable"); return }
+        #expect(now.profile == profile)
+        #expect(now.accessToken == Secret("SENTINEL-ROTATED-ACCESS"))
+        #expect(!status.stdout.contains(storedAccess) && !status.stderr.contains(storedAccess))
+    }
+
+    /// The status table: 0 signed in, 1 signed out (or no such account), 4 expired; token says
+    /// why on stderr with the same code and prints nothing.
+    @Test func statusAndTokenExitCodesFollowTheTable() async throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let out = try watchSession(["status", "--store", directory])
+        #expect(out.status == 1 && out.stdout.contains("not signed in"), "\(out)")
+        let noToken = try watchSession(["token", "--store", directory])
+        #expect(noToken.status == 1 && noToken.stdout.isEmpty && noToken.stderr.contains("not signed in"), "\(noToken)")
+
+        let store = FileCredentialStore(directory: directory)
+        try store.write(StoredSession(memberID: "carol", expired: true))
+        let expired = try watchSession(["status", "--json", "--store", directory])
+        #expect(expired.status == 4, "\(expired)")
+        #expect(expired.stdout.contains(#""state":"sessionExpired""#), "\(expired)")
+        let expiredToken = try watchSession(["token", "--store", directory])
+        #expect(expiredToken.status == 4 && expiredToken.stdout.isEmpty && expiredToken.stderr.contains("expired"), "\(expiredToken)")
+
+        let missing = try watchSession(["status", "--store", directory, "--account", "nobody"])
+        #expect(missing.status == 1 && missing.stderr.contains("no account \"nobody\""), "\(missing)")
+    }
+
+    /// A flag naming another issuer than the stored one: exit 64, both named, nothing sent.
+    @Test func anotherIssuerThanTheStoredOneIsRefusedAndNothingIsSent() async throws {
+        let server = try AuthServer()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: "SENTINEL-ACCESS-1", refresh: "SENTINEL-REFRESH-1")
+        let run = try watchSession(["logout", "--store", directory, "--issuer", "https://other.example", "--client-id", "x"])
+        #expect(run.status == 64, "\(run)")
+        #expect(run.stderr.contains("https://other.example") && run.stderr.contains(server.issuer), "\(run)")
+        #expect(try await server.requests().isEmpty)
+        #expect(storedAccessToken(directory) == "SENTINEL-ACCESS-1")
+        let watch = try watchSession(["--store", directory, "--token-endpoint", "https://other.example/token", "--client-id", "x"])
+        #expect(watch.status == 64, "\(watch)")
+        #expect(try await server.requests().isEmpty)
+        #expect(clean(run.stdout + run.stderr + watch.stdout + watch.stderr, of: ["SENTINEL-ACCESS-1", "SENTINEL-REFRESH-1"]))
+
+        // With the stored profile, logout needs no flag: revoked at the stored issuer.
+        let logout = try watchSession(["logout", "--store", directory, "--json"])
+        #expect(logout.status == 0 || logout.status == 6, "\(logout)")
+        #expect(try objects(logout.stdout).first?["revocation_endpoint"] as? String == server.issuer + "/oauth/revoke", "\(logout)")
+        #expect(FileCredentialStore(directory: directory).read() == .absent)
+    }
+
+    /// Fifty `token` processes on an expired access token: one refresh at the server, no
+    /// reuse, the same new token printed by all.
+    @Test func fiftyTokenProcessesOnAnExpiredTokenCauseOneRefresh() async throws {
+        try await concurrentFreshTokens(tokens: 50, execs: 0, credentials: 0)
+    }
+
+    /// The same with ten `exec` and ten `credential get` mixed in.
+    @Test func tokenExecAndCredentialTogetherCauseOneRefresh() async throws {
+        try await concurrentFreshTokens(tokens: 50, execs: 10, credentials: 10)
+    }
+
+    func concurrentFreshTokens(tokens: Int, execs: Int, credentials: Int) async throws {
+        let server = try AuthServer(expiresIn: 3600, ["--strict-reuse"])
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(-10))
+        let started = ContinuousClock.now
+        var processes: [(kind: String, process: Spawned)] = []
+        for index in 0..<(tokens + execs + credentials) {
+            if index < tokens {
+                processes.append(("token", try Spawned(["token", "--store", directory])))
+            } else if index < tokens + execs {
+                processes.append(("exec", try Spawned(["exec", "--store", directory, "--", "sh", "-c", #"printf '%s\n' "$ACCESS_TOKEN""#])))
+            } else {
+                processes.append(("credential", try Spawned(
+                    ["credential", "--store", directory, "get"], input: "protocol=https\nhost=git.example\n\n")))
+            }
+        }
+        var printed: [String] = []
+        for (kind, process) in processes {
+            let run = process.finish()
+            #expect(run.status == 0, "\(kind): \(run)")
+            switch kind {
+            case "credential":
+                let password = run.stdout.split(separator: "\n").first { $0.hasPrefix("password=") }
+                printed.append(password.map { String($0.dropFirst("password=".count)) } ?? "")
+                #expect(run.stdout.hasPrefix("username=oauth2\n"), "\(run)")
+            default:
+                printed.append(run.stdout.trimmingCharacters(in: .newlines))
+            }
+        }
+        let elapsed = ContinuousClock.now - started
+        let stats = try await server.stats()
+        let fresh = storedAccessToken(directory)
+        print("concurrent: \(processes.count) processes, refresh_grants \(stats["refresh_grants"] ?? -1), "
+            + "reuse_detected \(stats["reuse_detected"] ?? -1), wall \(elapsed)")
+        #expect(stats["refresh_grants"] == 1, "\(stats)")
+        #expect(stats["reuse_detected"] == 0, "\(stats)")
+        #expect(Set(printed).count == 1, "\(Set(printed).count) different answers")
+        #expect(printed.first == fresh && fresh != access, "not the new stored token")
+    }
+
+    /// `exec`: the token in the child's environment (never its arguments), its status passed on.
+    @Test func execPutsTheTokenInTheEnvironmentAndPassesTheStatusOn() async throws {
+        let server = try AuthServer()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: "SENTINEL-EXEC-ACCESS", refresh: "SENTINEL-EXEC-REFRESH")
+        // The child compares with what the test expects (given in the environment, so that no
+        // argument of the child holds the token) and looks at its own arguments.
+        let run = try watchSession([
+            "exec", "--store", directory, "--env", "API_TOKEN", "--", "sh", "-c",
+            #"test "$API_TOKEN" = "$EXPECTED" && ! tr '\0' ' ' < /proc/$$/cmdline | grep -q "$EXPECTED" && exit 3"#,
+        ], environment: ["EXPECTED": "SENTINEL-EXEC-ACCESS"])
+        #expect(run.status == 3, "\(run)")
+        let missing = try watchSession(["exec", "--store", directory, "--", "/nonexistent/command"])
+        #expect(missing.status == 127, "\(missing)")
+        #expect(clean(missing.stdout + missing.stderr, of: ["SENTINEL-EXEC-ACCESS"]))
+        #expect(try await server.requests().isEmpty)
+    }
+
+    /// Real git through the helper: fill gets the token; reject (a 401) then fill gets a
+    /// refreshed one, after exactly one refresh.
+    @Test func gitCredentialFillAndRejectGoThroughTheHelper() async throws {
+        let server = try AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        let home = temporaryStore()
+        try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true)
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: home)
+        }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh)
+        let helper = "!\(binary("watch-session")) credential --store \(directory) --account alice"
+        let environment = [
+            "HOME": home, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": home + "/gitconfig", "GIT_TERMINAL_PROMPT": "0",
+        ]
+        let config = try git(["config", "--global", "credential.https://git.example.helper", helper], environment: environment)
+        #expect(config.status == 0, "\(config)")
+
+        let request = "protocol=https\nhost=git.example\n\n"
+        let fill = try git(["credential", "fill"], input: request, environment: environment)
+        #expect(fill.status == 0, "\(fill)")
+        #expect(fill.stdout.contains("password=\(access)\n"), "\(fill)")
+        #expect(try await server.stats()["refresh_grants"] == 0)
+
+        let reject = try git(["credential", "reject"], input: "protocol=https\nhost=git.example\nusername=oauth2\npassword=\(access)\n\n",
+                             environment: environment)
+        #expect(reject.status == 0, "\(reject)")
+        let refill = try git(["credential", "fill"], input: request, environment: environment)
+        let fresh = try #require(storedAccessToken(directory))
+        #expect(fresh != access)
+        #expect(refill.stdout.contains("password=\(fresh)\n"), "\(refill)")
+        #expect(try await server.stats()["refresh_grants"] == 1)
+        #expect(clean(reject.stdout + reject.stderr, of: [fresh, refresh]))
+    }
+
+    /// On a terminal `token` refuses without --show (the token would be on screen); with it, it
+    /// prints.
+    @Test func tokenOnATerminalNeedsShow() async throws {
+        let server = try AuthServer()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: "SENTINEL-TTY-ACCESS", refresh: "SENTINEL-TTY-REFRESH")
+        let refused = try Running(["token", "--store", directory], terminal: true)
+        #expect(await refused.exit() == 64, "\(refused.screen)")
+        #expect(refused.screen.contains("--show") && !refused.screen.contains("SENTINEL-TTY-ACCESS"), "\(refused.screen)")
+        let shown = try Running(["token", "--store", directory, "--show"], terminal: true)
+        #expect(await shown.exit() == 0, "\(shown.screen)")
+        #expect(shown.screen.contains("SENTINEL-TTY-ACCESS"))
+    }
+
+    /// Only token, exec (into the child) and credential (to git) output a token: every other
+    /// command's standard output and error, in every mode, is scanned for it.
+    @Test func noOtherCommandOutputsAToken() async throws {
+        let server = try AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh)
+        let store = ["--store", directory]
+        var outputs: [(String, String)] = []
+        func run(_ arguments: [String], input: String? = nil) throws {
+            let result = try Spawned(arguments, input: input).finish()
+            outputs.append((arguments.joined(separator: " "), result.stdout + result.stderr))
+        }
+        try run(["status"] + store)
+        try run(["status", "--json"] + store)
+        try run(["status", "--account", "alice", "-vvv"] + store)
+        try run(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public"] + store)
+        try run(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--json"] + store)
+        try run(["exec"] + store + ["-vvv", "--", "true"])
+        try run(["credential"] + store + ["store"], input: "protocol=https\nhost=x\nusername=u\npassword=\(access)\n\n")
+        try run(["credential"] + store + ["erase", "-vvv"], input: "protocol=https\nhost=x\npassword=not-the-token\n\n")
+        try run(["token", "-vvv"] + store)
+        outputs[outputs.count - 1].1 = ""  // token's standard output is the token; its stderr:
+        let tokenRun = try Spawned(["token", "-vvv"] + store).finish()
+        outputs.append(("token (stderr)", tokenRun.stderr))
+        for command in ["status", "token", "exec", "credential", "login", "logout", "watch"] {
+            try run([command, "--help"])
+        }
+        let watch = try Running(store + ["--json", "-vvv"], terminal: false)
+        #expect(await watch.wait(for: #""state":"loggedIn""#), "\(watch.screen)")
+        kill(watch.process.processIdentifier, SIGINT)
+        #expect(await watch.exit() == 130)
+        outputs.append(("watch --json", watch.screen))
+        try run(["logout", "--json", "-vvv"] + store)
+        try run(["status", "--json"] + store)
+        #expect(try await server.stats()["refresh_grants"] == 0)
+        for (command, output) in outputs {
+            #expect(clean(output, of: [access, refresh]), "\(command): \(output)")
+        }
+    }
+
+    /// `watch-session` with no subcommand follows the default store (the one login uses);
+    /// the demo is `watch-session demo`.
+    @Test func theDefaultCommandWatchesTheDefaultStoreAndTheDemoIsASubcommand() async throws {
+        let state = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+        try FileCredentialStore(directory: state + "/watch-session").write(storedSession(member: "carol"))
+        let watch = try Running(["--json"], terminal: false, environment: ["XDG_STATE_HOME": state])
+        #expect(await watch.wait(for: #""state":"loggedIn""#), "\(watch.screen)")
+        #expect(!watch.screen.contains("demo"), "\(watch.screen)")
+        kill(watch.process.processIdentifier, SIGINT)
+        #expect(await watch.exit() == 130)
+        #expect(clean(watch.screen, of: [storedAccess, storedRefresh]))
+        let status = try watchSession(["status"], environment: ["XDG_STATE_HOME": state])
+        #expect(status.status == 0 && status.stdout.contains("carol (active): loggedIn"), "\(status)")
+
+        let demo = try watchSession(["demo", "--json", "--speed", "50", "--scenario", "401-storm"])
+        #expect(demo.status == 0, "\(demo)")
+        #expect(demo.stdout.contains("one refresh answered twenty 401s"))
+        let script = try String(contentsOfFile: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("scripts/demo.sh").path, encoding: .utf8)
+        #expect(script.contains("watch-session demo"))
+    }
+
+    /// `login --force` on a signed-in store: the old session is signed out at its own issuer
+    /// (its refresh token revoked), then a new sign-in runs and login exits 0.
+    @Test func loginForceSignsTheOldSessionOutFirst() async throws {
+        let server = try AuthServer()
+        try await server.device(["interval": "1", "expires_in": "120"])
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh)
+        let cli = try Running(
+            ["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--store", directory, "--json", "--force"],
+            terminal: false)
+        #expect(await cli.wait(for: "sign_in_prompt"), "\(cli.screen)")
+        #expect(try await server.refreshError(refresh) == "invalid_grant", "the old refresh token was not revoked")
+        let prompt = try #require(try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_prompt" })
+        try await server.decide(try #require(prompt["user_code"] as? String), approve: true)
+        #expect(await cli.exit() == 0, "\(cli.screen)")
+        let fresh = try #require(storedAccessToken(directory))
+        #expect(fresh != access)
+        #expect(clean(cli.screen, of: [access, refresh, fresh]))
+    }
+
+    /// `token --min-valid N` refreshes first when less than N seconds are left.
+    @Test func tokenMinValidRefreshesFirst() async throws {
+        let server = try AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
+        let enough = try watchSession(["token", "--store", directory, "--min-valid", "60"])
+        #expect(enough.status == 0 && enough.stdout == access + "\n", "\(enough)")
+        #expect(try await server.stats()["refresh_grants"] == 0)
+        let short = try watchSession(["token", "--store", directory, "--min-valid", "1200"])
+        #expect(short.status == 0, "\(short)")
+        #expect(short.stdout != access + "\n" && short.stdout == (storedAccessToken(directory) ?? "-") + "\n")
+        #expect(try await server.stats()["refresh_grants"] == 1)
+    }
+
+    /// A store with accounts of two issuers: watching one of them refreshes it at its issuer,
+    /// and the other account's refresh token goes nowhere (never to the first issuer).
+    @Test func aWatchNeverSendsAnotherIssuersTokenToItsOwn() async throws {
+        let first = try AuthServer()
+        let second = try AuthServer()
+        let alice = try await first.passwordSignIn("alice")
+        let bob = try await second.passwordSignIn("bob")
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = FileCredentialStore(directory: directory)
+        for (member, server, tokens) in [("alice", first, alice), ("bob", second, bob)] {
+            try store.account(member, isActive: true).write(StoredSession(
+                accessToken: Secret(tokens.access), refreshToken: Secret(tokens.refresh),
+                accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: member,
+                profile: SessionProfile(issuer: server.issuer, clientID: "sessionflow-public", tokenEndpoint: server.issuer + "/oauth/token")))
+        }
+        try store.setActiveAccount("alice")
+        let watch = try Running(["--store", directory, "--json", "-vv"], terminal: false)
+        #expect(await watch.wait(for: #""event":"tokenRefreshed""#), "\(watch.screen)")
+        #expect(await watch.wait(for: "other_issuer"), "bob's refresh was not refused: \(watch.screen)")
+        kill(watch.process.processIdentifier, SIGINT)
+        #expect(await watch.exit() == 130)
+        #expect(try await first.stats()["refresh_grants"] == 1)
+        let sentToFirst = try await first.requests().compactMap { ($0["form"] as? [String: String])?["refresh_token"] }
+        #expect(!sentToFirst.contains(bob.refresh), "bob's refresh token went to alice's issuer")
+        #expect(try await second.stats()["refresh_grants"] == 0)
+        #expect(clean(watch.screen, of: [alice.access, alice.refresh, bob.access, bob.refresh]))
+    }
+
+    func git(_ arguments: [String], input: String = "", environment extra: [String: String]) throws -> (status: Int32, stdout: String, stderr: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/git")
+        process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(extra) { $1 }
+        let out = Pipe()
+        let err = Pipe()
+        let stdin = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        process.standardInput = stdin
+        try process.run()
+        stdin.fileHandleForWriting.write(Data(input.utf8))
+        try stdin.fileHandleForWriting.close()
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+    }
+}
