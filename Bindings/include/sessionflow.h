@@ -161,7 +161,10 @@ typedef enum sf_event_kind {
     SF_EVENT_ACCOUNT_SWITCHED = 9 /* member_id: the account key now active (sf_session_switch_account) */
 } sf_event_kind;
 
-/* A session event. Strings are borrowed for the duration of the callback. */
+/* A session event. Strings are borrowed for the duration of the callback. member_id is the
+ * host's (sf_tokens.member_id) or the server's (a userinfo `sub`, a refresh answer) as it was
+ * given: valid UTF-8, but it may hold any character, bidi and control characters included —
+ * escape it for your terminal or log. reason is the library's words, printable. */
 typedef struct sf_event {
     size_t size; /* sizeof(sf_event) of the library that filled it */
     sf_event_kind kind;
@@ -715,7 +718,12 @@ typedef struct sf_sign_in_options {
 typedef struct sf_sign_in_prompt {
     size_t size;                           /* sizeof(sf_sign_in_prompt) of the library */
     /* Device flow: "go to verification_uri and enter user_code" (or open
-     * verification_uri_complete, e.g. as a QR code; NULL when the server gave none). */
+     * verification_uri_complete, e.g. as a QR code; NULL when the server gave none).
+     * These come from the server. user_code: 1 to 128 characters, no control character, and
+     * format/bidi characters (Unicode Cf: U+200E, U+202E, U+2066...) removed, so what the user
+     * reads is what they type. The URIs: https (http only to loopback, and only from a
+     * loopback server), at most 2048 bytes, otherwise as the server wrote them: show them as
+     * links, escape them for your output. */
     const char *user_code;
     const char *verification_uri;
     const char *verification_uri_complete;
@@ -725,6 +733,11 @@ typedef struct sf_sign_in_prompt {
      * redirect_uri (http://127.0.0.1:<port>/callback, the library's loopback listener). */
     const char *authorization_url;
     const char *redirect_uri;
+    /* Browser flow: http://127.0.0.1:<port>/start, which the listener answers with a redirect
+     * to authorization_url. Give this one to a program you start to open the browser
+     * (xdg-open): any local user can read a process's arguments, and the authorization URL's
+     * state would let them end the sign-in. */
+    const char *start_url;
 } sf_sign_in_prompt;
 
 /* The host's side of one sign-in. on_prompt and release may be NULL; on_done may too (the

@@ -35,6 +35,10 @@ static void on_prompt(const sf_sign_in_prompt *prompt, void *userdata) {
     if (prompt->size < sizeof *prompt || !prompt->authorization_url || !prompt->redirect_uri || prompt->user_code ||
         prompt->verification_uri || prompt->verification_uri_complete)
         atomic_fetch_add(&p->prompt_not_browser, 1);
+    /* The start URL: the listener's /start, nothing of the state in it (issue 29, point 4). */
+    if (!prompt->start_url || strncmp(prompt->start_url, "http://127.0.0.1:", 17) != 0 ||
+        strstr(prompt->start_url, "/start") == NULL || strstr(prompt->start_url, "state=") != NULL)
+        atomic_fetch_add(&p->prompt_not_browser, 1);
     snprintf(p->authorization_url, sizeof p->authorization_url, "%s",
              prompt->authorization_url ? prompt->authorization_url : "");
     snprintf(p->redirect_uri, sizeof p->redirect_uri, "%s", prompt->redirect_uri ? prompt->redirect_uri : "");

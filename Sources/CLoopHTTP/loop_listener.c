@@ -68,6 +68,7 @@ static void shutdown_done(uv_shutdown_t *request, int status) {
 static const char *reason(int status) {
     switch (status) {
     case 200: return "OK";
+    case 302: return "Found";
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
@@ -79,16 +80,18 @@ static void send_reply(ll_connection *c, const ll_reply *reply) {
     c->replying = 1;
     int status = (reply->status >= 100 && reply->status <= 599) ? reply->status : 500;
     size_t body_length = reply->body ? reply->body_length : 0;
-    char header[512];
+    char header[512 + LL_MAX_LOCATION];
     int header_length = snprintf(header, sizeof header,
                                  "HTTP/1.1 %d %s\r\n"
+                                 "%s%s%s"
                                  "Content-Type: text/html; charset=utf-8\r\n"
                                  "Content-Length: %zu\r\n"
                                  "Cache-Control: no-store\r\n"
                                  "Referrer-Policy: no-referrer\r\n"
                                  "X-Content-Type-Options: nosniff\r\n"
                                  "Connection: close\r\n\r\n",
-                                 status, reason(status), body_length);
+                                 status, reason(status), reply->location ? "Location: " : "",
+                                 reply->location ? reply->location : "", reply->location ? "\r\n" : "", body_length);
     if (header_length < 0 || (size_t)header_length >= sizeof header) {
         connection_close(c);
         return;
@@ -124,6 +127,17 @@ static void send_reply(ll_connection *c, const ll_reply *reply) {
     if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, shutdown_done) != 0) connection_close(c);
 }
 
+void ll_reply_set_location(ll_reply *reply, const char *url) {
+    if (!reply) return;
+    free(reply->location);
+    reply->location = NULL;
+    size_t length = url ? strnlen(url, LL_MAX_LOCATION + 1) : 0;
+    int printable = url && length > 0 && length <= LL_MAX_LOCATION;
+    for (size_t i = 0; printable && i < length; i++)
+        if ((unsigned char)url[i] < 0x21 || (unsigned char)url[i] > 0x7e) printable = 0;
+    if (!printable || !(reply->location = strndup(url, length))) reply->status = 500;
+}
+
 void ll_reply_set(ll_reply *reply, int status, const char *body, size_t body_length) {
     if (!reply) return;
     free(reply->body);
@@ -138,7 +152,7 @@ void ll_reply_set(ll_reply *reply, int status, const char *body, size_t body_len
 
 static void refuse(ll_connection *c) {
     static const char page[] = "<!doctype html><title>Bad request</title><p>Bad request.</p>";
-    ll_reply reply = {400, (char *)page, sizeof page - 1};
+    ll_reply reply = {400, (char *)page, sizeof page - 1, NULL};
     send_reply(c, &reply);
 }
 
@@ -177,11 +191,12 @@ static void handle_head(ll_connection *c) {
         connection_close(c);
         return;
     }
-    ll_reply reply = {404, NULL, 0};
+    ll_reply reply = {404, NULL, 0, NULL};
     c->replying = 1; /* the callback may call ll_close: this connection still gets its reply */
     listener->on_request(method, target, &reply, listener->userdata);
     send_reply(c, &reply);
     free(reply.body);
+    free(reply.location);
 }
 
 static void allocate(uv_handle_t *handle, size_t suggested, uv_buf_t *buffer) {

@@ -97,9 +97,12 @@ final class SignInRecord: Sendable {
         c.interval_ms = -1
         browser.authorizationURL.absoluteString.withCString { authorization in
             browser.redirectURI.absoluteString.withCString { redirect in
-                c.authorization_url = authorization
-                c.redirect_uri = redirect
-                withUnsafePointer(to: c) { prompt($0) }
+                browser.startURL.absoluteString.withCString { start in
+                    c.authorization_url = authorization
+                    c.redirect_uri = redirect
+                    c.start_url = start
+                    withUnsafePointer(to: c) { prompt($0) }
+                }
             }
         }
     }

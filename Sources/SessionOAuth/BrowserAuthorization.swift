@@ -3,22 +3,28 @@ import FoundationEssentials
 import LoopFlow
 import SessionCore
 
-/// What the host does to sign in through a browser: open `authorizationURL` (the CLI runs
-/// `xdg-open`, or prints it). The browser comes back to `redirectURI`, the loopback listener,
-/// which must answer within `timeout`. Nothing secret is in it: the PKCE verifier stays inside
-/// the flow, and the `state` in the URL is only good for this run.
+/// What the host does to sign in through a browser: open `startURL` (the CLI runs
+/// `xdg-open` on it), or show `authorizationURL` to be opened by hand. The browser comes back
+/// to `redirectURI`, the loopback listener, which must answer within `timeout`. The PKCE
+/// verifier stays inside the flow; the `state` in the authorization URL is only good for this
+/// run, but another local user who reads it in time could answer the listener with a
+/// matching error and end the sign-in — so hand a program you start (whose argv any local
+/// user can read in /proc) the start URL, which carries nothing.
 public struct BrowserPrompt: Sendable, Equatable, CustomStringConvertible {
     /// The authorization request (RFC 6749 §4.1.1 with `state`, `code_challenge`,
     /// `code_challenge_method=S256`, `redirect_uri`).
     public let authorizationURL: URL
+    /// `http://127.0.0.1:<port>/start`: the listener answers it with a 302 to
+    /// `authorizationURL` until the redirect is taken. Nothing secret is in it.
+    public let startURL: URL
     /// `http://127.0.0.1:<port>/callback`: the one-shot listener on the loop.
     public let redirectURI: URL
     /// The flow ends with `signInExpired` when no usable redirect came within it.
     public let timeout: Duration
 
     public var description: String {
-        "BrowserPrompt(authorizationURL: \(authorizationURL.absoluteString), redirectURI: "
-            + "\(redirectURI.absoluteString), timeout: \(timeout))"
+        "BrowserPrompt(authorizationURL: \(authorizationURL.absoluteString), startURL: \(startURL.absoluteString), "
+            + "redirectURI: \(redirectURI.absoluteString), timeout: \(timeout))"
     }
 }
 
@@ -51,6 +57,8 @@ public final class BrowserAuthorization: SignInFlow {
 
     /// The path of the redirect URI on the loopback listener.
     public static let callbackPath = "/callback"
+    /// The path of the start URL on the listener (a 302 to the authorization URL).
+    public static let startPath = "/start"
 
     /// How long the browser has to come back unless the host says otherwise (every host's
     /// default: the C API's `timeout_ms` 0, `watch-session login --browser`).
@@ -137,6 +145,8 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
     private var redirectURI = ""
     /// The redirect was taken (a code or an error): later ones are refused.
     private var taken = false
+    /// The authorization URL `/start` redirects to.
+    private var authorizationURL = ""
 
     init(flow: BrowserAuthorization, loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void) {
         self.flow = flow
@@ -175,7 +185,9 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
         } catch {
             return finish(.failure(SessionError(.shutDown, "the event loop is shut down")))
         }
-        flow.onPrompt(BrowserPrompt(authorizationURL: url, redirectURI: redirect, timeout: timeout))
+        authorizationURL = url.absoluteString
+        let start = URL(string: "http://127.0.0.1:\(listener.port)\(BrowserAuthorization.startPath)")!
+        flow.onPrompt(BrowserPrompt(authorizationURL: url, startURL: start, redirectURI: redirect, timeout: timeout))
     }
 
     // MARK: - The redirect (loop thread, from the listener)
@@ -188,6 +200,17 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
         "Not accepted",
         "This answer does not belong to the sign-in in progress, so it was ignored. You can close this window.")
     static let notFoundPage = page("Not found", "There is nothing here. You can close this window.")
+    static let continuePage = page("Signing in", "Continuing to the sign-in page of your account.")
+
+    /// Whether `a` and `b` hold the same bytes, in a time that depends on their lengths only
+    /// (a local process must not learn `state` a byte at a time from how fast it is refused).
+    static func constantTimeEqual(_ a: String, _ b: String) -> Bool {
+        let x = Array(a.utf8), y = Array(b.utf8)
+        guard x.count == y.count else { return false }
+        var difference: UInt8 = 0
+        for index in x.indices { difference |= x[index] ^ y[index] }
+        return difference == 0
+    }
 
     static func page(_ title: String, _ text: String) -> String {
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>\(title)</title></head>"
@@ -196,11 +219,15 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
 
     private func request(_ method: String, _ target: String) -> LoopbackListener.Reply {
         let (path, query) = Self.split(target)
+        if path == BrowserAuthorization.startPath, query == nil, method == "GET" {
+            guard !taken, !finished else { return .init(status: 400, page: Self.stalePage) }
+            return .init(status: 302, page: Self.continuePage, location: authorizationURL)
+        }
         guard path == BrowserAuthorization.callbackPath else { return .init(status: 404, page: Self.notFoundPage) }
         guard !taken, !finished else { return .init(status: 400, page: Self.stalePage) }
         guard method == "GET", let fields = query.map(Self.parseQuery),
               fields.filter({ $0.0 == "state" }).count == 1,
-              fields.first(where: { $0.0 == "state" })?.1 == state
+              let sent = fields.first(where: { $0.0 == "state" })?.1, Self.constantTimeEqual(sent, state)
         else {
             return .init(status: 400, page: Self.mismatchPage)
         }

@@ -240,7 +240,12 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
         guard let secret = object.secret("device_code"), secret.count > 0, secret.count <= 4096 else {
             return refuse("has no usable device_code")
         }
-        guard let userCode = object["user_code"]?.string, !userCode.isEmpty, userCode.utf8.count <= 128,
+        // Format and bidi characters (Cf: U+200E, U+202E, U+2066...) would make the code read
+        // differently from what must be typed: removed (issue 29, point 6).
+        let shownCode = object["user_code"]?.string.map { code in
+            String(String.UnicodeScalarView(code.unicodeScalars.filter { $0.properties.generalCategory != .format }))
+        }
+        guard let userCode = shownCode, !userCode.isEmpty, userCode.utf8.count <= 128,
               userCode.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F && !(0x80...0x9F).contains($0.value) }),
               !secret.occurs(in: userCode)
         else {

@@ -15,6 +15,8 @@ final class LoopbackListener: @unchecked Sendable {
     struct Reply {
         var status: Int
         var page: String
+        /// A Location header (a 302's target).
+        var location: String? = nil
     }
 
     let port: Int
@@ -94,6 +96,7 @@ private func loopbackRequest(
     page.withUnsafeMutableBytes { bytes in
         ll_reply_set(reply, Int32(answer.status), bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
     }
+    if let location = answer.location { ll_reply_set_location(reply, location) }
 }
 
 /// What the loopback listener and the browser flow read from bytes any local process may send,

@@ -77,7 +77,8 @@ struct SignInPlan: Sendable {
                 // Looked up each time: PATH is the user's, and xdg-open may come and go.
                 let opener = open ? BrowserOpener.find() : nil
                 presenter.browserPrompt(prompt, opening: opener != nil)
-                if let opener { BrowserOpener.open(prompt.authorizationURL, with: opener) }
+                // The start URL: nothing secret in the opener's argv (any local user can read it).
+                if let opener { BrowserOpener.open(prompt.startURL, with: opener) }
             }
         }
         let sequence = SignInSequence(.issuer(SignInSequence.Issuer(issuer, clientID: clientID)), method: method, scope: scope)

@@ -598,3 +598,30 @@ extension OAuthServer {
         #expect(LoopbackRequestParsing.shown("<script>\u{1B}é\"'", limit: 200) == "&lt;script&gt;??&quot;&#39;")
     }
 }
+
+/// Issue 29, point 4: the start URL carries nothing secret and sends the browser on to the
+/// authorization URL; `state` is compared in constant time.
+@Suite struct BrowserStartURLTests {
+    @Test func theStartURLRedirectsToTheAuthorizationURLUntilTheRedirectIsTaken() async throws {
+        let setup = try await BrowserFlowTests.Setup()
+        let signIn = Task { try await setup.session.manager.signIn(with: setup.flow) }
+        let prompt = try #require(await setup.prompts.first())
+        #expect(prompt.startURL.absoluteString == "http://127.0.0.1:\(prompt.redirectURI.port!)/start")
+        let port = try #require(prompt.startURL.port)
+        let redirect = try LoopbackHTTP.request(port: port, method: "GET", path: "/start")
+        #expect(redirect.status == 302 && redirect.header("Location") == prompt.authorizationURL.absoluteString)
+        #expect(try LoopbackHTTP.request(port: port, method: "POST", path: "/start").status == 404)
+        #expect(try await setup.server.browse(prompt, consent: true).status == 200)
+        try await signIn.value
+        #expect(setup.session.manager.state.value == .loggedIn)
+        await setup.session.stop()
+    }
+
+    @Test func stateIsComparedByteForByte() {
+        #expect(BrowserRedirect.constantTimeEqual("abc", "abc"))
+        #expect(!BrowserRedirect.constantTimeEqual("abc", "abd"))
+        #expect(!BrowserRedirect.constantTimeEqual("abc", "abcd"))
+        #expect(!BrowserRedirect.constantTimeEqual("K", "\u{212A}"))
+        #expect(BrowserRedirect.constantTimeEqual("", ""))
+    }
+}

@@ -248,6 +248,13 @@ struct DeviceFlowTests {
         var noCode = good
         noCode["device_code"] = nil
         #expect(throws: SessionError.self) { try DevicePolling.parse(try answer(noCode), origin: remote).get() }
+        // Format and bidi characters are removed from the user code (issue 29, point 6).
+        var bidi = good
+        bidi["user_code"] = "AB\u{202E}CD\u{200B}-EF\u{2066}GH\u{2069}"
+        #expect(try DevicePolling.parse(try answer(bidi), origin: remote).get().0.userCode == "ABCD-EFGH")
+        var onlyBidi = good
+        onlyBidi["user_code"] = "\u{202E}\u{200E}"
+        #expect(throws: SessionError.self) { try DevicePolling.parse(try answer(onlyBidi), origin: remote).get() }
         // Plain http to loopback: only from a loopback device endpoint (issue 29, point 3).
         var local = good
         local["verification_uri"] = "http://127.0.0.1:8080/device"

@@ -441,8 +441,8 @@ struct WatchSessionLoginTests {
         #expect(usage.status == 64 && usage.stderr.contains("--issuer"), "\(usage.stderr)")
     }
 
-    /// --browser: xdg-open (a stand-in on PATH) is run on the authorization URL, which is also
-    /// printed; the test plays the browser (consent form, redirect to the loopback listener)
+    /// --browser: xdg-open (a stand-in on PATH) is run on the listener's start URL, which sends
+    /// the browser on to the authorization URL that is printed; the test plays the browser (consent form, redirect to the loopback listener)
     /// and the session is signed in and stored. No token in the output.
     @Test func loginWithTheBrowserOpensTheURLAndSignsInWhenTheBrowserComesBack() async throws {
         let server = try AuthServer()
@@ -461,10 +461,17 @@ struct WatchSessionLoginTests {
         // Written right after the line above, by a separate write: wait for it (read at once,
         // it was missing in a CI run).
         #expect(await cli.wait(for: "Waiting for the browser to come back to http://127.0.0.1:"), "\(cli.screen)")
-        // xdg-open was given exactly that URL.
+        // xdg-open was given the listener's start URL, nothing of the state (issue 29, point 4:
+        // any local user reads a process's argv), and the start URL sends the browser on to
+        // exactly the URL shown.
         #expect(await eventually(timeout: .seconds(10), every: .milliseconds(20)) {
-            (try? String(contentsOfFile: opener.opened, encoding: .utf8)) == url.absoluteString + "\n"
+            (try? String(contentsOfFile: opener.opened, encoding: .utf8))?.hasSuffix("/start\n") == true
         }, "\((try? String(contentsOfFile: opener.opened, encoding: .utf8)) ?? "xdg-open was not run")")
+        let opened = try #require(try? String(contentsOfFile: opener.opened, encoding: .utf8))
+        #expect(opened.hasPrefix("http://127.0.0.1:") && !opened.contains("state=") && !opened.contains("code_challenge"))
+        let start = try #require(URL(string: opened.trimmingCharacters(in: .newlines)))
+        let redirect = try LoopbackHTTP.request(port: try #require(start.port), method: "GET", path: "/start")
+        #expect(redirect.status == 302 && redirect.header("Location") == url.absoluteString, "\(redirect.status)")
 
         let page = try await server.browse(url, allow: true)
         #expect(page.status == 200, "\(page.text)")

@@ -29,18 +29,24 @@ struct uv_loop_s;
 #define LL_MAX_HEAD 8192
 #define LL_MAX_CONNECTIONS 16
 #define LL_DEADLINE_MS 10000
+#define LL_MAX_LOCATION 8192
 
 typedef struct ll_listener ll_listener;
 
 /* The reply to one request (set it with ll_reply_set). */
 typedef struct ll_reply {
-    int status;       /* 200, 400, 404... (the reason phrase is chosen from it) */
+    int status;       /* 200, 302, 400, 404... (the reason phrase is chosen from it) */
     char *body;       /* an HTML page (text/html; charset=utf-8), owned by the listener */
     size_t body_length;
+    char *location;   /* a Location header (a 302's target), owned by the listener; NULL: none */
 } ll_reply;
 
 /* Sets the reply: `status` and a copy of `body` (the listener frees it). Inside ll_request_fn. */
 void ll_reply_set(ll_reply *reply, int status, const char *body, size_t body_length);
+
+/* Sets the reply's Location header to a copy of `url` (printable ASCII, at most 8192 bytes;
+ * anything else is not set and the reply becomes a 500). Inside ll_request_fn. */
+void ll_reply_set_location(ll_reply *reply, const char *url);
 
 /* A request head arrived: `method` and `target` (the request-target, e.g. "/callback?code=..")
  * are borrowed for the call. Set *reply with ll_reply_set (without it: 404, an empty page).

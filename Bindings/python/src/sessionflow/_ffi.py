@@ -139,6 +139,7 @@ class SignInPromptStruct(ctypes.Structure):
         ("interval_ms", ctypes.c_int64),
         ("authorization_url", ctypes.c_char_p),
         ("redirect_uri", ctypes.c_char_p),
+        ("start_url", ctypes.c_char_p),
     ]
 
 

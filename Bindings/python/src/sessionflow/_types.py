@@ -106,7 +106,9 @@ class Event:
 class SignInPrompt:
     """What the user is shown (sf_sign_in_prompt). Device flow: go to `verification_uri` and
     enter `user_code` (or open `verification_uri_complete`). Browser flow: open
-    `authorization_url`; it comes back to `redirect_uri`. Fields not of the flow are None.
+    `authorization_url`; it comes back to `redirect_uri`. `start_url` redirects to
+    `authorization_url`: give it to a program you start (its arguments are readable by every
+    local user; the authorization URL's state is not for them). Fields not of the flow are None.
     (No device code, code verifier or token is ever in it.)"""
 
     user_code: Optional[str]
@@ -116,6 +118,7 @@ class SignInPrompt:
     interval_ms: int
     authorization_url: Optional[str]
     redirect_uri: Optional[str]
+    start_url: Optional[str]
 
     @classmethod
     def _from_raw(cls, raw: _ffi.SignInPromptStruct) -> "SignInPrompt":
@@ -127,6 +130,7 @@ class SignInPrompt:
             interval_ms=int(raw.interval_ms),
             authorization_url=_optional(raw.authorization_url),
             redirect_uri=_optional(raw.redirect_uri),
+            start_url=_optional(raw.start_url),
         )
 
 
