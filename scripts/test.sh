@@ -34,8 +34,14 @@ quick=0
 case "${1:-}" in
 "") ;;
 --quick) quick=1 ;;
+--stress)
+    # The optional stress tier (issue 29, point 10): rotation, lease, store-fault and OAuth
+    # suites, 50 rounds beside two busy loops per core (scripts/stress.sh ROUNDS BURNERS).
+    shift
+    exec bash scripts/stress.sh "$@"
+    ;;
 *)
-    echo "usage: bash scripts/test.sh [--quick]" >&2
+    echo "usage: bash scripts/test.sh [--quick | --stress [ROUNDS [BURNERS]]]" >&2
     exit 64
     ;;
 esac
