@@ -42,7 +42,7 @@ public final class OAuthAuthority: SessionAuthority {
                 // that asked for none keeps the grant's (nil: the session keeps its own).
                 TokenResponse.grant(from: response, defaultLifetime: configuration.defaultLifetime).map { grant in
                     var grant = grant
-                    if grant.scope == nil { grant.scope = configuration.scope }
+                    if grant.scope == nil { grant.scope = TokenResponse.scope(in: configuration.scope) }
                     return grant
                 }
             })
