@@ -521,6 +521,28 @@ int sf_session_is_logged_in(sf_runtime *runtime);
  * written), SF_ECLOSED. Any thread. */
 int sf_session_member_id(sf_runtime *runtime, char *buffer, size_t length);
 
+/* The access token's details (never the token itself), filled in by
+ * sf_session_token_info. Set `size` to sizeof(sf_token_info) before the call. */
+typedef struct sf_token_info {
+    size_t size;                /* set to sizeof(sf_token_info) */
+    char token_type[16];        /* "Bearer" (NUL-terminated) */
+    int64_t expires_in_ms;      /* time left, monotonic clock (negative: expired); INT64_MIN: unknown */
+    int64_t expires_at_unix_ms; /* when it expires, wall clock (ms since the Unix epoch); 0: unknown */
+} sf_token_info;
+
+/* Fills *out (whose `size` the host set) with the current access token's type and expiry:
+ * a point-in-time reading, no network. Returns SF_OK, SF_EINVAL (NULL out, `size` not
+ * sizeof(sf_token_info)), SF_ECLOSED, SF_ESTATE (no access token: signed out, or the
+ * session expired; *out untouched). Any thread. */
+int sf_session_token_info(sf_runtime *runtime, sf_token_info *out);
+
+/* Copies the scope granted to the access token (RFC 6749 §3.3: space-separated names,
+ * NUL-terminated) into `buffer`: the token endpoint's `scope`, else the scope the sign-in
+ * asked for; a refresh whose answer has no `scope` keeps it. "" when not known (signed in
+ * with sf_tokens, or no access token). Returns SF_OK, SF_EINVAL (NULL buffer), SF_ERANGE
+ * (`length` too small: nothing written), SF_ECLOSED. Any thread. */
+int sf_session_token_scope(sf_runtime *runtime, char *buffer, size_t length);
+
 /* ---- Several accounts ----------------------------------------------------------- */
 /* A session on a store_directory keeps one record per account (the member id it signed in
  * with; "default" without one) and one session per account: each refreshes on its own, and

@@ -91,7 +91,10 @@
     XX(authorize_a_revoked_token_under_50_concurrent_requests_refreshes_once) \
     XX(authorize_a_dead_session_is_eauth_once_per_request)           \
     XX(authorize_curl_client_retries_a_revoked_token_once)           \
-    XX(authorize_curl_client_on_a_dead_session_fails_each_request_once)
+    XX(authorize_curl_client_on_a_dead_session_fails_each_request_once) \
+    XX(token_info_a_narrower_scope_is_reported_as_granted)          \
+    XX(token_info_the_scope_asked_for_when_granted_whole)           \
+    XX(token_info_bad_arguments_are_einval)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

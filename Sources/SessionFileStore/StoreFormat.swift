@@ -55,6 +55,9 @@ extension FileCredentialStore {
         /// Issuer, client and scope (`SessionProfile`), sealed with the tokens; absent in
         /// records written before profiles existed (they still open).
         var profile: SessionProfile?
+        /// The scope granted to the access token; absent in records written before it was
+        /// kept, and when not known (they still open).
+        var grantedScope: String?
 
         init(_ session: StoredSession) {
             accessToken = session.accessToken
@@ -67,6 +70,7 @@ extension FileCredentialStore {
             externalUserID = session.externalUserID
             expired = session.expired
             profile = session.profile
+            grantedScope = session.grantedScope
         }
 
         /// A record for `session` replacing `previous`: a session without a profile (what a
@@ -80,11 +84,13 @@ extension FileCredentialStore {
             StoredSession(
                 accessToken: accessToken, refreshToken: refreshToken,
                 accessTokenExpiresAt: expiresAtNanoseconds.map { .nanoseconds($0) },
-                memberID: memberID, externalUserID: externalUserID, expired: expired, profile: profile)
+                memberID: memberID, externalUserID: externalUserID, expired: expired, profile: profile,
+                grantedScope: grantedScope)
         }
 
         private enum CodingKeys: String, CodingKey {
             case account, accessToken, refreshToken, expiresAtNanoseconds, memberID, externalUserID, expired, profile
+            case grantedScope
         }
 
         public init(from decoder: any Decoder) throws {
@@ -102,6 +108,7 @@ extension FileCredentialStore {
             externalUserID = try container.decodeIfPresent(String.self, forKey: .externalUserID)
             expired = try container.decode(Bool.self, forKey: .expired)
             profile = try container.decodeIfPresent(SessionProfile.self, forKey: .profile)
+            grantedScope = try container.decodeIfPresent(String.self, forKey: .grantedScope)
         }
 
         public func encode(to encoder: any Encoder) throws {
@@ -120,6 +127,7 @@ extension FileCredentialStore {
             try container.encodeIfPresent(externalUserID, forKey: .externalUserID)
             try container.encode(expired, forKey: .expired)
             try container.encodeIfPresent(profile, forKey: .profile)
+            try container.encodeIfPresent(grantedScope, forKey: .grantedScope)
         }
     }
 

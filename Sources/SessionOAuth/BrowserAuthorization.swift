@@ -276,7 +276,7 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
             }
             switch TokenResponse.grant(from: answer, defaultLifetime: configuration.defaultLifetime) {
             case .success(let grant):
-                granted(grant, answer: answer)
+                granted(grant, answer: answer, requestedScope: flow.scope)
             case .failure(let error):
                 finish(.failure(Self.failure(error, at: "the token endpoint")))
             }

@@ -177,7 +177,7 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
                 // Tokens: the code's lifetime no longer matters.
                 expiryTimer?.cancel()
                 expiryTimer = nil
-                return granted(grant, answer: answer)
+                return granted(grant, answer: answer, requestedScope: flow.scope)
             case .failure(let error) where error.kind == .transient:
                 return schedulePoll(after: retryDelay(error.retryAfter))
             case .failure(let error):

@@ -38,7 +38,13 @@ public final class OAuthAuthority: SessionAuthority {
         if let scope = configuration.scope { form.append(("scope", .text(scope))) }
         let call = post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken]) { [configuration] outcome in
             completion.complete(outcome.flatMap { response in
-                TokenResponse.grant(from: response, defaultLifetime: configuration.defaultLifetime)
+                // RFC 6749 §5.1: an answer without `scope` granted the scope asked for; one
+                // that asked for none keeps the grant's (nil: the session keeps its own).
+                TokenResponse.grant(from: response, defaultLifetime: configuration.defaultLifetime).map { grant in
+                    var grant = grant
+                    if grant.scope == nil { grant.scope = TokenResponse.scope(in: configuration.scope) }
+                    return grant
+                }
             })
         }
         completion.onCancel { call.cancel() }

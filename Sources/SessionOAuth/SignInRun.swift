@@ -109,13 +109,14 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     /// the answer's `member_id` / `user_id` / `sub`; else the introspection's `sub` / `username`
     /// (when an introspection endpoint is configured); else the userinfo endpoint's `sub` /
     /// `preferred_username` (when one is configured). A lookup that fails leaves it unset: the
-    /// sign-in goes on. The lifetime counts from when the tokens arrived.
-    final func granted(_ grant: TokenGrant, answer: HTTPAnswer) {
+    /// sign-in goes on. The lifetime counts from when the tokens arrived. The scope is the
+    /// answer's `scope`, else `requestedScope` (RFC 6749 §5.1: absent when as requested).
+    final func granted(_ grant: TokenGrant, answer: HTTPAnswer, requestedScope: String?) {
         let receivedAt = loop.now
         let tokens = SessionTokens(
             accessToken: grant.accessToken, refreshToken: grant.refreshToken, expiresIn: grant.expiresIn,
             memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]),
-            scope: answer.json?["scope"]?.string)
+            scope: grant.scope ?? TokenResponse.scope(in: requestedScope))
         let secrets = [grant.accessToken] + [grant.refreshToken].compactMap { $0 }
         let done: @Sendable (String?) -> Void = { [self] memberID in
             var signedIn = tokens

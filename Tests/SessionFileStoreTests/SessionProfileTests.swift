@@ -23,6 +23,26 @@ struct SessionProfileTests {
         #expect(session.accessToken == Secret("A-1") && session.memberID == "alice")
     }
 
+    /// The granted scope (issue 28): sealed with the record, read back; a record without it
+    /// (above) reads nil.
+    @Test func theGrantedScopeIsSealedAndReadBack() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        var scoped = session("alice")
+        scoped.grantedScope = "read write:all"
+        try store.write(scoped)
+        guard case .present(let read) = FileCredentialStore(directory: tmp.store).read() else {
+            Issue.record("unreadable")
+            return
+        }
+        #expect(read.grantedScope == "read write:all")
+        #expect(read == scoped)
+        #expect(!String(decoding: contents(store.path), as: UTF8.self).contains("write:all"), "sealed, not plain")
+        try store.write(session("alice"))
+        guard case .present(let without) = store.read() else { Issue.record("unreadable"); return }
+        #expect(without.grantedScope == nil)
+    }
+
     /// Sealed with the record; kept through the writes of a session that knows no profile (a
     /// refresh); gone with the record (logout); `setProfile` needs a record.
     @Test func theProfileIsKeptThroughWritesAndGoesWithTheRecord() throws {

@@ -228,7 +228,7 @@ extension SessionEngine {
         return LiveSession(
             accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
             lifetime: remaining, externalUserID: stored.externalUserID ?? refresh.live?.externalUserID,
-            lastRefresh: lastRefresh)
+            lastRefresh: lastRefresh, scope: stored.grantedScope ?? refresh.live?.scope)
     }
 
     /// What the store should hold now (nil: nothing).
@@ -244,7 +244,7 @@ extension SessionEngine {
             return StoredSession(
                 accessToken: live.accessToken, refreshToken: live.refreshToken,
                 accessTokenExpiresAt: configuration.wallClock() + remaining,
-                memberID: memberID, externalUserID: live.externalUserID)
+                memberID: memberID, externalUserID: live.externalUserID, grantedScope: live.scope)
         }
     }
 
@@ -315,7 +315,7 @@ extension SessionEngine {
         let current = Snapshot(
             hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
             state: machine.state, account: accountKey,
-            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt,
+            expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt, scope: live?.scope,
             awaitingStore: storeMachine.awaitingInitialRead)
         snapshot.withLockedValue { $0 = current }
     }

@@ -23,6 +23,8 @@ final class SessionEngine: @unchecked Sendable {
         /// Loop-clock instants, for status displays.
         var expiresAt: Duration?
         var nextRefreshAt: Duration?
+        /// The scope granted to the access token, when known.
+        var scope: String?
         /// The store has not answered the session's first read yet: `loggedOut` then means
         /// "not known yet", not signed out.
         var awaitingStore = false
@@ -240,7 +242,8 @@ final class SessionEngine: @unchecked Sendable {
             let lifetime = policy.clampedLifetime(tokens.expiresIn)
             refresh.sessionBegan(LiveSession(
                 accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,
-                expiresAt: loop.now + lifetime, lifetime: lifetime, externalUserID: tokens.externalUserID))
+                expiresAt: loop.now + lifetime, lifetime: lifetime, externalUserID: tokens.externalUserID,
+                scope: tokens.scope))
             memberID = tokens.memberID
             persist()
             publish(.loggedIn)

@@ -188,6 +188,20 @@ public final class SessionManager: Sendable {
         return (snapshot.expiresAt.map { $0 - now }, snapshot.nextRefreshAt.map { max($0 - now, .zero) })
     }
 
+    /// The access token's details — type, granted scope, expiry — for status displays and
+    /// hosts that check what they may ask for; nil when there is no access token (signed out,
+    /// or the session expired). Any thread, a point-in-time reading; no token in it.
+    public var tokenInfo: TokenInfo? {
+        let engine = self.engine
+        let snapshot = engine.snapshot.withLockedValue { $0 }
+        guard snapshot.hasAccessToken else { return nil }
+        let expiresIn = snapshot.expiresAt.map { $0 - loop.now }
+        let expiresAt = expiresIn.map { engine.configuration.wallClock() + $0 }
+        return TokenInfo(
+            tokenType: "Bearer", scope: snapshot.scope, expiresIn: expiresIn,
+            expiresAtUnixMilliseconds: expiresAt.map(TokenInfo.milliseconds))
+    }
+
     /// Who is signed in (kept through SESSION_EXPIRED; cleared by logout and reconfigure).
     public var memberID: String? {
         engine.snapshot.withLockedValue { $0.memberID }

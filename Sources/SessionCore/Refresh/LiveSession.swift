@@ -9,6 +9,8 @@ struct LiveSession: Sendable, Equatable {
     var externalUserID: String?
     /// When the last successful refresh was received (loop clock).
     var lastRefresh: Duration?
+    /// The scope granted (sign-in; a refresh that says replaces it); nil: not known.
+    var scope: String? = nil
 
     /// Whether there is a refresh token to send.
     var canRefresh: Bool {

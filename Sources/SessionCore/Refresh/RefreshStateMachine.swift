@@ -631,6 +631,8 @@ struct RefreshStateMachine<Waiter> {
         let lifetime = policy.clampedLifetime(grant.expiresIn)
         session.accessToken = grant.accessToken
         if let rotated = grant.refreshToken { session.refreshToken = rotated }
+        // RFC 6749 §6: a refresh answer without `scope` keeps the scope granted before.
+        if let scope = grant.scope { session.scope = scope }
         session.expiresAt = receivedAt + lifetime
         session.lifetime = lifetime
         session.lastRefresh = receivedAt

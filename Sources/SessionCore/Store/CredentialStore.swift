@@ -16,13 +16,17 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
     /// record; nil in records written before profiles existed, and in the sessions a manager
     /// writes (a store keeps the record's profile through them: `SessionProfile`).
     public var profile: SessionProfile?
+    /// The scope granted to the access token (RFC 6749 §5.1), when known; nil in records
+    /// written before it was kept.
+    public var grantedScope: String?
 
     public init(
         accessToken: Secret? = nil, refreshToken: Secret? = nil, accessTokenExpiresAt: Duration? = nil,
         memberID: String? = nil, externalUserID: String? = nil, expired: Bool = false, account: String? = nil,
-        profile: SessionProfile? = nil
+        profile: SessionProfile? = nil, grantedScope: String? = nil
     ) {
         self.profile = profile
+        self.grantedScope = grantedScope
         self.accessToken = accessToken
         self.refreshToken = refreshToken
         self.accessTokenExpiresAt = accessTokenExpiresAt
@@ -32,12 +36,14 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
         self.account = account
     }
 
-    /// Equal sessions hold the same tokens, expiry, member and expiry flag, wherever they were
-    /// read from (`account` is not compared, nor is `profile`: it travels beside the tokens).
+    /// Equal sessions hold the same tokens, expiry, member, granted scope and expiry flag,
+    /// wherever they were read from (`account` is not compared, nor is `profile`: it travels
+    /// beside the tokens).
     public static func == (lhs: StoredSession, rhs: StoredSession) -> Bool {
         lhs.accessToken == rhs.accessToken && lhs.refreshToken == rhs.refreshToken
             && lhs.accessTokenExpiresAt == rhs.accessTokenExpiresAt && lhs.memberID == rhs.memberID
             && lhs.externalUserID == rhs.externalUserID && lhs.expired == rhs.expired
+            && lhs.grantedScope == rhs.grantedScope
     }
 
     public var description: String {

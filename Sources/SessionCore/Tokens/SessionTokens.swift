@@ -8,9 +8,9 @@ public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
     public var memberID: String?
     /// An id the authority can re-authenticate with, if it supports that fallback.
     public var externalUserID: String?
-    /// The scope the token endpoint granted, when its answer said (RFC 6749 §5.1; a sign-in
-    /// flow fills it in). Not kept by the session: a host that wants it stores it
-    /// (`SessionProfile.grantedScope`).
+    /// The scope the token endpoint granted (RFC 6749 §5.1; a sign-in flow fills it in: the
+    /// answer's `scope`, else the scope it asked for). Kept with the session, stored with it
+    /// and reported by `SessionManager.tokenInfo`; nil: not known.
     public var scope: String?
 
     public init(
@@ -40,12 +40,20 @@ public struct TokenGrant: Sendable, Equatable, CustomStringConvertible {
     public var expiresIn: Duration
     /// A member id, if the authority reports one (kept otherwise).
     public var memberID: String?
+    /// The scope granted, if the answer said (or the authority knows it: the scope it asked
+    /// for). Nil keeps the session's current scope (RFC 6749 §6: a refresh without `scope`
+    /// keeps the scope of the grant).
+    public var scope: String?
 
-    public init(accessToken: Secret, refreshToken: Secret? = nil, expiresIn: Duration, memberID: String? = nil) {
+    public init(
+        accessToken: Secret, refreshToken: Secret? = nil, expiresIn: Duration, memberID: String? = nil,
+        scope: String? = nil
+    ) {
         self.accessToken = accessToken
         self.refreshToken = refreshToken
         self.expiresIn = expiresIn
         self.memberID = memberID
+        self.scope = scope
     }
 
     public var description: String {

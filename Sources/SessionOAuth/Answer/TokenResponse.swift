@@ -38,7 +38,31 @@ import SessionCore
         if let refresh, !refresh.isVisibleASCII {
             return .failure(.transient("the token answer's refresh_token holds a byte outside %x20-7E (RFC 6749 A.17)"))
         }
-        return .success(TokenGrant(accessToken: access, refreshToken: refresh, expiresIn: lifetime))
+        return .success(TokenGrant(
+            accessToken: access, refreshToken: refresh, expiresIn: lifetime, scope: scope(in: object["scope"]?.string)))
+    }
+
+    /// The longest `scope` kept; a longer one is ignored (as if absent).
+    public static let maximumScopeLength = 4096
+
+    /// A `scope` member as RFC 6749 §3.3 writes it: scope-tokens of NQCHAR (%x21 / %x23-5B /
+    /// %x5D-7E) separated by single spaces, at most `maximumScopeLength` bytes. Anything else
+    /// (an empty string, a control character, a quote, a backslash, non-ASCII) is no scope the
+    /// server granted: ignored, as if absent.
+    public static func scope(in text: String?) -> String? {
+        guard let text, !text.isEmpty, text.utf8.count <= maximumScopeLength else { return nil }
+        var previousWasSpace = true
+        for byte in text.utf8 {
+            if byte == 0x20 {
+                if previousWasSpace { return nil }
+                previousWasSpace = true
+            } else if byte == 0x21 || (0x23...0x5B).contains(byte) || (0x5D...0x7E).contains(byte) {
+                previousWasSpace = false
+            } else {
+                return nil
+            }
+        }
+        return previousWasSpace ? nil : text
     }
 
     /// The error an unsuccessful answer stands for (RFC 6749 §5.2).

@@ -26,7 +26,7 @@ from ._callbacks import CallbackError, CallbackErrorHandler
 from ._loader import LibraryNotFoundError
 from ._runtime import RefreshRequest, Runtime, SignIn
 from ._types import (Authorization, Event, EventKind, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus,
-                     Subscription)
+                     Subscription, TokenInfo)
 from ._version import __version__
 from .errors import (ERRORS, SF_OK, AuthError, BusyError, ClosedError, ConfigError, ErrorCode,
                      InvalidArgumentError, InvalidStateError, NetworkError, NotLoggedInError, RangeError,
@@ -58,6 +58,6 @@ __all__ = [
     "LibraryNotFoundError", "LogLevel", "NetworkError", "NotLoggedInError", "RangeError", "RefreshRequest", "Runtime",
     "SessionEndedError", "SessionFlowError", "ShutdownError", "SignIn", "SignInCancelledError",
     "SignInDeniedError", "SignInExpiredError", "SignInPrompt", "State", "StoreError", "StoreKeySource",
-    "StoreStatus", "Subscription", "UnauthorizedError", "WrongThreadError", "__version__", "error_name", "last_error_message",
+    "StoreStatus", "Subscription", "TokenInfo", "UnauthorizedError", "WrongThreadError", "__version__", "error_name", "last_error_message",
     "library_path", "library_source", "strerror", "version", "version_info",
 ]

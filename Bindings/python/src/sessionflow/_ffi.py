@@ -173,6 +173,15 @@ class AuthorizationStruct(ctypes.Structure):
 AUTHORIZE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(AuthorizationStruct), ctypes.c_void_p)
 
 
+class TokenInfoStruct(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("token_type", ctypes.c_char * 16),
+        ("expires_in_ms", ctypes.c_int64),
+        ("expires_at_unix_ms", ctypes.c_int64),
+    ]
+
+
 # sf_options_init / sf_sign_in_options_init write the library's whole struct, whose size may
 # be larger in a newer library (fields are only appended). These buffers leave room for that;
 # the caller then sets `size` to this binding's layout, which every later library accepts
@@ -221,6 +230,8 @@ _PROTOTYPES: List[Tuple[str, Any, List[Any]]] = [
     ("sf_session_reconfigure", _int, [_ptr]),
     ("sf_session_is_logged_in", _int, [_ptr]),
     ("sf_session_member_id", _int, [_ptr, _str, _size]),
+    ("sf_session_token_info", _int, [_ptr, _P(TokenInfoStruct)]),
+    ("sf_session_token_scope", _int, [_ptr, _str, _size]),
     ("sf_session_accounts", _int, [_ptr, _str, _size, _P(_size)]),
     ("sf_session_active_account", _int, [_ptr, _str, _size]),
     ("sf_session_account_state", _int, [_ptr, _str, _P(_int)]),
@@ -306,6 +317,8 @@ EXPOSED: Dict[str, str] = {
     "sf_session_reconfigure": "Runtime.reconfigure",
     "sf_session_is_logged_in": "Runtime.is_logged_in",
     "sf_session_member_id": "Runtime.member_id",
+    "sf_session_token_info": "Runtime.token_info",
+    "sf_session_token_scope": "Runtime.token_info",
     "sf_session_accounts": "Runtime.accounts",
     "sf_session_active_account": "Runtime.active_account",
     "sf_session_account_state": "Runtime.account_state",

@@ -23,7 +23,8 @@ from ._asyncio import (AsyncTokenEntry, Channel, EventPush, FlowIterator, StateP
 from ._callbacks import (AUTHORIZE_THUNK, COMPLETE_THUNK, DONE_THUNK, ERROR_THUNK, EVENT_THUNK, PROMPT_THUNK,
                          REFRESH_THUNK, CANCEL_THUNK, LOG_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK,
                          CallbackErrorHandler, Entry, ErrorSink, drop, inside_callback, keep)
-from ._types import Authorization, Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription
+from ._types import (Authorization, Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription,
+                     TokenInfo)
 from .errors import ErrorCode, SessionFlowError, check, code_of
 
 _log = logging.getLogger("sessionflow")
@@ -677,6 +678,20 @@ class Runtime:
     def member_id(self) -> str:
         """sf_session_member_id ("" when there is none)."""
         return self._copy_string(_ffi.lib.sf_session_member_id, "sf_session_member_id")
+
+    @_api
+    def token_info(self) -> Optional[TokenInfo]:
+        """sf_session_token_info and sf_session_token_scope: the access token's type, granted
+        scope and expiry (never the token); None when there is no access token (signed out,
+        or the session expired). A point-in-time reading, no network; any thread."""
+        raw = _ffi.TokenInfoStruct()
+        raw.size = ctypes.sizeof(_ffi.TokenInfoStruct)
+        code = int(_ffi.lib.sf_session_token_info(self._pointer, ctypes.byref(raw)))
+        if code == ErrorCode.ESTATE:
+            return None
+        check(code, "sf_session_token_info")
+        scope = self._copy_string(_ffi.lib.sf_session_token_scope, "sf_session_token_scope")
+        return TokenInfo._from_raw(raw, scope)
 
     # ---- several accounts (a store_directory keeps one record per account)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import datetime
 import enum
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
@@ -99,6 +100,40 @@ class Event:
             attempt=int(raw.attempt),
             retry_in_ms=int(raw.retry_in_ms),
             expires_in_ms=int(raw.expires_in_ms),
+        )
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """The access token's details (sf_session_token_info, sf_session_token_scope); never the
+    token itself.
+
+    token_type: "Bearer". scope: the scope granted (RFC 6749 §3.3, space-separated names) —
+    the token endpoint's `scope`, else the scope the sign-in asked for; a refresh whose
+    answer has none keeps it; None when not known (signed in with tokens and no scope).
+    expires_in_ms: time left on the monotonic clock, negative once expired (None: unknown).
+    expires_at: when it expires on the wall clock, a UTC datetime (None: unknown)."""
+
+    token_type: str
+    scope: Optional[str]
+    expires_in_ms: Optional[int]
+    expires_at: Optional[datetime.datetime]
+
+    @property
+    def scopes(self) -> List[str]:
+        """The granted scope's names ([] when not known)."""
+        return self.scope.split(" ") if self.scope else []
+
+    @classmethod
+    def _from_raw(cls, raw: _ffi.TokenInfoStruct, scope: str) -> "TokenInfo":
+        expires_in = int(raw.expires_in_ms)
+        expires_at = int(raw.expires_at_unix_ms)
+        return cls(
+            token_type=_ffi.text(raw.token_type),
+            scope=scope or None,
+            expires_in_ms=None if expires_in == -(1 << 63) else expires_in,
+            expires_at=(datetime.datetime.fromtimestamp(expires_at / 1000, tz=datetime.timezone.utc)
+                        if expires_at != 0 else None),
         )
 
 
