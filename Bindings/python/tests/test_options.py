@@ -91,7 +91,10 @@ def test_refresh_cancel_gets_the_open_request_after_the_timeout():
                     min_backoff_ms=60000, max_backoff_ms=60000) as rt:
         rt.sign_in("access-1", "refresh-1", 0)
         assert wait_for(lambda: cancels, timeout=5)
-        assert cancels[0][0] is requests[0] and requests[0].completed  # the same object
+        # The cancel function appends before it fails the request: wait for that too (read at
+        # once, the check can land between the two).
+        assert wait_for(lambda: requests[0].completed, timeout=5)
+        assert cancels[0][0] is requests[0]  # the same object
         assert cancels[0][1] != threading.get_ident()
     assert len(cancels) == 1
 
