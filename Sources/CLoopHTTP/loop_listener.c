@@ -160,9 +160,10 @@ int ll_parse_request_line(char *head, size_t used, const char **method_out, cons
     if (!head || !method_out || !target_out) return -1;
     char *line_end = memmem(head, used, "\r\n", 2);
     if (!line_end) return -1;
+    /* A NUL anywhere in the line is refused: the C string functions below would stop there
+     * and take "GET / HTTP/1.0\0anything" for a good line (found by fuzz-loopback-request). */
+    if (memchr(head, '\0', (size_t)(line_end - head))) return -1;
     *line_end = '\0';
-    /* The request line ends at the first NUL too (strchr below stops there): a NUL inside it
-     * leaves no space or version to find, so the line is refused. */
     char *method = head;
     char *space = strchr(method, ' ');
     if (!space || space == method || space - method > 16) return -1;

@@ -590,7 +590,8 @@ extension OAuthServer {
         #expect(line("POST / HTTP/1.0\r\n\r\n")! == ("POST", "/"))
         for bad in ["get / HTTP/1.1\r\n", "GET  / HTTP/1.1\r\n", "GET / HTTP/2\r\n", "GET x HTTP/1.1\r\n",
                     "GET / HTTP/1.1", "GET /a\u{0}b HTTP/1.1\r\n", "GET /a\u{7F} HTTP/1.1\r\n", "GETGETGETGETGETGETGET / HTTP/1.1\r\n",
-                    "\r\n", "", "GET /é HTTP/1.1\r\n"] {
+                    "\r\n", "", "GET /é HTTP/1.1\r\n",
+                    "GET / HTTP/1.0\u{0}\u{18}cal1\r\n\r\n"] {  // found by fuzz-loopback-request
             #expect(line(bad) == nil, "\(bad.debugDescription)")
         }
         let (path, fields) = LoopbackRequestParsing.callback("/callback?code=%41+b&state=%ff&x")
