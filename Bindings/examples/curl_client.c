@@ -182,6 +182,7 @@ typedef struct job {
 } job;
 
 /* authorize, send; on 401 (or 403) unauthorized, then send once more. */
+/* README begin (Bindings/README.md shows this function; test_readme.py compares them) */
 static void *run_request(void *argument) {
     job *j = argument;
     CURL *curl = curl_easy_init();
@@ -220,6 +221,7 @@ static void *run_request(void *argument) {
     curl_easy_cleanup(curl);
     return NULL;
 }
+/* README end */
 
 /* ---- The host -------------------------------------------------------------------------------- */
 
