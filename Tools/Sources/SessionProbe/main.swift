@@ -26,6 +26,9 @@
 //       which rotates the key. Prints "ready", then "rotated <n>" after each logout returns.
 //       The crash test SIGKILLs it mid-rotation: the store must always open.
 //
+//   session-probe --crash-holding TOKEN
+//       Holds TOKEN in a Secret, prints "holding N bytes", then traps (the crash-report test).
+//
 //   session-probe --keyring STORE_DIR
 //       Run inside `dbus-run-session` with an unlocked gnome-keyring-daemon: a store with the
 //       default key source (.automatic) must keep its key in the Secret Service, not in a
@@ -295,7 +298,21 @@ func leaseMode(directory: String, seconds: Double) -> Int32 {
     exit(0)
 }
 
+/// `--crash-holding TOKEN`: holds TOKEN in a `Secret`, prints "holding", then crashes (a
+/// trap): what a crash report shows of a process that handles tokens (docs/storage-and-oauth.md).
+func crashHolding(_ token: String) -> Never {
+    let secret = Secret(token)
+    say("holding \(secret.count) bytes")
+    secret.withUnsafeBytes { bytes in
+        // Keep the bytes reachable from a live frame when the trap comes.
+        withExtendedLifetime(bytes) { fatalError("session-probe: a crash on purpose") }
+    }
+}
+
 let arguments = CommandLine.arguments
+if arguments.count == 3, arguments[1] == "--crash-holding" {
+    crashHolding(arguments[2])
+}
 if arguments.count == 4, arguments[1] == "--lease", let seconds = Double(arguments[3]) {
     exit(leaseMode(directory: arguments[2], seconds: seconds))
 }
