@@ -5,15 +5,8 @@ import time
 import pytest
 
 import sessionflow as sf
+from helpers import wait_for
 
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.001)
-    return condition()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 import sessionflow as sf
-from helpers import CLIENT, call
+from helpers import CLIENT, call, wait_for
 
 
 def device_config(server, interval=1, expires_in=60):
@@ -20,14 +20,6 @@ def runtime_for(server):
     return sf.Runtime(token_endpoint=f"{server}/oauth/token", introspection_endpoint=f"{server}/oauth/introspect",
                       client_id=CLIENT)
 
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 def test_device_sign_in_approved_through_discovery(server):

@@ -3,21 +3,12 @@ server: a device sign-in asking "read write" while the server grants only "read"
 (POST /__resource/config grant_scope=read) reports "read"; a refresh keeps it; the expiry on
 both clocks."""
 import datetime
-import time
 
 import pytest
 
 import sessionflow as sf
-from helpers import CLIENT, call
+from helpers import CLIENT, call, wait_for
 
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 @pytest.fixture
