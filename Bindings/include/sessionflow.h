@@ -706,7 +706,7 @@ int sf_session_unauthorized(sf_runtime *runtime, const char *method, const char 
  * Where the endpoints come from: with sf_sign_in_options.issuer (or, when that is NULL,
  * sf_options.issuer), from the issuer's metadata (RFC 8414, OpenID Connect Discovery as the
  * fallback), fetched on the loop first, with sf_options.client_id (and client_secret) as the
- * client; without either, from the runtime's sf_options (token_endpoint, client_id,
+ * client; without either, from the runtime's options (sf_options.token_endpoint, client_id,
  * client_secret, scope, introspection_endpoint...) plus the endpoint fields of
  * sf_sign_in_options. An endpoint field set next to an issuer replaces the one the metadata
  * names.

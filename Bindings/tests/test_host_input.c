@@ -130,3 +130,23 @@ void test_host_input_control_characters_reach_the_log_escaped(void) {
     if (sf_test_failures) fprintf(stderr, "    log: %s\n", l.text);
     pthread_mutex_destroy(&l.lock);
 }
+
+void test_host_input_an_issuer_over_its_limit_is_refused(void) {
+    size_t length = 8193;
+    char *issuer = malloc(length + 1);
+    memcpy(issuer, "https://as.example/", 19);
+    memset(issuer + 19, 'a', length - 19);
+    issuer[length] = '\0';
+    sf_options options;
+    sf_options_init(&options);
+    options.issuer = issuer;
+    options.client_id = "client";
+    sf_runtime *rt = NULL;
+    CHECK_CODE(sf_runtime_create(&options, &rt), SF_EINVAL);
+    CHECK(rt == NULL);
+    CHECK(last_error_says("issuer is longer than 8192 bytes"));
+    issuer[1000] = '\0'; /* within the limit: taken */
+    CHECK_CODE(sf_runtime_create(&options, &rt), SF_OK);
+    if (rt) CHECK_CODE(sf_runtime_destroy(rt), SF_OK);
+    free(issuer);
+}

@@ -16,6 +16,8 @@ enum HostInput {
     static let maximumTokenLength = 64 * 1024
     /// Member ids and account keys (an account key is a member id).
     static let maximumMemberIDLength = 1024
+    /// An issuer URL (RFC 9110 §4.1 recommends supporting 8 000 octets in a URI).
+    static let maximumURLLength = 8192
 
     /// Why the C string `text` cannot be taken as `field`, or nil (nil `text` is fine: absent).
     /// Reads at most `limit + 1` bytes of it.

@@ -89,6 +89,9 @@ func oauthConfiguration(from options: sf_options) throws(OAuthConfigurationError
 /// The issuer of `sf_options.issuer`, checked (a URL with the transport rule, no query or
 /// fragment), or nil when it is not set.
 func issuer(from options: sf_options) throws(OAuthConfigurationError) -> URL? {
+    if let problem = HostInput.problem(options.issuer, "issuer", limit: HostInput.maximumURLLength) {
+        throw OAuthConfigurationError(field: "issuer", reason: String(problem.dropFirst("issuer ".count)))
+    }
     guard let text = string(options.issuer) else { return nil }
     guard !text.isEmpty, let url = URL(string: text) else { throw OAuthConfigurationError(field: "issuer", reason: "is not a URL") }
     _ = try OAuthDiscovery.wellKnownLocations(url)
