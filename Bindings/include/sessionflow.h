@@ -266,7 +266,16 @@ typedef struct sf_options {
      * at once. 0 refreshes only at expiry (and on request). docs/reliability.md says
      * why the jitter has this shape. */
     int64_t refresh_margin_ms;
-    int64_t refresh_timeout_ms;  /* an unanswered refresh fails after this (default 30000) */
+    /* An unanswered refresh fails after this (default 30000). With the built-in OAuth
+     * authority, a refresh whose answer is arriving (its 2xx status line is in: the server has
+     * rotated the refresh token) is not cancelled then: it ends only when no byte arrives for
+     * refresh_timeout_ms (a stall) or at 4 x refresh_timeout_ms from its start (the cap). If that
+     * answer is lost anyway (dropped mid-body, stalled), SF_EVENT_REFRESH_FAILED reports it
+     * with retry_in_ms 0 and a reason starting "transient answer_lost: the server accepted
+     * the refresh (HTTP 200) but its answer was lost", and the same refresh token is sent
+     * once more at once (servers accept it within their reuse grace period); a second loss
+     * backs off as usual. docs/session.md has the rule. */
+    int64_t refresh_timeout_ms;
     int64_t min_backoff_ms;      /* first retry delay after a transient failure (default 1000) */
     int64_t max_backoff_ms;      /* cap of the doubling retry delay (default 30000) */
     sf_refresh_fn refresh;       /* the host's refresher; NULL: refreshes fail with SF_ECONFIG */

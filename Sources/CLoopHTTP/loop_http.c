@@ -6,7 +6,7 @@
  * callbacks — never from inside a curl callback. After each action, finished transfers are
  * collected with curl_multi_info_read and their `done` runs.
  *
- * One file (about 500 lines): the client, its sockets, its timer and its requests reach each
+ * One file (about 620 lines): the client, its sockets, its timer and its requests reach each
  * other through curl's userdata pointers and share static helpers (finish, unwatch, the
  * zeroing allocators); apart, those would become exported symbols. The loopback listener is
  * apart (loop_listener.c). */
@@ -19,6 +19,7 @@
 #include <curl/curl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -58,6 +59,15 @@ struct lh_request {
     char retry_after[128];
     int has_retry_after;
     char error[CURL_ERROR_SIZE];
+    /* An answer that is arriving is not ended by the overall deadline (loop_http.h): `watch`
+     * fires at that deadline until a 2xx status line arrives, then after every `stall_ms`
+     * without a byte. NULL when the request has no stall rule (curl's deadline then). */
+    uv_timer_t *watch;
+    int64_t timeout_ms, stall_ms;
+    long status_line;
+    int arriving;
+    int stall_suspected; /* the stall watch fired once: one more loop turn decides */
+    lh_status_fn on_status;
     lh_done_fn done;
     void *userdata;
     lh_request *prev, *next;
@@ -194,16 +204,30 @@ static void free_request(lh_request *request) {
     free(request);
 }
 
+/* Stops the request's watch and closes its handle (freed by handle_closed, which the client
+ * waits for before it frees itself). */
+static void close_watch(lh_request *request) {
+    uv_timer_t *watch = request->watch;
+    if (!watch) return;
+    request->watch = NULL;
+    uv_timer_stop(watch);
+    watch->data = request->client;
+    request->client->pending_closes++;
+    uv_close((uv_handle_t *)watch, handle_closed);
+}
+
 /* Removes the transfer, tells the caller, frees the request. */
 static void finish(lh_request *request, lh_outcome outcome, CURLcode code) {
     lh_client *client = request->client;
     curl_multi_remove_handle(client->multi, request->easy);
     unlink_request(request);
+    close_watch(request);
 
     lh_answer answer;
     memset(&answer, 0, sizeof answer);
     answer.outcome = outcome;
     answer.bytes_received = (int64_t)request->answer_length;
+    answer.status_line = request->status_line;
     if (outcome == LH_ANSWERED) {
         curl_easy_getinfo(request->easy, CURLINFO_RESPONSE_CODE, &answer.status);
         answer.body = request->answer;
@@ -319,9 +343,49 @@ static curl_socket_t open_socket(void *userdata, curlsocktype purpose, struct cu
 
 /* ---- Receiving ---------------------------------------------------------------------- */
 
+/* The request's watch: before a 2xx status line, the overall deadline; after it, a stall. */
+static void on_watch(uv_timer_t *timer) {
+    lh_request *request = timer->data;
+    if (request->arriving && !request->stall_suspected) {
+        /* libuv runs timers before it polls: after a loop that was busy for longer than the
+         * stall, bytes may be waiting unread. One more turn (its poll phase) reads them first. */
+        request->stall_suspected = 1;
+        uv_timer_start(timer, on_watch, 1, 0);
+        return;
+    }
+    if (request->arriving)
+        snprintf(request->error, sizeof request->error,
+                 "the answer stalled: no byte arrived for %lld ms after its status line (HTTP %ld)",
+                 (long long)request->stall_ms, request->status_line);
+    else
+        snprintf(request->error, sizeof request->error, "no answer within %lld ms", (long long)request->timeout_ms);
+    finish(request, LH_TIMED_OUT, CURLE_OPERATION_TIMEDOUT);
+}
+
+/* A byte of an arriving answer came in: the stall is counted again from now. */
+static void arrived(lh_request *request) {
+    if (!request->arriving || !request->watch) return;
+    request->stall_suspected = 0;
+    uv_timer_start(request->watch, on_watch, (uint64_t)request->stall_ms, 0);
+}
+
+/* "HTTP/1.1 200 OK" / "HTTP/2 200": the status, 0 if the line is not a status line. */
+static long status_of(const char *line, size_t length) {
+    if (length < 5 || strncmp(line, "HTTP/", 5) != 0) return 0;
+    size_t at = 5;
+    while (at < length && line[at] != ' ') at++;
+    while (at < length && line[at] == ' ') at++;
+    long status = 0;
+    int digits = 0;
+    for (; at < length && digits < 3 && line[at] >= '0' && line[at] <= '9'; at++, digits++)
+        status = status * 10 + (line[at] - '0');
+    return digits == 3 ? status : 0;
+}
+
 static size_t on_body(char *data, size_t size, size_t count, void *userdata) {
     lh_request *request = userdata;
     size_t length = size * count;
+    arrived(request);
     if ((int64_t)(request->answer_length + length) > request->max_body) {
         request->too_large = 1;
         request->answer_length += length;  /* counted, not kept */
@@ -350,8 +414,20 @@ static size_t on_header(char *data, size_t size, size_t count, void *userdata) {
     lh_request *request = userdata;
     size_t length = size * count;
     static const char name[] = "retry-after:";
+    arrived(request);
     /* A new status line (an interim 1xx answer, then the final one) resets what was seen. */
-    if (length >= 5 && strncmp(data, "HTTP/", 5) == 0) request->has_retry_after = 0;
+    if (length >= 5 && strncmp(data, "HTTP/", 5) == 0) {
+        request->has_retry_after = 0;
+        long status = status_of(data, length);
+        if (status >= 200) request->status_line = status;
+        if (status >= 200 && status <= 299 && !request->arriving) {
+            request->arriving = 1;
+            if (request->watch) {
+                arrived(request);
+                if (request->on_status) request->on_status(status, request->userdata);
+            }
+        }
+    }
     if (length > sizeof name - 1 && strncasecmp(data, name, sizeof name - 1) == 0) {
         const char *value = data + sizeof name - 1;
         size_t value_length = length - (sizeof name - 1);
@@ -429,7 +505,8 @@ static int header_is_safe(const char *header) {
 static int start(lh_client *client, const lh_post_options *options, int post, lh_done_fn done, void *userdata,
                  lh_request **out) {
     if (!client || client->closing || !options || !options->url || !done || !out ||
-        options->timeout_ms <= 0 || options->max_body <= 0 || (options->body_length && !options->body))
+        options->timeout_ms <= 0 || options->max_body <= 0 || (options->body_length && !options->body) ||
+        options->answer_stall_ms < 0 || (options->answer_stall_ms > 0 && options->answer_cap_ms < options->timeout_ms))
         return LH_REFUSED;
     lh_url_kind kind = lh_url_check(options->url);
     int plain = kind == LH_URL_LOOPBACK_HTTP;
@@ -443,6 +520,9 @@ static int start(lh_client *client, const lh_post_options *options, int post, lh
     request->done = done;
     request->userdata = userdata;
     request->max_body = options->max_body;
+    request->timeout_ms = options->timeout_ms;
+    request->stall_ms = options->answer_stall_ms;
+    request->on_status = options->on_status;
     request->body_length = options->body_length;
     request->body = malloc(options->body_length ? options->body_length : 1);
     request->easy = curl_easy_init();
@@ -468,7 +548,9 @@ static int start(lh_client *client, const lh_post_options *options, int post, lh
     SET(CURLOPT_SSL_VERIFYPEER, 1L);
     SET(CURLOPT_SSL_VERIFYHOST, 2L);
     SET(CURLOPT_NOSIGNAL, 1L);
-    SET(CURLOPT_TIMEOUT_MS, (long)options->timeout_ms);
+    /* With a stall rule the overall deadline is the watch's (it no longer applies once an
+     * answer is arriving); curl's is then the hard cap. */
+    SET(CURLOPT_TIMEOUT_MS, (long)(request->stall_ms > 0 ? options->answer_cap_ms : options->timeout_ms));
     SET(CURLOPT_CONNECTTIMEOUT_MS,
         (long)(options->connect_timeout_ms > 0 && options->connect_timeout_ms < options->timeout_ms
                    ? options->connect_timeout_ms : options->timeout_ms));
@@ -498,7 +580,21 @@ static int start(lh_client *client, const lh_post_options *options, int post, lh
     if (plain) SET(CURLOPT_NOPROXY, "*");
     if (!ok) goto fail;
 
-    if (curl_multi_add_handle(client->multi, easy) != CURLM_OK) goto fail;
+    if (request->stall_ms > 0) {
+        request->watch = malloc(sizeof *request->watch);
+        if (!request->watch) goto fail;
+        if (uv_timer_init(client->loop, request->watch) != 0) {
+            free(request->watch);
+            request->watch = NULL;
+            goto fail;
+        }
+        request->watch->data = request;
+        uv_timer_start(request->watch, on_watch, (uint64_t)options->timeout_ms, 0);
+    }
+    if (curl_multi_add_handle(client->multi, easy) != CURLM_OK) {
+        close_watch(request);
+        goto fail;
+    }
     request->next = client->requests;
     if (client->requests) client->requests->prev = request;
     client->requests = request;

@@ -344,6 +344,9 @@ private final class DiscoveryRun: SignInCancellable, @unchecked Sendable {
         case .refused(let text):
             return OAuthDiscoveryError(.network, message:
                 "the metadata request was not sent: \(ErrorText.description(text, secrets: secrets) ?? "")")
+        case .answerLost(let status, let text):  // only refreshes have an answer rule
+            return OAuthDiscoveryError(.network, message:
+                "network: the metadata answer (HTTP \(status)) was cut off: \(ErrorText.description(text, secrets: secrets) ?? "")")
         }
     }
 

@@ -121,7 +121,7 @@ public final class IssuerAuthority: SessionAuthority, @unchecked Sendable {
         if let ready { return start(ready, completion) }
         // The inner completion is the one the discovered authority answers (and registers its
         // cancellation on); the outer one's cancel reaches it.
-        let inner = AuthorityCompletion<Output>.standalone { completion.complete($0) }
+        let inner = AuthorityCompletion<Output>.relaying(to: completion)
         let waiting = withAuthority { result in
             switch result {
             case .success(let authority):

@@ -11,7 +11,14 @@ import SessionCore
 /// (`requestTimeout`), `Accept-Encoding: identity`, the answer size limited while it is
 /// received, TLS always verified. A refresh can be cancelled (the session does at its
 /// timeout): the request then really ends (its connection is closed) before the session
-/// may send the refresh token again.
+/// may send the refresh token again — unless its answer has started to arrive: once a 2xx
+/// status line is in, the server has rotated the refresh token, and only the answer on its way
+/// carries the new one. From then on the request is not cancelled at the session's timeout;
+/// it ends by itself when no byte arrives for that timeout (a stall) or at four times it from
+/// its start (the cap: a token answer is a few kilobytes, so a link still delivering after
+/// four timeouts is as good as gone, and the session must not wait on it forever). If the
+/// answer is lost anyway, the error is `AuthorityError.answerLost`, and the session sends the
+/// same refresh token once more at once (the server's reuse grace).
 ///
 /// Errors (RFC 6749 §5.2): `invalid_grant` is terminal (the session expires);
 /// `invalid_client`, `unauthorized_client`, `unsupported_grant_type`, `invalid_scope`,
@@ -36,7 +43,14 @@ public final class OAuthAuthority: SessionAuthority {
     public func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
         var form: [(String, FormValue)] = [("grant_type", .text("refresh_token")), ("refresh_token", .secret(request.refreshToken))]
         if let scope = configuration.scope { form.append(("scope", .text(scope))) }
-        let call = post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken]) { [configuration] outcome in
+        // The cap runs from the request's start: four session timeouts, or the HTTP deadline if
+        // that is longer (it bounds the request before its answer arrives).
+        let rule = request.timeout.map { [configuration] timeout in
+            let cap = max(timeout * Self.answerCapFactor, configuration.requestTimeout)
+            return HTTPRequest.AnswerRule(stall: timeout, cap: cap) { completion.answerArriving(within: cap) }
+        }
+        let call = post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken], answerRule: rule) {
+            [configuration] outcome in
             completion.complete(outcome.flatMap { response in
                 // RFC 6749 §5.1: an answer without `scope` granted the scope asked for; one
                 // that asked for none keeps the grant's (nil: the session keeps its own).
@@ -49,6 +63,10 @@ public final class OAuthAuthority: SessionAuthority {
         }
         completion.onCancel { call.cancel() }
     }
+
+    /// A refresh answer that has started to arrive ends at this many refresh timeouts from the
+    /// request's start, whatever still trickles in (see the type's comment).
+    public static let answerCapFactor = 4
 
     public var canRevoke: Bool { configuration.revocationEndpoint != nil }
 
@@ -92,7 +110,7 @@ public final class OAuthAuthority: SessionAuthority {
     /// One form POST (client id and secret added); the outcome carries status, headers and
     /// body, or the error it stands for.
     func post(
-        _ url: URL, form: [(String, FormValue)], secrets: [Secret],
+        _ url: URL, form: [(String, FormValue)], secrets: [Secret], answerRule: HTTPRequest.AnswerRule? = nil,
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
         var fields = form
@@ -101,7 +119,7 @@ public final class OAuthAuthority: SessionAuthority {
         return send(
             .post(body: FormEncoding.body(fields)), url,
             headers: ["Content-Type: application/x-www-form-urlencoded", "Accept: application/json"],
-            redactions: secrets + [configuration.clientSecret].compactMap { $0 }, done)
+            answerRule: answerRule, redactions: secrets + [configuration.clientSecret].compactMap { $0 }, done)
     }
 
     /// One GET with `Authorization: Bearer` (the userinfo endpoint); the same rules as `post`.
@@ -119,14 +137,15 @@ public final class OAuthAuthority: SessionAuthority {
     /// answer, no answer the error it stands for (`redactions` scrubbed from every text).
     private func send(
         _ method: HTTPRequest.Method, _ url: URL, headers: [String], secretHeader: Secret? = nil,
-        redactions: [Secret], _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+        answerRule: HTTPRequest.AnswerRule? = nil, redactions: [Secret], _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
         let timeout = configuration.requestTimeout
         let limit = configuration.maximumAnswerSize
         let request = HTTPRequest(
             method: method, url: url.absoluteString, headers: headers, secretHeader: secretHeader,
             timeout: timeout, maximumAnswerSize: limit,
-            allowsLoopbackHTTP: true)  // only a URL that passed `validate` reaches here
+            allowsLoopbackHTTP: true,  // only a URL that passed `validate` reaches here
+            answerRule: answerRule)
         return http.send(request) { result in
             switch result {
             case .success(let response) where (300...399).contains(response.status):
@@ -168,6 +187,9 @@ public final class OAuthAuthority: SessionAuthority {
             return .transient("network: \(ErrorText.scrub(text, secrets: redactions))")
         case .refused(let text):
             return .transient("the request was not sent: \(ErrorText.scrub(text, secrets: redactions))")
+        case .answerLost(let status, let text):
+            return .answerLost("the server accepted the refresh (HTTP \(status)) but its answer was lost: "
+                + ErrorText.scrub(text, secrets: redactions))
         }
     }
 }

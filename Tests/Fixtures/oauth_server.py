@@ -6,6 +6,12 @@ Endpoints: RFC 7009 revocation, RFC 7662 introspection, a protected resource tha
 401 for an expired or revoked token, and test hooks (/__stats, /__revoke_user, /__fault,
 /__last_request, /__requests, /__redirect_hits).
 
+Reuse grace (POST /__reuse_grace seconds=S; 0, the default, is none): a refresh token rotated less
+than S seconds ago is accepted once more, as Auth0's leeway, Okta's grace period and Cognito's
+do — the tokens its rotation issued are revoked (superseded) and new ones issued; counted as
+"reuse_within_grace". Past the grace, or the second time, reuse is what the token's rotation
+says (drip/cut/rotate-late: the grant is revoked).
+
 /__fault (POST mode=..., count=N, retry_after=S, endpoint=token|revoke|introspect|metadata|openid) makes the
 next N requests to that endpoint (default: token) misbehave:
   delay:<s>      answer normally after <s> seconds      hang        never answer (until exit)
@@ -43,6 +49,16 @@ next N requests to that endpoint (default: token) misbehave:
                  counts as gone. Ordinary refreshes keep Authlib's rotation: the old token is
                  revoked, and presenting it again is a plain invalid_grant (unless
                  --strict-reuse).
+  drip:<s>[:<gap>]  (token endpoint, refresh_token grant) a real refresh, rotated and committed at
+                 once (the old refresh token is consumed; presenting it again is reuse: the
+                 grant is revoked, as with rotate-late, unless within the reuse grace below);
+                 the 200, its headers and the first byte of the body go out at once, the rest
+                 of the body one byte every <gap> seconds (default 0.25) spread over about <s>
+                 seconds: an answer that is arriving, slowly. Counted as "drips_started",
+                 "drips_completed" (every byte written) and "drips_aborted" (the client went away).
+  cut:<n>        (token endpoint, refresh_token grant) the same rotation, then the 200 with the
+                 full Content-Length and only the first <n> bytes of the body, and the connection
+                 is closed: an answer lost mid-body. Counted as "answers_cut".
   stream-huge:<MiB>          200 with Content-Length <MiB> MiB (fractions allowed), the body a
                  token JSON padded with "x" and streamed in 64 KiB chunks, so the client can stop
                  reading mid-way.
@@ -166,6 +182,7 @@ stats = {
     "revoke_requests": 0, "introspect_requests": 0,
     "reuse_detected": 0, "families_revoked": 0,
     "rotate_late_requests": 0, "rotations_committed": 0, "cancelled_before_answer": 0,
+    "drips_started": 0, "drips_completed": 0, "drips_aborted": 0, "answers_cut": 0, "reuse_within_grace": 0,
     "redirects_sent": 0, "redirect_target_hits": 0,
     "streams_started": 0, "streams_completed": 0, "streams_aborted": 0, "stream_bytes_sent": 0,
     "gzip_bombs_served": 0, "echoes_served": 0,
@@ -185,6 +202,7 @@ revoked_families = set()
 resource_stats = {"requests": 0, "ok": 0, "unauthorized": 0, "no_token": 0}
 resource_presented = collections.Counter()  # access token -> how often it was presented
 resource_settings = {"grant_scope": None}
+reuse_grace = {"seconds": 0.0}  # POST /__reuse_grace
 strict_reuse = False  # --strict-reuse: every rotated refresh token, not only rotate-late ones
 
 
@@ -262,6 +280,9 @@ class Token(TokenMixin):
         self.rotated = False  # revoked because a refresh rotated it (not by revocation)
         self.strict = False  # rotated by rotate-late: presenting it again is reuse
         self.pending = False  # issued by a rotate-late request whose answer is not delivered yet
+        self.rotated_at = None  # time.monotonic() of its rotation
+        self.successor = None  # the token its rotation issued (drip/cut)
+        self.grace_used = False  # accepted once more within the reuse grace
         self.access_revoked = False  # the access token alone refused (/__resource/revoke_access)
 
     def check_client(self, client):
@@ -386,6 +407,16 @@ class RefreshGrant(grants.RefreshTokenGrant):
                                   "holder_has_connection": holder.connection is not None})
                 revoke_family_locked(token.family)  # presented while a request with it is in flight
                 return None
+            grace = reuse_grace["seconds"]
+            if (token.revoked and token.rotated and grace > 0 and not token.grace_used
+                    and token.family not in revoked_families and token.rotated_at is not None
+                    and time.monotonic() - token.rotated_at <= grace):
+                token.grace_used = True
+                token.revoked = token.rotated = False  # rotated again by this request
+                if token.successor is not None:
+                    token.successor.revoked = True  # superseded: its answer never arrived
+                stats["reuse_within_grace"] += 1
+                return token
             if token.revoked and token.rotated and (token.strict or strict_reuse):
                 reuse_log.append({"why": "after rotation", "strict": token.strict})
                 revoke_family_locked(token.family)  # presented again after its rotation
@@ -401,6 +432,7 @@ class RefreshGrant(grants.RefreshTokenGrant):
         with lock:
             refresh_token.revoked = True
             refresh_token.rotated = True
+            refresh_token.rotated_at = time.monotonic()
         g.rotated_token = refresh_token
 
 
@@ -855,6 +887,12 @@ def create_app(expires_in):
         with lock:
             return jsonify(stats)
 
+    @app.route("/__reuse_grace", methods=["POST"])
+    def set_reuse_grace():
+        with lock:
+            reuse_grace["seconds"] = float(request.form.get("seconds", "0"))
+            return jsonify(reuse_grace)
+
     @app.route("/__reuse")
     def reuse_view():
         with lock:
@@ -953,6 +991,8 @@ def misbehave(mode, retry_after, real_answer, endpoint):
         return Response("", status=code, headers={"Location": location, **headers})
     if mode.startswith("rotate-late:") and endpoint == "token":
         return rotate_late(float(mode.split(":", 1)[1]), real_answer)
+    if mode.startswith(("drip:", "cut:")) and endpoint == "token":
+        return drip_or_cut(mode, real_answer)
     if mode.startswith("stream-huge:") or mode.startswith("stream-huge-chunked:"):
         name, size = mode.split(":", 1)
         return stream_huge(int(float(size) * (1 << 20)), chunked=name == "stream-huge-chunked")
@@ -1039,6 +1079,60 @@ def rotate_late(seconds, real_answer):
             if in_flight.get(presented) is holder:
                 del in_flight[presented]
         holder.done.set()
+
+
+def drip_or_cut(mode, real_answer):
+    """A real refresh, rotated and committed at once, whose answer then arrives slowly (drip) or
+    is cut off mid-body (cut). See the module docstring."""
+    if request.form.get("grant_type") != "refresh_token" or not request.form.get("refresh_token"):
+        return real_answer()
+    answer = real_answer()
+    old, new = g.get("rotated_token"), g.get("issued_token")
+    if answer.status_code != 200 or old is None or new is None:
+        return answer
+    with lock:
+        old.strict = True  # presenting it again (outside the grace) is reuse
+        old.successor = new
+    data = answer.get_data()
+    connection = request.environ.get("werkzeug.socket")
+    kind, _, setting = mode.partition(":")
+
+    def cut():
+        yield data[:int(setting)]
+        with lock:
+            stats["answers_cut"] += 1
+        if connection is not None:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    if kind == "drip":
+        # About <s> seconds: pieces of several bytes, one per gap.
+        total = float(setting.split(":")[0])
+        gap = float(setting.split(":")[1]) if ":" in setting else 0.25
+        pieces = max(int(total / gap), 1)
+        size = -(-len(data) // pieces)
+        chunks = [data[:1]] + [data[1 + i:1 + i + size] for i in range(0, len(data) - 1, size)]
+
+        def body():
+            written = 0
+            with lock:
+                stats["drips_started"] += 1
+            try:
+                for index, chunk in enumerate(chunks):
+                    if index > 0:
+                        time.sleep(gap)
+                    yield chunk
+                    written += len(chunk)
+            finally:
+                with lock:
+                    stats["drips_completed" if written == len(data) else "drips_aborted"] += 1
+        iterator = body()
+    else:
+        iterator = cut()
+    headers = {"Content-Length": str(len(data)), "Cache-Control": "no-store"}
+    return Response(iterator, status=200, mimetype="application/json", headers=headers, direct_passthrough=True)
 
 
 def stream_huge(size, chunked):

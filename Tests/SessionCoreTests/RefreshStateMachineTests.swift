@@ -389,6 +389,77 @@ struct RefreshStateMachineTests {
         #expect(s.answers.count == 1)
     }
 
+    @Test func anAnswerThatIsArrivingIsNotCancelledAtTheTimeoutButWaitedFor() {
+        // Issue 29, point 1: the authority said its answer is arriving (a 2xx: the token is
+        // rotated) and ends by itself within 40 s: the timeout cancels nothing, and a guard of
+        // one more timeout after that end is armed.
+        var s = State.refreshing.make()
+        let attempt = s.machine.attemptInFlight!
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0, requestCancellable: true,
+                                   answerArrivingBy: s.now + .seconds(40)))
+        #expect(s.cancelled.isEmpty)
+        #expect(s.answers.isEmpty)
+        #expect(s.phaseName == "refreshing")
+        #expect(s.armed[.attemptTimeout] == s.now + .seconds(40) + RefreshPolicy().timeout)
+        // The answer arrives (late, whole): its tokens are the session's.
+        s.run(s.machine.answerArrived(attempt, .success(TokenGrant(accessToken: Self.a2, refreshToken: Self.r2, expiresIn: .seconds(600))),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.machine.live?.refreshToken == Self.r2)
+        #expect(s.answers.count == 1 && s.answers[0].result == .success(Self.a2))
+        s.checkConsistency("after the arriving answer")
+    }
+
+    @Test func anArrivingAnswerThatOutlivesItsWordIsCancelledAtTheGuard() {
+        var s = State.refreshing.make()
+        let attempt = s.machine.attemptInFlight!
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0, requestCancellable: true, answerArrivingBy: s.now))
+        s.armed[.attemptTimeout] = nil
+        s.run(s.machine.timerFired(.attemptTimeout, now: s.now, unitRandom: 0, requestCancellable: true, answerArrivingBy: s.now))
+        #expect(s.cancelled == [attempt])
+        #expect(s.phaseName == "refreshing/cancelling")  // until the request has ended
+    }
+
+    @Test func aLostAnswerIsRetriedOnceAtOnceWithTheSameRefreshTokenThenBacksOff() {
+        var s = State.refreshing.make()
+        let first = s.machine.attemptInFlight!
+        s.run(s.machine.tokenRequested(.fresh, waiter: 2, now: s.now))
+        s.sent = []
+        s.run(s.machine.answerArrived(first, .failure(.answerLost("HTTP 200, then the connection dropped")),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        // No one is answered: the waiters join a new attempt sent now, with the same token.
+        #expect(s.answers.isEmpty)
+        #expect(s.phaseName == "refreshing")
+        let retry = s.machine.attemptInFlight!
+        #expect(retry.id != first.id)
+        #expect(retry.refreshToken == Self.r1)
+        #expect(s.sent.map(\.id) == [retry.id])
+        #expect(s.machine.waiterCount == 2)
+        guard case .refreshFailed(_, let retryIn, let error)? = s.emitted.last else {
+            Issue.record("no refreshFailed event: \(s.emitted)")
+            return
+        }
+        #expect(retryIn == .zero)
+        #expect(error.isAnswerLost)
+        s.checkConsistency("retrying a lost answer")
+        // Lost again: a transient failure like any other (backoff), not a loop of retries.
+        s.run(s.machine.answerArrived(retry, .failure(.answerLost("again")), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.phaseName == "backingOff")
+        #expect(s.answers.count == 1 && s.answers[0].waiters.count == 2)
+        // New tokens make the next lost answer worth one prompt retry again.
+        s.armed[.backoff] = nil
+        s.run(s.machine.timerFired(.backoff, now: s.now, unitRandom: 0))
+        let third = s.machine.attemptInFlight!
+        s.run(s.machine.answerArrived(third, .success(TokenGrant(accessToken: Self.a2, refreshToken: Self.r2, expiresIn: .seconds(1))),
+                                      receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        s.run(s.machine.tokenRequested(.refreshNow, waiter: 3, now: s.now))
+        let fourth = s.machine.attemptInFlight!
+        s.run(s.machine.answerArrived(fourth, .failure(.answerLost("dropped")), receivedAt: s.now, now: s.now, unitRandom: 0, canReauthenticate: false))
+        #expect(s.phaseName == "refreshing")
+        #expect(s.machine.attemptInFlight?.refreshToken == Self.r2)
+    }
+
     @Test func endingTheSessionCancelsTheRequestInFlight() {
         var s = State.refreshing.make()
         let attempt = s.machine.attemptInFlight!

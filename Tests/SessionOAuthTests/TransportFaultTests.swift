@@ -65,7 +65,12 @@ struct TransportFaultTests {
     @Test(arguments: ["stream-huge:600", "stream-huge-chunked:600", "gzip-bomb"])
     func aHugeOrCompressedAnswerIsCutOffWithMemoryBounded(_ mode: String) async throws {
         let server = try OAuthServer(expiresIn: 3600)
-        let session = try await LiveSession(server)
+        // No retry while the test looks (its backoff's 1 s is short on a loaded machine): the
+        // store must still hold the tokens the refused answer did not replace.
+        let session = try await LiveSession(server, configure: {
+            $0.policy.initialBackoff = .seconds(600)
+            $0.policy.maximumBackoff = .seconds(600)
+        })
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
         try await server.fault(mode, count: 1)

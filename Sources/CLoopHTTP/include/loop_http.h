@@ -54,9 +54,15 @@ typedef struct lh_answer {
     const char *retry_after;    /* the Retry-After header's value, NULL if none */
     const char *error_text;     /* why it failed, from libcurl (never the request's body) */
     int64_t bytes_received;     /* body bytes received before the end (also when aborted) */
+    long status_line;           /* the final status line that arrived (also when the transfer
+                                 * failed or was cancelled after it), 0 if none did */
 } lh_answer;
 
 typedef void (*lh_done_fn)(const lh_answer *answer, void *userdata);
+
+/* Runs (loop thread, inside libcurl's processing: it must not call lh_* for this client) once,
+ * when a 2xx final status line has arrived, with the request's userdata. */
+typedef void (*lh_status_fn)(long status, void *userdata);
 
 /* What lh_url_check finds. */
 typedef enum lh_url_kind {
@@ -82,6 +88,14 @@ typedef struct lh_post_options {
     int64_t connect_timeout_ms;   /* <= 0: the overall deadline */
     int64_t max_body;             /* answer size limit in bytes, > 0 */
     int allow_loopback_http;      /* 1: http:// is allowed to a loopback host */
+    /* An answer that is arriving (for a refresh: the server has rotated its token, so ending
+     * the request would lose the session) is not ended by `timeout_ms`: with answer_stall_ms
+     * > 0, once a 2xx status line has arrived the request ends only when no byte arrives for
+     * answer_stall_ms (LH_TIMED_OUT, "stalled"), or at answer_cap_ms from its start (>=
+     * timeout_ms; LH_TIMED_OUT), or when it is cancelled. 0: timeout_ms applies throughout. */
+    int64_t answer_stall_ms;
+    int64_t answer_cap_ms;
+    lh_status_fn on_status;       /* may be NULL */
 } lh_post_options;
 
 /* Loop thread. NULL when out of memory or libcurl cannot start. */

@@ -76,11 +76,17 @@ public struct RefreshRequest: Sendable, CustomStringConvertible {
     public let refreshToken: Secret
     public let memberID: String?
     public let reason: RefreshReason
+    /// The session's refresh timeout (`RefreshPolicy.timeout`; nil: none was given). An
+    /// authority that can tell when its answer has started to arrive
+    /// (`AuthorityCompletion.answerArriving(within:)`) lets that answer run past it: no byte
+    /// for this long (a stall), or four times it from the start (the cap), ends it instead.
+    public let timeout: Duration?
 
-    public init(refreshToken: Secret, memberID: String?, reason: RefreshReason) {
+    public init(refreshToken: Secret, memberID: String?, reason: RefreshReason, timeout: Duration? = nil) {
         self.refreshToken = refreshToken
         self.memberID = memberID
         self.reason = reason
+        self.timeout = timeout
     }
 
     public var description: String {
@@ -109,6 +115,10 @@ public final class AuthorityCompletion<Output: Sendable>: Sendable {
     private struct Cancellation {
         var requested = false
         var handler: (@Sendable () -> Void)?
+        /// `answerArriving(within:)`: the loop time by which the request ends by itself.
+        var arrivingBy: Duration?
+        /// A completion that relays to another (`relaying(to:)`) tells it too.
+        var relay: (@Sendable (Duration) -> Void)?
     }
 
     init(
@@ -128,8 +138,38 @@ public final class AuthorityCompletion<Output: Sendable>: Sendable {
         AuthorityCompletion(clock: { .zero }) { result, _ in handle(result) }
     }
 
+    /// A completion whose answer, and whose `answerArriving` notes, go to `outer` (an
+    /// authority that hands the request on to another: discovery first, say). Cancelling
+    /// `outer` is the caller's to wire (`outer.onCancel { inner.requestCancellation() }`).
+    public static func relaying(to outer: AuthorityCompletion<Output>) -> AuthorityCompletion<Output> {
+        let inner = AuthorityCompletion(clock: outer.clock) { result, _ in outer.complete(result) }
+        inner.cancellation.withLockedValue { $0.relay = { limit in outer.answerArriving(within: limit) } }
+        return inner
+    }
+
     /// Whether it was completed already.
     public var isCompleted: Bool { completed.load(ordering: .acquiring) }
+
+    /// Says that the answer has started to arrive and that it is one the session must not
+    /// lose by cancelling — a refresh answered 2xx: the server has rotated the refresh token,
+    /// so the tokens on their way are the only valid ones — and that the request ends by
+    /// itself within `limit` (its stall rule and cap). The session then does not cancel it at
+    /// its refresh timeout; it waits for the end. Any thread, at most once meaningfully.
+    public func answerArriving(within limit: Duration) {
+        let relay = cancellation.withLockedValue { state -> (@Sendable (Duration) -> Void)? in
+            guard !isCompleted, state.arrivingBy == nil else { return nil }
+            state.arrivingBy = clock() + limit
+            return state.relay
+        }
+        relay?(limit)
+    }
+
+    /// The loop time by which an answer that has started to arrive ends by itself (nil: none
+    /// is arriving, or it was completed).
+    public var answerArrivingBy: Duration? {
+        guard !isCompleted else { return nil }
+        return cancellation.withLockedValue { $0.arrivingBy }
+    }
 
     @discardableResult
     public func succeed(_ output: Output) -> Bool { complete(.success(output)) }
@@ -208,6 +248,18 @@ extension AuthorityError {
 
     /// Whether this is the answer of a cancelled request.
     public var isCancellation: Bool { kind == .transient && code == "cancelled" }
+
+    /// A refresh the server accepted (its 2xx status line arrived: the refresh token was
+    /// rotated) whose answer was then lost — the connection dropped, the answer stalled or
+    /// outlived its cap. The session sends the same refresh token once more at once: servers
+    /// that rotate allow that within a grace period (Auth0's leeway, Okta's grace period,
+    /// Cognito's), the only way such a session survives. Transient.
+    public static func answerLost(_ message: String) -> AuthorityError {
+        AuthorityError(.transient, code: "answer_lost", message: message)
+    }
+
+    /// Whether this is `answerLost`.
+    public var isAnswerLost: Bool { kind == .transient && code == "answer_lost" }
 }
 
 /// How tokens are refreshed, validated and revoked. The built-in OAuth 2.0 authority is one;

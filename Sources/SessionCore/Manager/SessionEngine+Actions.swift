@@ -31,7 +31,8 @@ extension SessionEngine {
                 guard let refreshToken = identity.refreshToken else { continue }
                 let answer = attemptCompletion(identity)
                 authority.refresh(
-                    RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: identity.reason),
+                    RefreshRequest(
+                        refreshToken: refreshToken, memberID: memberID, reason: identity.reason, timeout: policy.timeout),
                     completion: answer)
             case .sendReauthentication(let identity, let externalUserID):
                 authority.reauthenticate(externalUserID: externalUserID, completion: attemptCompletion(identity))
@@ -123,16 +124,17 @@ extension SessionEngine {
         }
     }
 
-    /// How long a refresh lease lasts unless released: twice the refresh timeout. The
-    /// attempt's timeout runs from its start, before the lease is taken, so its request has
-    /// ended (answered, or cancelled when the timeout fires) within one timeout of taking the
-    /// lease; the second timeout is grace for what follows — the cancellation, storing the
-    /// answer (the store's write lock waits up to 2 s), a busy loop — before the lease is
-    /// released. Past the deadline another process may refresh with the same refresh token, so
-    /// the lease must not end while a request that may rotate it can still be answered. The
-    /// deadline matters only for a holder that cannot release: one stopped or hung; a live
-    /// holder releases as soon as its answer is stored, and a dead one frees it at once.
-    var refreshLeaseDuration: Duration { policy.timeout * 2 }
+    /// How long a refresh lease lasts unless released: six refresh timeouts. The attempt's
+    /// request starts after the lease is taken and ends within one timeout (answered, or
+    /// cancelled when the timeout fires) — unless its answer is arriving (a 2xx: the server
+    /// rotated the token), which only a stall or the cap of four timeouts from its start ends
+    /// (`OAuthAuthority.answerCapFactor`); an authority that broke that word gets one timeout
+    /// more before it is cancelled and one more to end. Past the deadline another process may
+    /// refresh with the same refresh token, so the lease must not end while a request that may
+    /// rotate it can still be answered. The deadline matters only for a holder that cannot
+    /// release: one stopped or hung; a live holder releases as soon as its answer is stored,
+    /// and a dead one frees it at once.
+    var refreshLeaseDuration: Duration { policy.timeout * 6 }
 
     /// Ends the refresh generation and stops its timers; returns the waiters to fail once
     /// the new state is published.

@@ -377,7 +377,8 @@ final class SessionEngine: @unchecked Sendable {
             timers[timer] = nil
             perform(refresh.timerFired(
                 timer, now: loop.now, unitRandom: configuration.random(),
-                requestCancellable: requestInFlight?.completion.isCancellable ?? false))
+                requestCancellable: requestInFlight?.completion.isCancellable ?? false,
+                answerArrivingBy: requestInFlight?.completion.answerArrivingBy))
         }
     }
 

@@ -1,4 +1,4 @@
-// One file on purpose (664 lines, 140 of them comments): the phase, the tokens, the generation
+// One file on purpose (707 lines, 150 of them comments): the phase, the tokens, the generation
 // and the failure count are `private(set)`, so only the event functions in this file can move
 // the machine. Splitting it across files would open its state to the whole module.
 
@@ -46,6 +46,9 @@ struct RefreshStateMachine<Waiter> {
         /// it to *end* (its answer, or the cancellation's), because the request may have
         /// rotated the refresh token, which must then not be sent again meanwhile.
         var cancelling = false
+        /// The timeout passed while the authority said its answer was arriving (a 2xx: the
+        /// refresh token is rotated): the attempt waits for that answer instead of cancelling.
+        var arriving = false
         /// Who held the refresh lease when this attempt last looked (while `lock == .waiting`).
         var leaseHolder: RefreshLeaseHolder? = nil
     }
@@ -125,6 +128,9 @@ struct RefreshStateMachine<Waiter> {
     private var nextAttemptID: UInt64 = 0
     /// The token a 401-triggered refresh produced: a 401 for it again is not refreshed.
     private var tokenFromUnauthorizedRefresh: Secret?
+    /// A lost answer (`AuthorityError.isAnswerLost`) was retried at once; until new tokens
+    /// arrive, another lost answer waits for the backoff like any transient failure.
+    private var lostAnswerRetried = false
 
     init(policy: RefreshPolicy, usesRefreshLock: Bool) {
         self.policy = policy
@@ -190,6 +196,7 @@ struct RefreshStateMachine<Waiter> {
         actions += [.cancel(.proactive), .cancel(.backoff)]
         consecutiveFailures = 0
         tokenFromUnauthorizedRefresh = nil
+        lostAnswerRetried = false
         if !keepTokens { live = nil }
         phase = live == nil ? .inactive : .idle(proactiveDue: nil)
         return (abandoned, actions)
@@ -316,8 +323,11 @@ struct RefreshStateMachine<Waiter> {
     /// A timer armed by an earlier action fired. One that no longer fits the phase (a
     /// cancellation raced it) does nothing. `requestCancellable`: whether the request in
     /// flight can be cancelled (its authority said how, and it has not answered yet).
+    /// `answerArrivingBy`: the authority said the request's answer is arriving and ends by
+    /// itself by then (`AuthorityCompletion.answerArriving(within:)`).
     mutating func timerFired(
-        _ timer: RefreshTimer, now: Duration, unitRandom: Double, requestCancellable: Bool = false
+        _ timer: RefreshTimer, now: Duration, unitRandom: Double, requestCancellable: Bool = false,
+        answerArrivingBy: Duration? = nil
     ) -> [Action] {
         switch (timer, phase) {
         case (.proactive, .idle(.some)):
@@ -328,6 +338,20 @@ struct RefreshStateMachine<Waiter> {
             return startRefresh(reason: .retry, waiters: [], now: now)
         case (.attemptTimeout, .refreshing(var attempt)):
             if attempt.lock == .waiting { return leaseWaitTimedOut(attempt, now: now, unitRandom: unitRandom) }
+            if let endsBy = answerArrivingBy, !attempt.arriving, !attempt.cancelling {
+                // The server accepted the refresh and rotated its token: cancelling now would
+                // lose the only valid tokens. The request ends by itself (a stall, its cap);
+                // one more timeout after that bounds an authority that breaks its word.
+                attempt.arriving = true
+                phase = .refreshing(attempt)
+                let left = max(endsBy - now, .zero)
+                return [
+                    .log(.info, "refresh timed out while its answer was arriving (the server accepted it); "
+                        + "waiting for that answer instead of cancelling",
+                         ["attempt": "\(attempt.identity.id)", "endsWithin": "\(left)"]),
+                    .arm(.attemptTimeout, after: left + policy.timeout),
+                ]
+            }
             if !attempt.cancelling && requestCancellable {
                 // The request may have rotated the refresh token: it is cancelled, and the
                 // attempt (with the lock) lasts until it has really ended. A grace of one
@@ -461,6 +485,8 @@ struct RefreshStateMachine<Waiter> {
         var actions = endAttemptActions(attempt, releasingLock: false)
         phase = .idle(proactiveDue: nil)
         let waiters = attempt.waiters
+        /// The waiters of an attempt whose answer was lost: they join the retry sent at once.
+        var retryingAtOnce: [Waiter]?
         switch result {
         case .success(let grant):
             let applied = apply(grant, receivedAt: receivedAt, reason: identity.reason, now: now, unitRandom: unitRandom)
@@ -477,6 +503,19 @@ struct RefreshStateMachine<Waiter> {
             actions.append(.log(.debug, "a refusal of a replaced refresh token was ignored", ["error": "\(error)"]))
             actions += scheduleProactive(now: now, unitRandom: unitRandom)
             actions.append(.answer(waiters, .success(live.accessToken)))
+
+        case .failure(let error) where error.isAnswerLost && !lostAnswerRetried
+            && identity.reason != .reauthentication && identity.refreshToken == live.refreshToken:
+            // The server rotated the refresh token, and the answer carrying the new one was lost.
+            // The old one is all there is: sent again at once, it is accepted by a server with a
+            // reuse grace period; waiting for the backoff would only outlast that grace.
+            consecutiveFailures += 1
+            lostAnswerRetried = true
+            actions.append(.log(.warning, "a refresh answer was lost after the server accepted it; "
+                + "sending the same refresh token once more at once (servers allow that within a grace period)",
+                ["attempt": "\(identity.id)", "error": "\(error)"]))
+            actions.append(.emit(.refreshFailed(attempt: consecutiveFailures, retryIn: .zero, error: error)))
+            retryingAtOnce = waiters
 
         case .failure(let error) where error.kind == .transient:
             consecutiveFailures += 1
@@ -508,6 +547,7 @@ struct RefreshStateMachine<Waiter> {
             }
         }
         if attempt.lock == .held { actions.append(.releaseLock) }
+        if let retryingAtOnce { actions += startRefresh(reason: .retry, waiters: retryingAtOnce, now: now) }
         return actions
     }
 
@@ -638,6 +678,7 @@ struct RefreshStateMachine<Waiter> {
         session.lastRefresh = receivedAt
         live = session
         consecutiveFailures = 0
+        lostAnswerRetried = false
         tokenFromUnauthorizedRefresh = reason == .unauthorized ? grant.accessToken : nil
         var actions: [Action] = []
         if let member = grant.memberID { actions.append(.setMemberID(member)) }

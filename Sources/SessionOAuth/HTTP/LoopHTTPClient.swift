@@ -28,6 +28,17 @@ struct HTTPRequest: Sendable {
     var maximumAnswerSize: Int
     /// Plain http is allowed (the URL was checked to be loopback at configuration).
     var allowsLoopbackHTTP: Bool
+    /// The rule for an answer that is arriving (a refresh's, whose token the server has
+    /// rotated): once a 2xx status line has arrived, `timeout` no longer ends the request —
+    /// only no byte for `stall`, or `cap` from its start — and `arriving` is told (loop thread).
+    /// A failure after that status line is `.answerLost`. Nil: `timeout` applies throughout.
+    var answerRule: AnswerRule? = nil
+
+    struct AnswerRule: Sendable {
+        var stall: Duration
+        var cap: Duration
+        var arriving: @Sendable () -> Void
+    }
 }
 
 /// A complete HTTP answer.
@@ -49,6 +60,9 @@ enum HTTPFailure: Error, Sendable, Equatable {
     case tooLarge(received: Int64)
     case network(String)
     case refused(String)
+    /// A 2xx status line arrived, then the request ended without the whole answer (stalled,
+    /// cut off, cancelled, the cap): only with an `answerRule`.
+    case answerLost(status: Int, String)
 }
 
 /// One request in flight; `cancel()` from any thread (hops to the loop).
@@ -58,9 +72,14 @@ final class HTTPCall: @unchecked Sendable {
     fileprivate var request: OpaquePointer?
     fileprivate var cancelledBeforeStart = false
     fileprivate let done: @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void
+    fileprivate let arriving: (@Sendable () -> Void)?
 
-    fileprivate init(loop: EventLoop, done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void) {
+    fileprivate init(
+        loop: EventLoop, arriving: (@Sendable () -> Void)? = nil,
+        done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void
+    ) {
         self.loop = loop
+        self.arriving = arriving
         self.done = done
     }
 
@@ -107,6 +126,13 @@ final class HTTPCall: @unchecked Sendable {
         default:
             result = .failure(.network(answer.error_text.map { String(cString: $0) } ?? "network error"))
         }
+        if arriving != nil, (200...299).contains(answer.status_line), case .failure(let failure) = result,
+            failure != .tooLarge(received: answer.bytes_received)
+        {
+            let how = answer.error_text.map { String(cString: $0) } ?? "\(failure)"
+            done(.failure(.answerLost(status: answer.status_line, how)))
+            return
+        }
         done(result)
     }
 }
@@ -151,7 +177,7 @@ final class LoopHTTPClient: @unchecked Sendable {
     /// it starts on the loop's next turn.
     @discardableResult
     func send(_ request: HTTPRequest, done: @escaping @Sendable (Result<HTTPResponse, HTTPFailure>) -> Void) -> HTTPCall {
-        let call = HTTPCall(loop: loop, done: done)
+        let call = HTTPCall(loop: loop, arriving: request.answerRule?.arriving, done: done)
         if loop.inEventLoop {
             guard let refusal = start(request, call) else { return call }
             // The one re-post that stays: a refusal is known now, but `done` must not run inside
@@ -184,10 +210,14 @@ final class LoopHTTPClient: @unchecked Sendable {
         var started: OpaquePointer?
         let rc = withCStrings(request.headers, secret: request.secretHeader) { headers in
             request.url.withCString { url in
+                let timeout = max(request.timeout.milliseconds, 1)
                 var options = lh_post_options(
                     url: url, headers: headers, body: nil, body_length: 0,
-                    timeout_ms: max(request.timeout.milliseconds, 1), connect_timeout_ms: 0,
-                    max_body: Int64(request.maximumAnswerSize), allow_loopback_http: request.allowsLoopbackHTTP ? 1 : 0)
+                    timeout_ms: timeout, connect_timeout_ms: 0,
+                    max_body: Int64(request.maximumAnswerSize), allow_loopback_http: request.allowsLoopbackHTTP ? 1 : 0,
+                    answer_stall_ms: request.answerRule.map { max($0.stall.milliseconds, 1) } ?? 0,
+                    answer_cap_ms: request.answerRule.map { max($0.cap.milliseconds, timeout) } ?? 0,
+                    on_status: request.answerRule == nil ? nil : httpCallArriving)
                 switch request.method {
                 case .post(let body):
                     return body.withUnsafeBytes { bytes in
@@ -219,6 +249,11 @@ final class LoopHTTPClient: @unchecked Sendable {
             lh_client_close(client)
         }
     }
+}
+
+private func httpCallArriving(_ status: Int, _ userdata: UnsafeMutableRawPointer?) {
+    guard let userdata else { return }
+    Unmanaged<HTTPCall>.fromOpaque(userdata).takeUnretainedValue().arriving?()
 }
 
 private func httpCallFinished(_ answer: UnsafePointer<lh_answer>?, _ userdata: UnsafeMutableRawPointer?) {
