@@ -10,7 +10,7 @@
 source "$(dirname "$0")/setup.sh"
 rounds=${1:-50}
 burners=${2:-2}
-filter='RotationRaceTests|RefreshLeaseTests|StoreFaultTests|OAuthAuthorityTests|MultiProcessTests|SharedStoreTests'
+filter='ArrivingAnswerTests|RotationRaceTests|RefreshLeaseTests|StoreFaultTests|OAuthAuthorityTests|MultiProcessTests|SharedStoreTests'
 
 swift build --build-tests -Xswiftc -warnings-as-errors
 swift build --package-path Tools --product session-probe -Xswiftc -warnings-as-errors
