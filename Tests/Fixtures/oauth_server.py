@@ -885,7 +885,8 @@ def create_app(expires_in):
     @app.route("/__stats")
     def stats_view():
         with lock:
-            return jsonify(stats)
+            # "rotate_late_holding": rotate-late requests holding their answer right now.
+            return jsonify(dict(stats, rotate_late_holding=len(in_flight)))
 
     @app.route("/__reuse_grace", methods=["POST"])
     def set_reuse_grace():
