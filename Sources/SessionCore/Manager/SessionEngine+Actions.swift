@@ -314,11 +314,14 @@ extension SessionEngine {
 
     func publishSnapshot() {
         let live = refresh.live
+        let freshUntil = !closed && machine.state == .loggedIn && !storeMachine.awaitingInitialRead
+            ? refresh.answersFreshUntil : nil
         let current = Snapshot(
             hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
             state: machine.state, account: accountKey,
             expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt, scope: live?.scope,
-            awaitingStore: storeMachine.awaitingInitialRead)
+            awaitingStore: storeMachine.awaitingInitialRead,
+            freshToken: freshUntil == nil ? nil : live?.accessToken, freshUntil: freshUntil)
         snapshot.withLockedValue { $0 = current }
     }
 

@@ -28,6 +28,11 @@ final class SessionEngine: @unchecked Sendable {
         /// The store has not answered the session's first read yet: `loggedOut` then means
         /// "not known yet", not signed out.
         var awaitingStore = false
+        /// The access token a `.fresh` request would be answered with at once, without a
+        /// refresh or any other action, while the loop clock is before `freshUntil` (nil: a
+        /// request must go to the loop). `SessionManager.freshAccessToken()`'s fast path.
+        var freshToken: Secret?
+        var freshUntil: Duration?
 
         /// Signed out, knowingly: its record was read (a session whose record is still being
         /// read, or cannot be read yet, is loggedOut without being signed out).
@@ -37,6 +42,16 @@ final class SessionEngine: @unchecked Sendable {
     /// The snapshot published at the end of the last entry point: all its manager reads of it
     /// (the manager never looks at the machines inside).
     var published: Snapshot { snapshot.withLockedValue { $0 } }
+
+    /// Any thread: the current access token if a `.fresh` request would be answered with it
+    /// at once (valid, not due for a refresh, none in flight, the session open); else nil.
+    func freshTokenWithoutWaiting() -> Secret? {
+        let now = loop.now
+        return snapshot.withLockedValue { snapshot in
+            guard let until = snapshot.freshUntil, now < until else { return nil }
+            return snapshot.freshToken
+        }
+    }
 
     typealias Refresh = RefreshStateMachine<TokenCompletion>
 

@@ -247,8 +247,12 @@ public final class SessionManager: Sendable {
 
     /// The current access token, refreshed first if it is within the margin of expiry.
     /// Concurrent callers share one refresh and all get its result or its error.
+    ///
+    /// A token that is valid and not due for a refresh is answered without a hop to the loop
+    /// (the session's last published snapshot says so); any other request goes to the loop.
     public func freshAccessToken() async throws(SessionError) -> Secret {
-        try await awaitToken { engine, completion in engine.freshAccessToken(completion) }
+        if let token = engine.freshTokenWithoutWaiting() { return token }
+        return try await awaitToken { engine, completion in engine.freshAccessToken(completion) }
     }
 
     /// The same, answered on the loop thread (usable from inside a flow callback).

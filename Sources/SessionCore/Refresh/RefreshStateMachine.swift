@@ -156,6 +156,17 @@ struct RefreshStateMachine<Waiter> {
         }
     }
 
+    /// Until when (loop clock) a `.fresh` token request is answered with the current access
+    /// token at once — no refresh, no other action (nil: not now). The fast path of
+    /// `SessionManager.freshAccessToken()` reads it from the published snapshot.
+    var answersFreshUntil: Duration? {
+        guard let live, !live.accessToken.isBlank else { return nil }
+        switch phase {
+        case .idle, .backingOff: return live.expiresAt - policy.effectiveMargin(lifetime: live.lifetime)
+        case .inactive, .refreshing: return nil
+        }
+    }
+
     var isRefreshing: Bool {
         if case .refreshing = phase { return true }
         return false
