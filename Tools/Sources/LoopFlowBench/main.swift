@@ -7,7 +7,8 @@
 //   .build/release/loopflow-bench --smoke       tiny sizes (the test suite runs this so it cannot rot)
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
-//                                               memory allocations singleflight errortext
+//                                               memory allocations singleflight errortext token
+//                                               startup store idle (HostCosts.swift; idle takes 60 s)
 //   ... --no-peers                              without the OpenCombine, AsyncStream and Node.js rows
 //   ... --node PATH, --node-script PATH         the node executable (default $SESSIONFLOW_NODE, else
 //                                               node on PATH; absent: the Node rows say "node not
@@ -26,6 +27,10 @@ import Glibc
 #endif
 
 let arguments = CommandLine.arguments
+// A process of its own for the idle rows (HostCosts.swift): --idle-host LIBRARY|- STORE|- SECONDS.
+if arguments.count == 5, arguments[1] == "--idle-host", let seconds = Double(arguments[4]) {
+    exit(bl_idle_host(arguments[2] == "-" ? nil : arguments[2], arguments[3], seconds))
+}
 let smoke = arguments.contains("--smoke")
 let json = arguments.contains("--json")
 let peers = !arguments.contains("--no-peers")
@@ -35,7 +40,10 @@ func option(_ name: String) -> String? {
     return arguments[index + 1]
 }
 
-let sections = ["latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext"]
+let sections = [
+    "latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext",
+    "token", "startup", "idle", "store",
+]
 let only = option("--only").map { Set($0.split(separator: ",").map(String.init)) } ?? Set(sections)
 if let unknown = only.subtracting(sections).first {
     note("loopflow-bench: unknown section '\(unknown)' (known: \(sections.joined(separator: ", ")))")
@@ -188,6 +196,27 @@ if only.contains("singleflight") {
 if only.contains("errortext") {
     note("error description, worst case…")
     rows += errorTextRows(repetitions: smoke ? 3 : 200)
+}
+
+if only.contains("token") {
+    note("the valid-token path…")
+    rows += try await validTokenRows(library: sessionFlowLibrary, calls: smoke ? 200 : 20_000)
+}
+
+if only.contains("startup") {
+    note("start-up…")
+    rows += startupRows(library: sessionFlowLibrary, runs: smoke ? 3 : 21)
+}
+
+if only.contains("store") {
+    note("a store write…")
+    rows += try storeWriteRows(writes: smoke ? 5 : 51)
+}
+
+if only.contains("idle") {
+    let seconds = smoke ? 1.0 : 60
+    note("the idle host (\(Int(seconds)) s)…")
+    rows += idleRows(library: sessionFlowLibrary, seconds: seconds, executable: directory + "/loopflow-bench")
 }
 
 report(rows, json: json)

@@ -34,4 +34,25 @@ void bl_heap_probe(void);
 double bl_alloc_lock_pairs_per_second(int pairs, size_t size);
 /* Monotonic nanoseconds. */
 uint64_t bl_now_ns(void);
+
+/* What a C host pays outside the hot path (sessionflow_host.c; libsessionflow at `path`,
+ * loaded with dlopen). Each returns 0, or -1 with a message in `error`.
+ * The valid-token path: `threads` threads each make `calls` sf_session_fresh_token calls on a
+ * signed-in runtime (1-hour token), each waiting for its callback; *ns_per_call is the wall
+ * time per call of one thread. */
+int bl_sf_fresh_token(const char *path, int threads, int calls, double *ns_per_call, char *error, size_t length);
+/* Its floor: the same with a request posted to a libuv loop (mutex-protected queue +
+ * uv_async_send) and answered there by setting the caller's flag. */
+double bl_async_roundtrip_ns(int threads, int calls);
+/* sf_runtime_create (key file store in `store_directory`, start_manually) -> first on_state,
+ * with a stored session when `sign_in_first` (written by a runtime before). */
+int bl_sf_startup(const char *path, const char *store_directory, int sign_in_first, double *ns, char *error,
+                  size_t length);
+/* Its floor: uv_loop_init + a thread running the loop + one uv_async_send answered. */
+double bl_uv_startup_ns(void);
+/* The idle host, in a process of its own (it exits): libcurl loaded and initialized; with
+ * `path`, a runtime signed in (1-hour token, key file store in `store_directory`), without, a
+ * bare libuv loop with one 1-hour timer on a thread. After 1 s of settling it sleeps
+ * `seconds` and prints "IDLE <context switches> <cpu ms> <rss KiB>" for that interval. */
+int bl_idle_host(const char *path, const char *store_directory, double seconds);
 #endif
