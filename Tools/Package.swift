@@ -41,6 +41,7 @@ let package = Package(
                 .product(name: "LoopFlow", package: "SessionFlow"),
                 .product(name: "SessionCore", package: "SessionFlow"),
                 .product(name: "SessionOAuth", package: "SessionFlow"),
+                .product(name: "SessionFileStore", package: "SessionFlow"),
                 .product(name: "OpenCombine", package: "OpenCombine"),
                 .product(name: "OpenCombineDispatch", package: "OpenCombine"),
             ]
