@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import Logging
 import LoopFlow
 import SessionCore
@@ -28,7 +29,7 @@ struct CommandFailure: Error {
 
     /// Writes the message to standard error and exits with the code.
     func exit() -> ExitCode {
-        FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
+        StandardStream.error.write(Data(Terminal.errorLine(message).utf8))
         return ExitCode(code)
     }
 }
