@@ -191,8 +191,10 @@ swift build -c release --package-path Tools --product loopflow-bench "${strict[@
 # The C fan-out goes through the debug build's libsessionflow.so (the C suite used the
 # installed one; this build is a no-op after the one above).
 swift build --product sessionflow "${strict[@]}"
+# The cli rows time the debug watch-session (built by the suite's build above).
 bench=(Tools/.build/release/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/debug/libsessionflow.so"
-    --node "$(command -v node)" --node-script "$PWD/Tools/node/eventemitter-bench.js")
+    --node "$(command -v node)" --node-script "$PWD/Tools/node/eventemitter-bench.js"
+    --watch-session "$PWD/.build/debug/watch-session")
 "${bench[@]}"
 "${bench[@]}" --json | python3 -c '
 import json, sys

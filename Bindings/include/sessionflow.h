@@ -579,6 +579,30 @@ int sf_session_active_account(sf_runtime *runtime, char *buffer, size_t length);
  * Returns SF_OK, SF_EINVAL (NULL argument, or no such account), SF_ECLOSED. Any thread. */
 int sf_session_account_state(sf_runtime *runtime, const char *account, sf_session_state *out);
 
+/* The parts of an account's profile sf_session_account_profile reads. */
+typedef enum sf_profile_field {
+    SF_PROFILE_ISSUER = 0,          /* the issuer URL the account signed in with (discovery) */
+    SF_PROFILE_CLIENT_ID = 1,       /* the client the tokens were issued to */
+    SF_PROFILE_REQUESTED_SCOPE = 2, /* the scope the sign-in asked for ("" when none) */
+    SF_PROFILE_GRANTED_SCOPE = 3    /* the scope granted now: the sign-in's, replaced by a refresh
+                                     * whose answer names a scope ("" when not known) */
+} sf_profile_field;
+
+/* Copies one field of `account`'s profile — who minted its tokens, kept beside them in the
+ * same sealed store record — NUL-terminated into `buffer`, and stores in *needed (may be
+ * NULL) the bytes the field takes with its NUL, whether it fits or not: pass a NULL buffer
+ * with length 0 to ask. `account` NULL: the active account. An account has a profile once
+ * it signed in through an issuer (sf_sign_in_options.issuer or sf_options.issuer, or
+ * `watch-session login`); one signed in with sf_tokens, or read from a record written before
+ * profiles existed, has none. No secret is in a profile.
+ * Returns SF_OK, SF_ERANGE (`length` too small: nothing written), SF_EINVAL (NULL buffer with
+ * a length, a field not in sf_profile_field, or no such account: sf_last_error_message names
+ * it), SF_ESTATE (the account has no profile, or `account` is NULL and none is signed in),
+ * SF_ECLOSED. Any thread: a snapshot (a borrowed runtime knows its accounts once the store
+ * has been read: see sf_session_store_status). */
+int sf_session_account_profile(sf_runtime *runtime, const char *account, sf_profile_field field, char *buffer,
+                               size_t length, size_t *needed);
+
 /* Makes `account` the active one (the store remembers it for the next start). Returns
  * SF_OK (also when it is active already), SF_EINVAL (NULL, or no such account), SF_ECLOSED,
  * SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */

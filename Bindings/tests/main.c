@@ -72,6 +72,8 @@
     XX(store_key_from_the_host_opens_the_store_and_no_other_key_does) \
     XX(sign_in_bad_input_calls_nothing)                              \
     XX(sign_in_device_approved_through_discovery)                    \
+    XX(profile_kept_from_the_issuer_narrowed_by_a_refresh_and_sealed) \
+    XX(profile_none_for_bare_tokens_and_bad_handles)                 \
     XX(sign_in_device_with_the_runtimes_endpoints)                   \
     XX(sign_in_with_the_runtimes_issuer_then_refresh)                \
     XX(sign_in_device_denied_is_edenied)                             \

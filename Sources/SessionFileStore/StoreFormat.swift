@@ -73,11 +73,15 @@ extension FileCredentialStore {
             grantedScope = session.grantedScope
         }
 
-        /// A record for `session` replacing `previous`: a session without a profile (what a
-        /// manager writes after a refresh) keeps the profile the record had.
+        /// A record for `session` replacing `previous`: a session without a profile (a host
+        /// that signed in with bare tokens) keeps the profile the record had, with the granted
+        /// scope the session now holds (a refresh that named a scope changed it).
         init(_ session: StoredSession, keepingProfileOf previous: Record?) {
             self.init(session)
-            if profile == nil { profile = previous?.profile }
+            if profile == nil, var kept = previous?.profile {
+                if let granted = session.grantedScope { kept.grantedScope = granted }
+                profile = kept
+            }
         }
 
         public var session: StoredSession {

@@ -104,3 +104,48 @@ private func accountCall(
     let key = String(cString: account)
     return synchronousCall(pointer) { runtime throws(SessionError) in try body(runtime, key) }
 }
+
+@c @implementation
+public func sf_session_account_profile(
+    _ pointer: OpaquePointer!, _ account: UnsafePointer<CChar>!, _ field: sf_profile_field,
+    _ buffer: UnsafeMutablePointer<CChar>!, _ length: Int, _ needed: UnsafeMutablePointer<Int>!
+) -> Int32 {
+    api("sf_session_account_profile") {
+        guard buffer != nil || length == 0 else {
+            refuse("sf_session_account_profile", pointer, "buffer is NULL with a length of \(length)")
+            return SF_EINVAL.code
+        }
+        let read: (SessionProfile) -> String?
+        switch field {
+        case SF_PROFILE_ISSUER: read = { $0.issuer }
+        case SF_PROFILE_CLIENT_ID: read = { $0.clientID }
+        case SF_PROFILE_REQUESTED_SCOPE: read = { $0.requestedScope }
+        case SF_PROFILE_GRANTED_SCOPE: read = { $0.grantedScope }
+        default:
+            refuse("sf_session_account_profile", pointer, "field is \(field.rawValue), not one of sf_profile_field (0 ... 3)")
+            return SF_EINVAL.code
+        }
+        let key = account.map { String(cString: $0) }
+        return withRuntime(pointer) { runtime in
+            let accounts = runtime.session.accounts
+            guard let found = accounts.first(where: { key == nil ? $0.isActive : $0.key == key }) else {
+                if let key {
+                    refuse("sf_session_account_profile", pointer, "no account \"\(key)\" has a session")
+                    return SF_EINVAL.code
+                }
+                explain("no account is signed in")
+                return SF_ESTATE.code
+            }
+            guard let profile = found.profile else {
+                explain(
+                    "account \"\(found.key)\" has no profile (signed in with sf_tokens, "
+                        + "or read from a record written before profiles existed)")
+                return SF_ESTATE.code
+            }
+            let bytes = Array((read(profile) ?? "").utf8)
+            needed?.pointee = bytes.count + 1
+            guard let buffer else { return SF_ERANGE.code }
+            return copy(bytes, to: buffer, length: length)
+        }
+    }
+}

@@ -46,6 +46,7 @@ public enum OAuthDiscovery {
         completion: @escaping @Sendable (Result<OAuthConfiguration, OAuthDiscoveryError>) -> Void
     ) -> any SignInCancellable {
         var template = OAuthConfiguration(tokenEndpoint: issuer, clientID: clientID, clientSecret: clientSecret)
+        template.issuer = issuer
         template.requestTimeout = requestTimeout
         template.maximumAnswerSize = maximumAnswerSize
         let run: DiscoveryRun

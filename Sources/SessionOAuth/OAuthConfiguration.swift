@@ -6,6 +6,10 @@ import SessionCore
 public struct OAuthConfiguration: Sendable {
     /// The token endpoint (RFC 6749 §3.2).
     public var tokenEndpoint: URL
+    /// The issuer these endpoints were discovered from (`OAuthDiscovery` sets it); nil when
+    /// they were given directly. A sign-in flow with an issuer hands the session a
+    /// `SessionProfile` naming it.
+    public var issuer: URL?
     public var clientID: String
     /// For a confidential client (sent as `client_secret_post`); nil for a public client.
     public var clientSecret: Secret?

@@ -110,13 +110,21 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     /// (when an introspection endpoint is configured); else the userinfo endpoint's `sub` /
     /// `preferred_username` (when one is configured). A lookup that fails leaves it unset: the
     /// sign-in goes on. The lifetime counts from when the tokens arrived. The scope is the
-    /// answer's `scope`, else `requestedScope` (RFC 6749 §5.1: absent when as requested).
+    /// answer's `scope`, else `requestedScope` (RFC 6749 §5.1: absent when as requested). A
+    /// configuration discovered from an issuer gives the tokens a profile naming it.
     final func granted(_ grant: TokenGrant, answer: HTTPAnswer, requestedScope: String?) {
         let receivedAt = loop.now
         let tokens = SessionTokens(
             accessToken: grant.accessToken, refreshToken: grant.refreshToken, expiresIn: grant.expiresIn,
             memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]),
-            scope: grant.scope ?? TokenResponse.scope(in: requestedScope))
+            scope: grant.scope ?? TokenResponse.scope(in: requestedScope),
+            profile: configuration.issuer.map { issuer in
+                SessionProfile(
+                    issuer: issuer.absoluteString, clientID: configuration.clientID, requestedScope: requestedScope,
+                    grantedScope: grant.scope ?? TokenResponse.scope(in: requestedScope),
+                    tokenEndpoint: configuration.tokenEndpoint.absoluteString,
+                    revocationEndpoint: configuration.revocationEndpoint?.absoluteString)
+            })
         let secrets = [grant.accessToken] + [grant.refreshToken].compactMap { $0 }
         let done: @Sendable (String?) -> Void = { [self] memberID in
             var signedIn = tokens

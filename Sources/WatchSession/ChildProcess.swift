@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// The children of watch-session: `exec`'s command (waited for, its status passed on) and the
 /// browser `login --browser` opens (`BrowserOpener`).

@@ -1,4 +1,6 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import SessionCore
 
 /// The embedded demo authority: answers refreshes from a plan, a little later, from
@@ -11,7 +13,7 @@ final class DemoAuthority: SessionAuthority, @unchecked Sendable {
         case silent
     }
 
-    private let lock = NSLock()
+    private let lock = Lock()
     private var plan: [Step]
     private let lifetime: Duration
     private let latency: Duration

@@ -1,6 +1,8 @@
 // What a live watch uses beside its phases (LiveWatch.swift): the signal and keyboard sources it
 // wakes on, and the sign-in bookkeeping that records a session's profile.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import Logging
 import LoopFlow
 import SessionCore
@@ -29,7 +31,7 @@ final class Signals: @unchecked Sendable {
 /// Single key presses from a terminal (raw mode, no echo), restored on stop.
 final class Keyboard: @unchecked Sendable {
     private var saved = termios()
-    private let lock = NSLock()
+    private let lock = Lock()
     private var stopped = false
 
     init(_ onKey: @escaping @Sendable (Character) -> Void) {
@@ -37,14 +39,13 @@ final class Keyboard: @unchecked Sendable {
         var raw = saved
         raw.c_lflag &= ~tcflag_t(ICANON | ECHO)
         tcsetattr(STDIN_FILENO, TCSANOW, &raw)
-        let thread = Thread { [self] in
+        detachThread { [self] in
             var byte: UInt8 = 0
             while read(STDIN_FILENO, &byte, 1) == 1 {
                 if lock.withLock({ stopped }) { return }
                 onKey(Character(UnicodeScalar(byte)))
             }
         }
-        thread.start()
     }
 
     func stop() {

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import SessionCore
 import SessionOAuth
 
@@ -8,7 +9,7 @@ final class Presenter: @unchecked Sendable {
     let json: Bool
     let colour: Bool
     let terminal: Bool
-    private let lock = NSLock()
+    private let lock = Lock()
     private var statusShown = false
     /// A sign-in waiting for the user: what the countdown says, until when.
     private var pending: Pending?
@@ -29,12 +30,6 @@ final class Presenter: @unchecked Sendable {
         terminal = isatty(STDOUT_FILENO) == 1
         colour = terminal && !json && ProcessInfo.processInfo.environment["NO_COLOR"] == nil
     }
-
-    private static let clock: DateFormatter = {
-        let formatter = DateFormatter()
-        formatter.dateFormat = "HH:mm:ss.SSS"
-        return formatter
-    }()
 
     /// A part of a line: text, or text in a colour. Both are escaped (`Terminal.escape`)
     /// when the line is written; the colour's own escape sequences are added after.
@@ -64,24 +59,22 @@ final class Presenter: @unchecked Sendable {
             if statusShown { out += "\r\u{1B}[2K" }
             statusShown = false
             out += line + "\n"
-            FileHandle.standardOutput.write(Data(out.utf8))
+            StandardStream.output.write(Data(out.utf8))
         }
     }
 
     /// The status line, drawn in place (terminal only): escaped like every line.
     private func drawStatus(_ text: String) {
-        FileHandle.standardOutput.write(Data("\r\u{1B}[2K  \(render([.styled(text, "2")]))".utf8))
+        StandardStream.output.write(Data("\r\u{1B}[2K  \(render([.styled(text, "2")]))".utf8))
     }
 
     private func emitJSON(_ fields: [String: Any]) {
         var object = fields
-        object["time"] = ISO8601DateFormatter().string(from: Date())
-        if let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) {
-            write(rendered: Terminal.escapeJSON(String(decoding: data, as: UTF8.self)))
-        }
+        object["time"] = Clock.iso8601()
+        write(rendered: Terminal.escapeJSON(JSONText.of(object)))
     }
 
-    private var now: Segment { .plain("\(Self.clock.string(from: Date()))  ") }
+    private var now: Segment { .plain("\(Clock.timeOfDay())  ") }
 
     func state(_ state: SessionState) {
         if json {
@@ -107,7 +100,7 @@ final class Presenter: @unchecked Sendable {
         var reason: String?
         if case .unavailable(let error) = status { reason = error.message }
         if json {
-            emitJSON(["kind": "store", "status": name, "reason": reason ?? NSNull()])
+            emitJSON(["kind": "store", "status": name, "reason": reason ?? JSONNull()])
             return
         }
         let code = if case .unavailable = status { "1;31" } else { "2" }
@@ -124,10 +117,10 @@ final class Presenter: @unchecked Sendable {
                 fields["reason"] = reason.rawValue
             case .refreshFailed(let attempt, let retryIn, let error):
                 fields["attempt"] = attempt
-                fields["retry_in_ms"] = retryIn.map { $0.milliseconds as Any } ?? NSNull()
+                fields["retry_in_ms"] = retryIn.map { $0.milliseconds as Any } ?? JSONNull()
                 fields["error"] = error.kind.rawValue
             case .signedIn(let member):
-                fields["member_id"] = member ?? NSNull()
+                fields["member_id"] = member ?? JSONNull()
             default:
                 break
             }
@@ -198,7 +191,7 @@ final class Presenter: @unchecked Sendable {
         if json {
             emitJSON([
                 "kind": "sign_in", "event": "sign_in_prompt", "flow": "device", "user_code": code,
-                "verification_uri": uri, "verification_uri_complete": complete ?? NSNull(),
+                "verification_uri": uri, "verification_uri_complete": complete ?? JSONNull(),
                 "expires_in": seconds, "interval": Int(prompt.interval.timeInterval.rounded()),
             ])
             return
@@ -233,16 +226,16 @@ final class Presenter: @unchecked Sendable {
         lock.withLock {
             pending = nil
             if statusShown, terminal, !json {
-                FileHandle.standardOutput.write(Data("\r\u{1B}[2K".utf8))
+                StandardStream.output.write(Data("\r\u{1B}[2K".utf8))
                 statusShown = false
             }
         }
         guard json else { return }
-        var fields: [String: Any] = ["kind": "sign_in", "flow": flow ?? NSNull()]
+        var fields: [String: Any] = ["kind": "sign_in", "flow": flow ?? JSONNull()]
         switch outcome {
         case .success:
             fields["event"] = "sign_in_succeeded"
-            fields["member_id"] = member ?? NSNull()
+            fields["member_id"] = member ?? JSONNull()
         case .failure(let error):
             fields["event"] = "sign_in_failed"
             fields["reason"] = error.code.name
@@ -272,7 +265,7 @@ final class Presenter: @unchecked Sendable {
             } else {
                 let step = (left + 29) / 30
                 if let last = waiting.step, step < last {
-                    FileHandle.standardOutput.write(Data(
+                    StandardStream.output.write(Data(
                         "\(Self.clockTime())  \(Terminal.escape(waiting.label)) \(Self.minutes(left))\n".utf8))
                 }
                 waiting.step = step
@@ -295,8 +288,8 @@ final class Presenter: @unchecked Sendable {
     func alreadySignedIn(member: String?, account: String, issuer: String?) {
         if json {
             emitJSON([
-                "kind": "sign_in", "event": "already_signed_in", "member_id": member ?? NSNull(), "account": account,
-                "issuer": issuer ?? NSNull(),
+                "kind": "sign_in", "event": "already_signed_in", "member_id": member ?? JSONNull(), "account": account,
+                "issuer": issuer ?? JSONNull(),
             ])
             return
         }
@@ -309,11 +302,11 @@ final class Presenter: @unchecked Sendable {
     func signOut(_ outcome: SignOut.Outcome) {
         if json {
             emitJSON([
-                "kind": "logout", "signed_out": outcome.wasSignedIn, "member_id": outcome.member ?? NSNull(),
+                "kind": "logout", "signed_out": outcome.wasSignedIn, "member_id": outcome.member ?? JSONNull(),
                 "previous_state": outcome.previousState.rawValue,
-                "revocation_endpoint": outcome.revocationEndpoint ?? NSNull(),
-                "revoked": outcome.revoked.map { $0 as Any } ?? NSNull(),
-                "error": outcome.failure ?? NSNull(),
+                "revocation_endpoint": outcome.revocationEndpoint ?? JSONNull(),
+                "revoked": outcome.revoked.map { $0 as Any } ?? JSONNull(),
+                "error": outcome.failure ?? JSONNull(),
                 "remaining_accounts": outcome.remainingAccounts,
             ])
             return
@@ -347,15 +340,15 @@ final class Presenter: @unchecked Sendable {
     /// `m:ss` (or `h:mm:ss`).
     static func minutes(_ seconds: Int) -> String {
         seconds >= 3600
-            ? String(format: "%d:%02d:%02d", seconds / 3600, seconds / 60 % 60, seconds % 60)
-            : String(format: "%d:%02d", seconds / 60, seconds % 60)
+            ? "\(seconds / 3600):\(Clock.pad(seconds / 60 % 60, 2)):\(Clock.pad(seconds % 60, 2))"
+            : "\(seconds / 60):\(Clock.pad(seconds % 60, 2))"
     }
 
-    private static func clockTime() -> String { clock.string(from: Date()) }
+    private static func clockTime() -> String { Clock.timeOfDay() }
 
     static func seconds(_ duration: Duration) -> String {
         let value = max(duration.timeInterval, 0)
-        return value < 1 ? String(format: "%.0f ms", value * 1000) : String(format: "%.1f s", value)
+        return value < 1 ? Clock.fixed(value * 1000, 0) + " ms" : Clock.fixed(value, 1) + " s"
     }
 
     static func name(of event: SessionEvent) -> String {

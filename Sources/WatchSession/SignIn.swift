@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import LoopFlow
 import SessionCore
 import SessionFileStore
@@ -205,7 +206,7 @@ struct Login: AsyncParsableCommand {
             signOut.logLevel = verbosity.level
             let outcome = try await signOut.run()
             if let message = outcome.failure {
-                FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
+                StandardStream.error.write(Data(Terminal.errorLine(message).utf8))
                 if outcome.code != ExitCodes.notRevoked { throw ExitCode(outcome.code) }
             }
         }
@@ -222,7 +223,7 @@ struct Login: AsyncParsableCommand {
         case .interrupted:
             throw ExitCode(ExitCodes.interrupted)
         case .failed(let message, let code):
-            FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
+            StandardStream.error.write(Data(Terminal.errorLine(message).utf8))
             throw ExitCode(code)
         }
     }
@@ -244,7 +245,7 @@ enum BrowserOpener {
 
     static func open(_ url: URL, with opener: String) {
         let arguments = [opener, url.absoluteString]
-        Thread.detachNewThread {
+        detachThread {
             var actions = posix_spawn_file_actions_t()
             posix_spawn_file_actions_init(&actions)
             defer { posix_spawn_file_actions_destroy(&actions) }

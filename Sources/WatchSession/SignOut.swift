@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import Logging
 import LoopFlow
 import SessionCore
@@ -80,7 +81,7 @@ struct Logout: AsyncParsableCommand {
         let outcome = try await signOut.run()
         presenter.signOut(outcome)
         if let message = outcome.failure {
-            FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
+            StandardStream.error.write(Data(Terminal.errorLine(message).utf8))
         }
         if outcome.code != 0 { throw ExitCode(outcome.code) }
     }

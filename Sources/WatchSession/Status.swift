@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import SessionCore
 
 /// `watch-session status`: once, what the store holds, read directly (no session started,
@@ -64,22 +65,21 @@ struct Status: AsyncParsableCommand {
                 "version": Self.jsonVersion,
                 "store": [
                     "directory": view.directory, "status": storeFailure == nil ? "available" : "unavailable",
-                    "reason": storeFailure?.message ?? NSNull(),
+                    "reason": storeFailure?.message ?? JSONNull(),
                 ] as [String: Any],
-                "account": chosen?.key ?? NSNull(),
-                "state": storeFailure == nil ? (chosen?.state ?? .loggedOut).rawValue : NSNull(),
+                "account": chosen?.key ?? JSONNull(),
+                "state": storeFailure == nil ? (chosen?.state ?? .loggedOut).rawValue : JSONNull(),
                 "accounts": shown.map(Self.object),
             ]
             if let chosenFailure { document["error"] = chosenFailure.message }
-            let data = try JSONSerialization.data(withJSONObject: document, options: [.sortedKeys])
-            FileHandle.standardOutput.write(Data((Terminal.escapeJSON(String(decoding: data, as: UTF8.self)) + "\n").utf8))
+            StandardStream.output.write(Data((Terminal.escapeJSON(JSONText.of(document)) + "\n").utf8))
         } else {
             var lines = ["store: \(Terminal.escape(view.directory)) (\(storeFailure == nil ? "available" : "unavailable"))"]
             if storeFailure == nil && shown.isEmpty && chosenFailure == nil { lines.append("not signed in") }
             for account in shown { lines += Self.lines(account) }
-            FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+            StandardStream.output.write(Data((lines.joined(separator: "\n") + "\n").utf8))
             if let failure = storeFailure ?? chosenFailure {
-                FileHandle.standardError.write(Data(Terminal.errorLine(failure.message).utf8))
+                StandardStream.error.write(Data(Terminal.errorLine(failure.message).utf8))
             }
         }
         if code != 0 { throw ExitCode(code) }
@@ -100,12 +100,12 @@ struct Status: AsyncParsableCommand {
         let timing = timing(account)
         return [
             "account": account.key, "active": account.isActive, "state": account.state.rawValue,
-            "member_id": account.session.memberID ?? NSNull(),
-            "issuer": profile?.issuer ?? NSNull(), "client_id": profile?.clientID ?? NSNull(),
-            "requested_scope": profile?.requestedScope ?? NSNull(),
-            "granted_scope": profile?.grantedScope ?? NSNull(),
-            "expires_in_s": timing.map { Int($0.expiresIn.rounded(.down)) as Any } ?? NSNull(),
-            "next_refresh_in_s": timing.map { Int($0.nextRefreshIn.rounded(.down)) as Any } ?? NSNull(),
+            "member_id": account.session.memberID ?? JSONNull(),
+            "issuer": profile?.issuer ?? JSONNull(), "client_id": profile?.clientID ?? JSONNull(),
+            "requested_scope": profile?.requestedScope ?? JSONNull(),
+            "granted_scope": profile?.grantedScope ?? JSONNull(),
+            "expires_in_s": timing.map { Int($0.expiresIn.rounded(.down)) as Any } ?? JSONNull(),
+            "next_refresh_in_s": timing.map { Int($0.nextRefreshIn.rounded(.down)) as Any } ?? JSONNull(),
         ]
     }
 

@@ -50,6 +50,12 @@ enum Terminal {
         return out
     }
 
+    /// `text` without the white space (spaces, tabs, line ends) at either end.
+    static func trimmed(_ text: String) -> String {
+        let kept = text.drop { $0.isWhitespace }
+        return String(kept.reversed().drop { $0.isWhitespace }.reversed())
+    }
+
     /// A line for standard error: `watch-session: <message>`, the message escaped.
     static func errorLine(_ message: String) -> String {
         "watch-session: \(escape(message))\n"

@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import SessionCore
 
 // The only commands that output a token: `token` (on standard output), `exec` (into the
@@ -48,7 +49,7 @@ struct Token: AsyncParsableCommand {
                 minimumValidity: minValid.map { .seconds($0) }
             ).token()
             token.withUnsafeBytes { bytes in
-                FileHandle.standardOutput.write(Data(bytes) + Data([0x0A]))
+                StandardStream.output.write(Data(bytes) + Data([0x0A]))
             }
         } catch let failure as CommandFailure {
             throw failure.exit()
@@ -152,7 +153,7 @@ struct Credential: AsyncParsableCommand {
             var answer = Data("username=\(username)\npassword=".utf8)
             token.withUnsafeBytes { answer.append(contentsOf: $0) }
             answer.append(Data("\n".utf8))
-            FileHandle.standardOutput.write(answer)
+            StandardStream.output.write(answer)
             answer.withUnsafeMutableBytes { bytes in _ = memset(bytes.baseAddress!, 0, bytes.count) }
         } catch {
             throw error.exit()

@@ -4,7 +4,8 @@
 
 import ArgumentParser
 import CLibUV
-import Foundation
+import FoundationEssentials
+import Glibc
 import Logging
 import LoopFlow
 import SessionCore
@@ -203,19 +204,19 @@ struct Watch: AsyncParsableCommand {
     /// `$XDG_STATE_HOME/watch-session` (default `~/.local/state/watch-session`).
     static func defaultStoreDirectory(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
         if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/watch-session" }
-        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? FileManager.default.homeDirectoryForCurrentUser.path
         return home + "/.local/state/watch-session"
     }
 
     /// Makes the default store's parent directories (0700 each, as `mkdir -p -m 700`), so the
     /// store can create its own directory; an explicit `--store` gets no such help.
     static func prepareDefaultStore(_ directory: String) throws {
-        let parent = (directory as NSString).deletingLastPathComponent
+        let parent = directory.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
         do {
             try FileManager.default.createDirectory(
                 atPath: parent, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw ValidationError(Terminal.escape("cannot create \(parent) for the default store: \(error.localizedDescription)"))
+            throw ValidationError(Terminal.escape("cannot create \(parent) for the default store: \(error)"))
         }
     }
 
@@ -226,8 +227,8 @@ struct Watch: AsyncParsableCommand {
         }
         _ = try storeKey(store: store, keyFile: keyFile)  // a key file that cannot be used: exit 64, naming it and why
         if let store {
-            var isDirectory: ObjCBool = false
-            if FileManager.default.fileExists(atPath: store, isDirectory: &isDirectory), !isDirectory.boolValue {
+            var info = stat()
+            if stat(store, &info) == 0, info.st_mode & S_IFMT != S_IFDIR {
                 throw ValidationError("--store is not a directory: \(Terminal.escape(store))")
             }
         }
@@ -270,7 +271,7 @@ struct Watch: AsyncParsableCommand {
         case .interrupted:
             throw ExitCode(130)
         case .failed(let message, let code):
-            FileHandle.standardError.write(Data(Terminal.errorLine(message).utf8))
+            StandardStream.error.write(Data(Terminal.errorLine(message).utf8))
             throw ExitCode(code)
         }
     }
@@ -299,9 +300,9 @@ struct Watch: AsyncParsableCommand {
     }
 
     private func readRefreshToken(_ path: String) throws -> Secret {
-        let data = path == "-" ? FileHandle.standardInput.readDataToEndOfFile() : FileManager.default.contents(atPath: path)
+        let data = path == "-" ? StandardStream.readInput() : FileManager.default.contents(atPath: path)
         guard let data else { throw ValidationError("cannot read --refresh-token-file \(Terminal.escape(path))") }
-        let token = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = Terminal.trimmed(String(decoding: data, as: UTF8.self))
         guard !token.isEmpty else { throw ValidationError("--refresh-token-file \(Terminal.escape(path)) is empty") }
         return Secret(token)
     }

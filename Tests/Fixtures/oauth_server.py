@@ -139,6 +139,8 @@ Other hooks:
                         and the counters of the faults above
   GET /__last_request   the last request to /oauth/* or /.well-known/*: method, path, headers (all of them), form
                         (secrets included: the tests are the only reader), the fault it got
+                        and, once its answer was made, "status" (the HTTP status the server
+                        answered, whether or not the client was still there to read it)
   GET /__requests       the last 200 such requests, oldest first
   GET /__redirect_hits  {"port": <the redirect target's port>, "hits": [{method, path, headers, body}]}
   POST /__revoke_user   user=<name>: revokes every token of that user
@@ -626,6 +628,14 @@ def create_app(expires_in):
     server.register_grant(CodeGrant, [CodeChallenge(required=True)])
     protect = ResourceProtector()
     protect.register_token_validator(Validator())
+
+    @app.after_request
+    def record_status(response):
+        entry = g.get("record")
+        if entry is not None:
+            with lock:
+                entry["status"] = response.status_code
+        return response
 
     @app.before_request
     def record():

@@ -406,6 +406,38 @@ struct SessionCommandTests {
         #expect(try await server.stats()["refresh_grants"] == 1)
     }
 
+    /// A refresh whose answer names a narrower scope changes the profile's granted scope (the
+    /// requested one stays): in the store's record and in what `status` shows.
+    @Test func aRefreshThatNarrowsTheScopeUpdatesTheProfile() async throws {
+        let server = try AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileCredentialStore(directory: directory).write(StoredSession(
+            accessToken: Secret(access), refreshToken: Secret(refresh),
+            accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: "alice",
+            profile: SessionProfile(
+                issuer: server.issuer, clientID: "sessionflow-public", requestedScope: "read write",
+                grantedScope: "read write", tokenEndpoint: server.issuer + "/oauth/token")))
+        let narrowed = try await server.call("POST", "__resource/config", form: ["grant_scope": "read"])
+        #expect(narrowed.status == 200)
+        let token = try watchSession(["token", "--store", directory])
+        #expect(token.status == 0, "\(token)")
+        #expect(try await server.stats()["refresh_grants"] == 1)
+        guard case .present(let stored) = FileCredentialStore(directory: directory).read() else {
+            Issue.record("the store does not open")
+            return
+        }
+        #expect(stored.profile?.grantedScope == "read", "\(String(describing: stored.profile))")
+        #expect(stored.profile?.requestedScope == "read write")
+        #expect(stored.profile?.issuer == server.issuer)
+        let status = try watchSession(["status", "--json", "--store", directory])
+        let document = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
+        let account = try #require((document["accounts"] as? [[String: Any]])?.first)
+        #expect(account["granted_scope"] as? String == "read", "\(document)")
+        #expect(account["requested_scope"] as? String == "read write", "\(document)")
+    }
+
     /// A store with accounts of two issuers: watching one of them refreshes it at its issuer,
     /// and the other account's refresh token goes nowhere (never to the first issuer).
     @Test func aWatchNeverSendsAnotherIssuersTokenToItsOwn() async throws {

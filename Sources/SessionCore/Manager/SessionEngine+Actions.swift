@@ -187,6 +187,7 @@ extension SessionEngine {
     func followLogout() {
         guard (try? machine.apply(.logout)) != nil else { return }
         memberID = nil
+        profile = nil
         bind(nil)
         let abandoned = endSession()
         publish(.loggedOut)
@@ -198,6 +199,7 @@ extension SessionEngine {
         guard (try? machine.apply(.signIn)) != nil else { return }
         let abandoned = endSession()
         memberID = stored.memberID
+        profile = stored.profile
         takeRecord(of: stored)
         refresh.sessionBegan(liveSession(from: stored, access: access))
         publish(.loggedIn)
@@ -214,10 +216,12 @@ extension SessionEngine {
         if stored.expired {
             machine = SessionStateMachine(state: .sessionExpired)
             memberID = stored.memberID
+            profile = stored.profile
             takeRecord(of: stored)
         } else if let access = stored.accessToken, !access.isBlank {
             machine = SessionStateMachine(state: .loggedIn)
             memberID = stored.memberID
+            profile = stored.profile
             takeRecord(of: stored)
             refresh.sessionBegan(liveSession(from: stored, access: access))
         }
@@ -246,7 +250,8 @@ extension SessionEngine {
             return StoredSession(
                 accessToken: live.accessToken, refreshToken: live.refreshToken,
                 accessTokenExpiresAt: configuration.wallClock() + remaining,
-                memberID: memberID, externalUserID: live.externalUserID, grantedScope: live.scope)
+                memberID: memberID, externalUserID: live.externalUserID, profile: currentProfile,
+                grantedScope: live.scope)
         }
     }
 
@@ -312,6 +317,14 @@ extension SessionEngine {
         onStateChange?()
     }
 
+    /// The profile as it stands: its granted scope is the live session's (a refresh whose
+    /// answer named a scope replaced it), else the one it was signed in with.
+    var currentProfile: SessionProfile? {
+        guard var current = profile else { return nil }
+        if let scope = refresh.live?.scope { current.grantedScope = scope }
+        return current
+    }
+
     func publishSnapshot() {
         let live = refresh.live
         let freshUntil = !closed && machine.state == .loggedIn && !storeMachine.awaitingInitialRead
@@ -320,7 +333,7 @@ extension SessionEngine {
             hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
             state: machine.state, account: accountKey,
             expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt, scope: live?.scope,
-            awaitingStore: storeMachine.awaitingInitialRead,
+            profile: currentProfile, awaitingStore: storeMachine.awaitingInitialRead,
             freshToken: freshUntil == nil ? nil : live?.accessToken, freshUntil: freshUntil)
         snapshot.withLockedValue { $0 = current }
     }

@@ -218,6 +218,7 @@ extension SessionEngine {
             case .expire:
                 expire(reason: "the session expired in another process")
             case .adoptTokens(let stored, let access):
+                profile = stored.profile ?? profile
                 perform(refresh.storedTokensChanged(
                     liveSession(from: stored, access: access, lastRefresh: loop.now),
                     now: loop.now, unitRandom: configuration.random()))

@@ -25,6 +25,8 @@ final class SessionEngine: @unchecked Sendable {
         var nextRefreshAt: Duration?
         /// The scope granted to the access token, when known.
         var scope: String?
+        /// Who minted the tokens (issuer, client, scopes), when known; granted scope: the live one.
+        var profile: SessionProfile?
         /// The store has not answered the session's first read yet: `loggedOut` then means
         /// "not known yet", not signed out.
         var awaitingStore = false
@@ -94,6 +96,8 @@ final class SessionEngine: @unchecked Sendable {
     var machine: SessionStateMachine
     var refresh: Refresh
     var memberID: String?
+    /// Issuer, client, scopes as signed in or read from the store (nil: not known); follows `memberID`.
+    var profile: SessionProfile?
     var timers: [RefreshTimer: LoopTimer] = [:]
     /// The request of the attempt in flight, until it answers (so it can be cancelled).
     var requestInFlight: RequestInFlight?
@@ -208,7 +212,7 @@ final class SessionEngine: @unchecked Sendable {
                 let now = worker.readAndWait()
                 if now != read {
                     machine = SessionStateMachine()
-                    memberID = nil
+                    (memberID, profile) = (nil, nil)
                     refresh = Refresh(policy: configuration.policy, usesRefreshLock: shared != nil)
                     if case .unavailable = now {} else { restore(from: now) }
                     publish(machine.state)
@@ -260,6 +264,7 @@ final class SessionEngine: @unchecked Sendable {
                 expiresAt: loop.now + lifetime, lifetime: lifetime, externalUserID: tokens.externalUserID,
                 scope: tokens.scope))
             memberID = tokens.memberID
+            profile = tokens.profile
             persist()
             publish(.loggedIn)
             emit(.signedIn(memberID: memberID))
@@ -289,7 +294,7 @@ final class SessionEngine: @unchecked Sendable {
             try checkOpen()
             try machine.apply(.logout)
             let ended = refresh.live
-            memberID = nil
+            (memberID, profile) = (nil, nil)
             forgetRecord()
             let abandoned = endSession()
             publish(.loggedOut)
@@ -311,7 +316,7 @@ final class SessionEngine: @unchecked Sendable {
         try entry { () throws(SessionError) in
             try checkOpen()
             try machine.apply(.reconfigure)
-            memberID = nil
+            (memberID, profile) = (nil, nil)
             forgetRecord()
             let abandoned = endSession()
             publish(.loggedOut)

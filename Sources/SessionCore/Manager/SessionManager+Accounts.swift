@@ -21,7 +21,9 @@ extension SessionManager {
             let snapshot = engine.snapshot.withLockedValue { $0 }
             guard snapshot.state != .loggedOut else { continue }
             let key = snapshot.account ?? SessionEngine.accountKey(for: snapshot.memberID)
-            listed.append(SessionAccount(key: key, memberID: snapshot.memberID, state: snapshot.state, isActive: isActive))
+            listed.append(SessionAccount(
+                key: key, memberID: snapshot.memberID, state: snapshot.state, isActive: isActive,
+                profile: snapshot.profile))
         }
         return listed.sorted { $0.key < $1.key }
     }

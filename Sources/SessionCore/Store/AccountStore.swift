@@ -59,8 +59,12 @@ public struct SessionAccount: Sendable, Equatable, CustomStringConvertible {
     public var state: SessionState
     /// Whether it drives the manager's `state`.
     public var isActive: Bool
+    /// Who minted its tokens (issuer, client, requested and granted scope), when known: a
+    /// sign-in through a discovered issuer, or a record that holds one. Nil otherwise.
+    public var profile: SessionProfile?
 
-    public init(key: String, memberID: String?, state: SessionState, isActive: Bool) {
+    public init(key: String, memberID: String?, state: SessionState, isActive: Bool, profile: SessionProfile? = nil) {
+        self.profile = profile
         self.key = key
         self.memberID = memberID
         self.state = state

@@ -14,7 +14,8 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
     public var account: String?
     /// Who the session belongs to at the server (issuer, client, scope), sealed in the same
     /// record; nil in records written before profiles existed, and in the sessions a manager
-    /// writes (a store keeps the record's profile through them: `SessionProfile`).
+    /// writes when it knows none (signed in with bare tokens: a store keeps the record's
+    /// profile through them, `SessionProfile`).
     public var profile: SessionProfile?
     /// The scope granted to the access token (RFC 6749 §5.1), when known; nil in records
     /// written before it was kept.

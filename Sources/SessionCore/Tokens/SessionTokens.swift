@@ -12,12 +12,18 @@ public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
     /// answer's `scope`, else the scope it asked for). Kept with the session, stored with it
     /// and reported by `SessionManager.tokenInfo`; nil: not known.
     public var scope: String?
+    /// Who minted the tokens (issuer, client, scopes: `SessionProfile`), when the sign-in
+    /// knows (a flow that discovered its issuer fills it in). Stored with the session, in the
+    /// same sealed record; nil: not known (the record keeps the profile it had).
+    public var profile: SessionProfile?
 
     public init(
         accessToken: Secret, refreshToken: Secret?, expiresIn: Duration,
-        memberID: String? = nil, externalUserID: String? = nil, scope: String? = nil
+        memberID: String? = nil, externalUserID: String? = nil, scope: String? = nil,
+        profile: SessionProfile? = nil
     ) {
         self.scope = scope
+        self.profile = profile
         self.accessToken = accessToken
         self.refreshToken = refreshToken
         self.expiresIn = expiresIn

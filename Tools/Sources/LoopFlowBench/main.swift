@@ -7,7 +7,7 @@
 //   .build/release/loopflow-bench --smoke       tiny sizes (the test suite runs this so it cannot rot)
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
-//                                               memory allocations singleflight errortext token
+//                                               memory allocations singleflight errortext cli token
 //                                               startup store idle (HostCosts.swift; idle takes 60 s)
 //   ... --no-peers                              without the OpenCombine, AsyncStream and Node.js rows
 //   ... --node PATH, --node-script PATH         the node executable (default $SESSIONFLOW_NODE, else
@@ -17,6 +17,9 @@
 //                                               above this executable); NodePeer.swift
 //   ... --sessionflow-lib PATH                  the libsessionflow.so for the C fan-out
 //                                               (default: beside this executable)
+//   ... --watch-session PATH                    the CLI for the cli section (token vs --version,
+//                                               stripped size; default: beside this executable;
+//                                               absent: the rows say so); CLICost.swift
 //
 // Progress and skipped measurements go to stderr; stdout carries only the report.
 import CBaseline
@@ -41,7 +44,7 @@ func option(_ name: String) -> String? {
 }
 
 let sections = [
-    "latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext",
+    "latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext", "cli",
     "token", "startup", "idle", "store",
 ]
 let only = option("--only").map { Set($0.split(separator: ",").map(String.init)) } ?? Set(sections)
@@ -196,6 +199,17 @@ if only.contains("singleflight") {
 if only.contains("errortext") {
     note("error description, worst case…")
     rows += errorTextRows(repetitions: smoke ? 3 : 200)
+}
+
+if only.contains("cli") {
+    let watchSession = option("--watch-session") ?? directory + "/watch-session"
+    if access(watchSession, X_OK) == 0 {
+        note("watch-session token vs --version, stripped size…")
+        rows += cliRows(watchSession: watchSession, runs: smoke ? 3 : 41)
+    } else {
+        rows.append(Row(name: "watch-session token (valid stored token), median wall", ours: .nan, floor: .nan, unit: "ms",
+                        note: "no watch-session at \(watchSession)"))
+    }
 }
 
 if only.contains("token") {

@@ -182,6 +182,13 @@ class TokenInfoStruct(ctypes.Structure):
     ]
 
 
+# sf_profile_field: which part of an account's profile sf_session_account_profile copies.
+PROFILE_ISSUER = 0
+PROFILE_CLIENT_ID = 1
+PROFILE_REQUESTED_SCOPE = 2
+PROFILE_GRANTED_SCOPE = 3
+
+
 # sf_options_init / sf_sign_in_options_init write the library's whole struct, whose size may
 # be larger in a newer library (fields are only appended). These buffers leave room for that;
 # the caller then sets `size` to this binding's layout, which every later library accepts
@@ -235,6 +242,7 @@ _PROTOTYPES: List[Tuple[str, Any, List[Any]]] = [
     ("sf_session_accounts", _int, [_ptr, _str, _size, _P(_size)]),
     ("sf_session_active_account", _int, [_ptr, _str, _size]),
     ("sf_session_account_state", _int, [_ptr, _str, _P(_int)]),
+    ("sf_session_account_profile", _int, [_ptr, _str, _int, _str, _size, _P(_size)]),
     ("sf_session_switch_account", _int, [_ptr, _str]),
     ("sf_session_add_account", _int, [_ptr, _P(Tokens)]),
     ("sf_session_logout_account", _int, [_ptr, _str]),
@@ -322,6 +330,7 @@ EXPOSED: Dict[str, str] = {
     "sf_session_accounts": "Runtime.accounts",
     "sf_session_active_account": "Runtime.active_account",
     "sf_session_account_state": "Runtime.account_state",
+    "sf_session_account_profile": "Runtime.profile",
     "sf_session_switch_account": "Runtime.switch_account",
     "sf_session_add_account": "Runtime.add_account",
     "sf_session_logout_account": "Runtime.logout_account",

@@ -23,7 +23,7 @@ from ._asyncio import (AsyncTokenEntry, Channel, EventPush, FlowIterator, StateP
 from ._callbacks import (AUTHORIZE_THUNK, COMPLETE_THUNK, DONE_THUNK, ERROR_THUNK, EVENT_THUNK, PROMPT_THUNK,
                          REFRESH_THUNK, CANCEL_THUNK, LOG_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK,
                          CallbackErrorHandler, Entry, ErrorSink, drop, inside_callback, keep)
-from ._types import (Authorization, Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription,
+from ._types import (Authorization, Event, LogLevel, Profile, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription,
                      TokenInfo)
 from .errors import ErrorCode, SessionFlowError, check, code_of
 
@@ -722,6 +722,41 @@ class Runtime:
         check(int(_ffi.lib.sf_session_account_state(self._pointer, account.encode(), ctypes.byref(out))),
               "sf_session_account_state")
         return State(out.value)
+
+    @_api
+    def profile(self, account: Optional[str] = None) -> Optional[Profile]:
+        """sf_session_account_profile: who minted `account`'s tokens (None: the active account)
+        — issuer, client id, requested and granted scope. None when the account has no profile
+        (signed in with tokens, or a record written before profiles) or, for the active account,
+        when none is signed in. InvalidArgumentError: no such account. A snapshot; any thread."""
+        key = None if account is None else account.encode()
+
+        def field(which: int) -> Optional[str]:
+            needed = ctypes.c_size_t(0)
+            while True:
+                code = int(_ffi.lib.sf_session_account_profile(self._pointer, key, which, None, 0, ctypes.byref(needed)))
+                if code == ErrorCode.ESTATE:
+                    return None
+                if code != ErrorCode.ERANGE:
+                    check(code, "sf_session_account_profile")
+                buffer = ctypes.create_string_buffer(max(needed.value, 1))
+                code = int(_ffi.lib.sf_session_account_profile(
+                    self._pointer, key, which, buffer, len(buffer), ctypes.byref(needed)))
+                if code == ErrorCode.ERANGE:
+                    continue  # it grew meanwhile (a refresh named a longer scope): ask again
+                if code == ErrorCode.ESTATE:
+                    return None
+                check(code, "sf_session_account_profile")
+                return _ffi.text(buffer.value)
+
+        issuer = field(_ffi.PROFILE_ISSUER)
+        client_id = field(_ffi.PROFILE_CLIENT_ID)
+        requested = field(_ffi.PROFILE_REQUESTED_SCOPE)
+        granted = field(_ffi.PROFILE_GRANTED_SCOPE)
+        if issuer is None or client_id is None:
+            return None
+        return Profile(issuer=issuer, client_id=client_id, requested_scope=requested or None,
+                       granted_scope=granted or None)
 
     @_api
     def switch_account(self, account: str) -> None:

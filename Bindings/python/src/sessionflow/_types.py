@@ -138,6 +138,27 @@ class TokenInfo:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """Who minted an account's tokens (sf_session_account_profile), kept beside them in the
+    same sealed store record; no secret in it.
+
+    issuer: the issuer URL the account signed in with. client_id: the client the tokens were
+    issued to. requested_scope: the scope the sign-in asked for (None: none asked for).
+    granted_scope: the scope granted now — the sign-in's, replaced by a refresh whose answer
+    names a scope (None: not known)."""
+
+    issuer: str
+    client_id: str
+    requested_scope: Optional[str]
+    granted_scope: Optional[str]
+
+    @property
+    def scopes(self) -> List[str]:
+        """The granted scope's names ([] when not known)."""
+        return self.granted_scope.split(" ") if self.granted_scope else []
+
+
+@dataclass(frozen=True)
 class SignInPrompt:
     """What the user is shown (sf_sign_in_prompt). Device flow: go to `verification_uri` and
     enter `user_code` (or open `verification_uri_complete`). Browser flow: open
