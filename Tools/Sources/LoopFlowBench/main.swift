@@ -8,7 +8,8 @@
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
 //                                               memory allocations singleflight errortext cli token
-//                                               startup store idle (HostCosts.swift; idle takes 60 s)
+//                                               startup store refresh idle (HostCosts.swift,
+//                                               RefreshCost.swift; idle takes 60 s)
 //   ... --no-peers                              without the OpenCombine, AsyncStream and Node.js rows
 //   ... --node PATH, --node-script PATH         the node executable (default $SESSIONFLOW_NODE, else
 //                                               node on PATH; absent: the Node rows say "node not
@@ -45,7 +46,7 @@ func option(_ name: String) -> String? {
 
 let sections = [
     "latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext", "cli",
-    "token", "startup", "idle", "store",
+    "token", "startup", "idle", "store", "refresh",
 ]
 let only = option("--only").map { Set($0.split(separator: ",").map(String.init)) } ?? Set(sections)
 if let unknown = only.subtracting(sections).first {
@@ -225,6 +226,11 @@ if only.contains("startup") {
 if only.contains("store") {
     note("a store write…")
     rows += try storeWriteRows(writes: smoke ? 5 : 51)
+}
+
+if only.contains("refresh") {
+    note("a refresh end to end, against curl…")
+    rows += try await refreshRows(runs: smoke ? 5 : 101)
 }
 
 if only.contains("idle") {

@@ -55,4 +55,15 @@ double bl_uv_startup_ns(void);
  * bare libuv loop with one 1-hour timer on a thread. After 1 s of settling it sleeps
  * `seconds` and prints "IDLE <context switches> <cpu ms> <rss KiB>" for that interval. */
 int bl_idle_host(const char *path, const char *store_directory, double seconds);
+
+/* A token endpoint on 127.0.0.1 that answers every POST at once with a new token pair
+ * (token_server.c), and libcurl (dlopen) posting a form to it. */
+typedef struct bl_token_server bl_token_server;
+bl_token_server *bl_token_server_start(void);
+int bl_token_server_port(const bl_token_server *server);
+long bl_token_server_answered(bl_token_server *server);
+void bl_token_server_stop(bl_token_server *server);
+/* The median ns of `runs` POSTs of `form` to `url` with libcurl's easy interface, a new
+ * connection each (as ours); -1 if libcurl cannot be loaded or a request failed. */
+double bl_curl_post_ns(const char *url, const char *form, int runs);
 #endif
