@@ -344,6 +344,27 @@ static long long rss_kib(void) {
     return value;
 }
 
+/* RSS of the mappings of files whose path contains `name` (/proc/self/smaps), KiB. */
+static long long mapped_rss_kib(const char *name) {
+    FILE *smaps = fopen("/proc/self/smaps", "r");
+    if (!smaps) return -1;
+    char line[512];
+    long long total = 0, value;
+    int inside = 0;
+    while (fgets(line, sizeof line, smaps)) {
+        /* A mapping's first line is "start-end perms offset dev inode [path]"; the others are
+         * "Name:   value kB". */
+        char first[64];
+        if (sscanf(line, "%63s", first) == 1 && strchr(first, '-') && first[strlen(first) - 1] != ':') {
+            inside = strstr(line, name) != NULL;
+            continue;
+        }
+        if (inside && sscanf(line, "Rss: %lld", &value) == 1) total += value;
+    }
+    fclose(smaps);
+    return total;
+}
+
 static double cpu_ms(void) {
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
@@ -401,7 +422,8 @@ int bl_idle_host(const char *path, const char *store_directory, double seconds) 
     long long after = context_switches();
     double cpu_after = cpu_ms();
     /* The reading itself: this thread's two wake-ups (nanosleep returns) are the floor's too. */
-    printf("IDLE %lld %.3f %lld\n", after - switches, cpu_after - cpu, rss_kib());
+    printf("IDLE %lld %.3f %lld %lld\n", after - switches, cpu_after - cpu, rss_kib(),
+           path ? mapped_rss_kib("libsessionflow") : 0);
     fflush(stdout);
     _exit(0);
 }

@@ -52,6 +52,10 @@ func validTokenRows(library: String, calls: Int) async throws -> [Row] {
         rows.append(Row(
             name: "valid token, Swift freshAccessToken(), \(callers) task\(callers == 1 ? "" : "s") (per call)",
             ours: ours, floor: floor, unit: "ns", target: .ratioAtMost(2), baseline: "mutex + String read"))
+        rows.append(Row(
+            name: "  … calls per second, all \(callers) task\(callers == 1 ? "" : "s")",
+            ours: Double(callers) * 1e9 / ours / 1e6, floor: Double(callers) * 1e9 / floor / 1e6, unit: "M/s",
+            baseline: "mutex + String read"))
     }
     await manager.close()
     try loop.shutdown()
@@ -72,6 +76,10 @@ func validTokenRows(library: String, calls: Int) async throws -> [Row] {
             name: "valid token, C sf_session_fresh_token, \(threads) foreign thread\(threads == 1 ? "" : "s") (per call)",
             ours: ours.isFinite ? ours : .nan, floor: floor, unit: "ns", target: .ratioAtMost(2),
             baseline: "uv_async_send round trip", note: ours.isFinite ? nil : failure))
+        rows.append(Row(
+            name: "  … calls per second, all \(threads) thread\(threads == 1 ? "" : "s")",
+            ours: ours.isFinite ? Double(threads) * 1e9 / ours / 1e3 : .nan, floor: Double(threads) * 1e9 / floor / 1e3,
+            unit: "k/s", baseline: "uv_async_send round trip", note: ours.isFinite ? nil : failure))
     }
     return rows
 }
@@ -115,7 +123,7 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
     }
     let oursPipe = start("'\(library)' '\(directory)'")
     let floorPipe = start("- -")
-    func read(_ pipe: UnsafeMutablePointer<FILE>?) -> (switches: Double, cpu: Double, rss: Double)? {
+    func read(_ pipe: UnsafeMutablePointer<FILE>?) -> (switches: Double, cpu: Double, rss: Double, library: Double)? {
         guard let pipe else { return nil }
         var output = ""
         var buffer = [CChar](repeating: 0, count: 256)
@@ -123,8 +131,8 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
         pclose(pipe)
         guard let line = output.split(separator: "\n").first(where: { $0.hasPrefix("IDLE ") }) else { return nil }
         let fields = line.split(separator: " ").dropFirst().compactMap { Double($0) }
-        guard fields.count == 3 else { return nil }
-        return (fields[0], fields[1], fields[2])
+        guard fields.count == 4 else { return nil }
+        return (fields[0], fields[1], fields[2], fields[3])
     }
     let ours = read(oursPipe), floor = read(floorPipe)
     let perMinute = 60 / seconds
@@ -140,6 +148,8 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
             floor: floor.map { $0.cpu * perMinute } ?? .nan, unit: "ms", baseline: "libuv loop + 1-hour timer", note: why),
         Row(name: "idle, RSS above a libuv + libcurl host", ours: ours.flatMap { o in floor.map { (o.rss - $0.rss) / 1024 } } ?? .nan,
             floor: .nan, unit: "MiB", target: .atMost(8), note: why),
+        Row(name: "  … of which libsessionflow.so's mapped pages", ours: ours.map { $0.library / 1024 } ?? .nan,
+            floor: .nan, unit: "MiB", note: why),
     ]
 }
 
