@@ -39,8 +39,9 @@ private typealias StateFunction = @convention(c) (sf_session_state, UnsafeMutabl
 private typealias StatusFunction = @convention(c) (sf_store_status, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void
 private typealias EventFunction = @convention(c) (UnsafePointer<sf_event>?, UnsafeMutableRawPointer?) -> Void
 
-private let stateCallback = ForeignCallback<SessionState> { state, function, userdata in
-    unsafeBitCast(function, to: StateFunction.self)(state.c, userdata)
+// By pointer: the walk hands over the state's address, no thunk (the C one-subscriber fan-out).
+private let stateCallback = ForeignCallback<SessionState>.byPointer { state, function, userdata in
+    unsafeBitCast(function, to: StateFunction.self)(state.assumingMemoryBound(to: SessionState.self).pointee.c, userdata)
 }
 
 private let statusCallback = ForeignCallback<StoreStatus> { status, function, userdata in

@@ -175,6 +175,34 @@ struct SubscriberRecordTests {
         }
     }
 
+    @Test func aForeignSubscriberByPointerGetsTheValuesAddress() async throws {
+        final class Sink: @unchecked Sendable {
+            let values = LockedBox<[String]>([])
+        }
+        // A C function of the host's kind: (value, userdata); the invoker reads the value
+        // through the pointer the walk passes (a non-trivial value: a String).
+        let record: @convention(c) (UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void = { value, userdata in
+            let text = value.assumingMemoryBound(to: String.self).pointee
+            Unmanaged<Sink>.fromOpaque(userdata!).takeUnretainedValue().values.withLockedValue { $0.append(text) }
+        }
+        let invoker = ForeignCallback<String>.byPointer { value, function, userdata in
+            unsafeBitCast(function, to: (@convention(c) (UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void).self)(
+                value, userdata)
+        }
+        try await withLoop { loop in
+            let state = MutableStateFlow("first", on: loop)
+            let sink = Sink()
+            let handle = try state.subscribe(
+                foreign: invoker, function: unsafeBitCast(record, to: UnsafeRawPointer.self),
+                userdata: Unmanaged.passUnretained(sink).toOpaque())
+            #expect(await eventually { sink.values.withLockedValue { $0 } == ["first"] })
+            state.value = String(repeating: "long enough to live on the heap ", count: 3)
+            #expect(await eventually { sink.values.withLockedValue { $0.count } == 2 })
+            #expect(sink.values.withLockedValue { $0.last } == String(repeating: "long enough to live on the heap ", count: 3))
+            handle.close()
+        }
+    }
+
     @Test func anOpenSubscriptionWhoseHandleAndFlowAreGoneIsCompletedAtTeardown() async throws {
         let loop = try EventLoop(name: "records")
         let log = Recorder<String>()

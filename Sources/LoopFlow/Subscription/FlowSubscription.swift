@@ -115,11 +115,34 @@ public final class ForeignCallback<Value>: Sendable {
     /// Calls `function` (a C function pointer of the kind this invoker knows) with the value
     /// and `userdata`.
     let call: @Sendable (Value, UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void
+    /// The same as a C function that takes the value by pointer (`byPointer`): the walk, which
+    /// is generic and unspecialized, holds the value indirectly already, so it passes its
+    /// address — no reabstraction thunk and no closure context on the way to the C callback.
+    let pointerCall: (@convention(c) (UnsafeRawPointer, UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void)?
 
     public init(_ call: @escaping @Sendable (
         _ value: Value, _ function: UnsafeRawPointer, _ userdata: UnsafeMutableRawPointer?) -> Void
     ) {
         self.call = call
+        self.pointerCall = nil
+    }
+
+    private init(
+        pointer: @escaping @convention(c) (UnsafeRawPointer, UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void
+    ) {
+        self.pointerCall = pointer
+        self.call = { value, function, userdata in
+            withUnsafePointer(to: value) { pointer(UnsafeRawPointer($0), function, userdata) }
+        }
+    }
+
+    /// An invoker that receives the value by pointer (valid for the call only; bind it to
+    /// `Value`): the cheapest path from the walk to a C subscriber (the C fan-out rows).
+    public static func byPointer(
+        _ call: @escaping @convention(c) (
+            _ value: UnsafeRawPointer, _ function: UnsafeRawPointer, _ userdata: UnsafeMutableRawPointer?) -> Void
+    ) -> ForeignCallback<Value> {
+        ForeignCallback(pointer: call)
     }
 }
 
@@ -191,8 +214,12 @@ func callSubscriber<Value>(_ entry: SubscriberEntry, _ value: Value) {
     if let foreign = entry.foreign {
         let function = entry.word0.unsafelyUnwrapped
         let userdata = UnsafeMutableRawPointer(mutating: entry.word1)
-        Unmanaged<ForeignCallback<Value>>.fromOpaque(foreign)._withUnsafeGuaranteedRef {
-            $0.call(value, function, userdata)
+        Unmanaged<ForeignCallback<Value>>.fromOpaque(foreign)._withUnsafeGuaranteedRef { invoker in
+            if let pointerCall = invoker.pointerCall {
+                withUnsafePointer(to: value) { pointerCall(UnsafeRawPointer($0), function, userdata) }
+            } else {
+                invoker.call(value, function, userdata)
+            }
         }
     } else {
         invoke((entry.raw + 32).assumingMemoryBound(to: BorrowedValueCallback<Value>.self).pointee, value)
