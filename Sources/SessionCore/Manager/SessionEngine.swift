@@ -327,6 +327,13 @@ final class SessionEngine: @unchecked Sendable {
 
     /// The current token, or a refreshed one when within the margin of expiry.
     func freshAccessToken(_ completion: @escaping TokenCompletion) {
+        // A request runs as a job of its own, between entries, when the published snapshot is
+        // current: a token it calls fresh is what the machine would answer, with no action —
+        // so no entry, no second publication (the valid-token path of the C API).
+        if let token = freshTokenWithoutWaiting() {
+            completion(.success(token))
+            return
+        }
         requestToken(.fresh, completion)
     }
 

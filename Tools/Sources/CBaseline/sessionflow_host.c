@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,8 +57,10 @@ static int load(const char *path, host_api *api, char *error, size_t length) {
 
 /* ---- The valid-token path ------------------------------------------------------------ */
 
+/* A caller waits for its answer asleep (a semaphore), in ours and in the floor alike: with
+ * more callers than cores a spinning caller would starve the loop thread it waits for. */
 typedef struct waiter {
-    _Atomic int done;
+    sem_t done;
     int result;
 } waiter;
 
@@ -65,7 +68,7 @@ static void token_arrived(int result, const char *token, void *userdata) {
     (void)token;
     waiter *w = userdata;
     w->result = result;
-    atomic_store_explicit(&w->done, 1, memory_order_release);
+    sem_post(&w->done);
 }
 
 typedef struct caller {
@@ -78,16 +81,18 @@ typedef struct caller {
 
 static void *call_fresh_token(void *argument) {
     caller *c = argument;
+    waiter w;
+    sem_init(&w.done, 0, 0);
     for (int i = 0; i < c->calls; i++) {
-        waiter w = {0};
         if (c->api->fresh_token(c->runtime, token_arrived, &w) != SF_OK) {
             c->failed = 1;
-            return NULL;
+            break;
         }
-        while (!atomic_load_explicit(&w.done, memory_order_acquire)) {
+        while (sem_wait(&w.done) != 0) {
         }
         if (w.result != SF_OK) c->failed = 1;
     }
+    sem_destroy(&w.done);
     return NULL;
 }
 
@@ -134,7 +139,7 @@ int bl_sf_fresh_token(const char *path, int threads, int calls, double *ns_per_c
 }
 
 /* The floor: a request posted to a loop (a mutex-protected queue + uv_async_send), answered
- * on the loop by setting the caller's flag — the least a "callback on the loop thread" costs. */
+ * on the loop by waking the caller — the least a "callback on the loop thread" costs. */
 typedef struct floor_loop {
     uv_loop_t loop;
     uv_async_t wake;
@@ -153,7 +158,7 @@ static void floor_drain(uv_async_t *handle) {
     memcpy(batch, f->queue, sizeof(waiter *) * (size_t)count);
     f->queued = 0;
     pthread_mutex_unlock(&f->lock);
-    for (int i = 0; i < count; i++) atomic_store_explicit(&batch[i]->done, 1, memory_order_release);
+    for (int i = 0; i < count; i++) sem_post(&batch[i]->done);
 }
 
 static void floor_stop(uv_async_t *handle) {
@@ -193,15 +198,17 @@ typedef struct floor_caller {
 
 static void *floor_call(void *argument) {
     floor_caller *c = argument;
+    waiter w;
+    sem_init(&w.done, 0, 0);
     for (int i = 0; i < c->calls; i++) {
-        waiter w = {0};
         pthread_mutex_lock(&c->f->lock);
         c->f->queue[c->f->queued++] = &w;
         pthread_mutex_unlock(&c->f->lock);
         uv_async_send(&c->f->wake);
-        while (!atomic_load_explicit(&w.done, memory_order_acquire)) {
+        while (sem_wait(&w.done) != 0) {
         }
     }
+    sem_destroy(&w.done);
     return NULL;
 }
 

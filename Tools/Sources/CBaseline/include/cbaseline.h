@@ -42,7 +42,7 @@ uint64_t bl_now_ns(void);
  * time per call of one thread. */
 int bl_sf_fresh_token(const char *path, int threads, int calls, double *ns_per_call, char *error, size_t length);
 /* Its floor: the same with a request posted to a libuv loop (mutex-protected queue +
- * uv_async_send) and answered there by setting the caller's flag. */
+ * uv_async_send) and answered there by waking the caller (a semaphore, as ours waits). */
 double bl_async_roundtrip_ns(int threads, int calls);
 /* sf_runtime_create (key file store in `store_directory`, start_manually) -> first on_state,
  * with a stored session when `sign_in_first` (written by a runtime before). */
