@@ -45,11 +45,20 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/sessionflow-check-packages.XXXXXX")
 installed=0
 cleanup() {
     if [ "$installed" -eq 1 ]; then
-        dpkg -r "${packages[@]}" >/dev/null 2>&1 || echo "check-packages: dpkg -r ${packages[*]} failed" >&2
+        # (A dpkg interrupted with this script may still hold its lock for a moment.)
+        local attempt
+        for attempt in $(seq 1 60); do
+            if dpkg -r "${packages[@]}" >"$work/cleanup.log" 2>&1; then break; fi
+            if [ "$attempt" -eq 60 ]; then
+                echo "check-packages: dpkg -r ${packages[*]} failed: $(tail -n 1 "$work/cleanup.log")" >&2
+            fi
+            sleep 1
+        done
     fi
     rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM # (the EXIT trap then removes the packages)
 
 out=${1:-}
 if [ -z "$out" ]; then
