@@ -43,6 +43,12 @@ export PATH="$scripts:$PATH"
 
 version=$(bash scripts/version.sh)
 major=${version%%.*}
+# The packages' upstream changelog is CHANGELOG.md: its newest entry must be this version.
+newest=$(sed -n 's/^## \([0-9][0-9.]*\)\( .*\)\{0,1\}$/\1/p' CHANGELOG.md | head -n 1)
+if [ "$newest" != "$version" ]; then
+    echo "package.sh: CHANGELOG.md's newest entry is '${newest}', the header's version $version" >&2
+    exit 1
+fi
 revision=${DEB_REVISION:-1}
 debversion="$version-$revision"
 arch=$(dpkg --print-architecture)
