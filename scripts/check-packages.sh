@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs and uses what scripts/package.sh makes, the way a user without a Swift toolchain
-# would (root: it installs and removes the Debian packages):
+# would (root or sudo: it installs and removes the Debian packages):
 #   bash scripts/check-packages.sh [DIR]
 # DIR: the artifacts of an earlier `bash scripts/package.sh DIR`; without it they are built
 # into a temporary directory (the release builds are Bindings/install.sh's: after the test
@@ -27,10 +27,6 @@ source "$(dirname "$0")/setup.sh"
 root=$PWD
 packages=(watch-session libsessionflow-dev libsessionflow0)
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "check-packages: installs Debian packages: run it as root" >&2
-    exit 1
-fi
 for package in "${packages[@]}"; do
     if dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q installed; then
         echo "check-packages: $package is installed already; remove it first (dpkg -r ${packages[*]})" >&2
@@ -48,7 +44,7 @@ cleanup() {
         # (A dpkg interrupted with this script may still hold its lock for a moment.)
         local attempt
         for attempt in $(seq 1 60); do
-            if dpkg -r "${packages[@]}" >"$work/cleanup.log" 2>&1; then break; fi
+            if as_root dpkg -r "${packages[@]}" >"$work/cleanup.log" 2>&1; then break; fi
             if [ "$attempt" -eq 60 ]; then
                 echo "check-packages: dpkg -r ${packages[*]} failed: $(tail -n 1 "$work/cleanup.log")" >&2
             fi
@@ -111,7 +107,7 @@ echo "lintian: $(grep -c '^E:' "$work/lintian.txt" || true) errors, $(grep -c '^
 
 echo "== the Debian packages: dpkg -i, used without the toolchain, dpkg -r"
 installed=1
-dpkg -i "${debs[@]}"
+as_root dpkg -i "${debs[@]}"
 for package in "${packages[@]}"; do
     dpkg -L "$package" >"$work/$package.list"
 done
@@ -145,7 +141,7 @@ for file in /usr/share/zsh/vendor-completions/_watch-session /usr/share/fish/ven
 done
 echo "watch-session: '$said', man page $page, bash completion offers login and logout, zsh and fish files installed"
 
-dpkg -r "${packages[@]}"
+as_root dpkg -r "${packages[@]}"
 installed=0
 left=()
 for package in "${packages[@]}"; do
@@ -220,7 +216,7 @@ done
 touch "$work/empty"
 mounts=""
 for file in "${hidden[@]}"; do mounts+="mount --bind $work/empty $file && "; done
-unshare --mount sh -c "${mounts}python3 -c 'import ctypes
+as_root unshare --mount sh -c "${mounts}python3 -c 'import ctypes
 for n in (\"libuv.so.1\", \"libcurl.so.4\"):
     try:
         ctypes.CDLL(n)
