@@ -6,7 +6,8 @@
 # into a temporary directory (the release builds are Bindings/install.sh's: after the test
 # command's install of the library they are reused, nothing is compiled twice).
 # Checks:
-#   - lintian on the three .debs: no error (warnings and overrides are printed);
+#   - lintian on the three .debs: no error (warnings, info and overrides are printed); the
+#     symbols file names the header's functions, all the packaged library's dynamic symbols;
 #   - dpkg -i of the three; with the toolchain out of PATH and of the library search path
 #     (env -i PATH=/usr/bin:/bin): a C host built with `cc host.c $(pkg-config --cflags --libs
 #     sessionflow)` runs and loads /usr/lib/…/libsessionflow.so.MAJOR, `watch-session
@@ -104,6 +105,18 @@ no_toolchain() { # an ELF file and what it loads: nothing of the toolchain's
 echo "== lintian (errors fail; warnings, info and overrides printed)"
 lintian --fail-on error --display-info --show-overrides "${debs[@]}" | tee "$work/lintian.txt"
 echo "lintian: $(grep -c '^E:' "$work/lintian.txt" || true) errors, $(grep -c '^W:' "$work/lintian.txt" || true) warnings"
+
+# The symbols file names exactly the header's functions, as the packaged library exports them.
+symbols=$(dpkg-deb -I "${debs[0]}" symbols | sed -n 's/^ \([^@]*\)@Base .*/\1/p' | sort)
+mkdir -p "$work/lib0"
+dpkg-deb -x "${debs[0]}" "$work/lib0"
+table=$(nm -D --defined-only "$work"/lib0/usr/lib/*/libsessionflow.so."$version" | awk '{ sub(/@.*/, "", $3); print $3 }' | sort)
+if [ "$symbols" != "$(bash Bindings/header-functions.sh)" ] || [ "$symbols" != "$table" ]; then
+    echo "check-packages: the symbols file, the header and the packaged library's dynamic symbols differ" >&2
+    diff <(echo "$symbols") <(echo "$table") >&2 || true
+    exit 1
+fi
+echo "symbols file: the header's $(grep -c . <<<"$symbols") functions, the packaged library's whole dynamic symbol table"
 
 echo "== the Debian packages: dpkg -i, used without the toolchain, dpkg -r"
 installed=1
