@@ -34,11 +34,18 @@ let package = Package(
                 .product(name: "DequeModule", package: "swift-collections"),
             ]
         ),
+        // The version as text, made from the header's SF_VERSION_* macros (the one place it
+        // is written); SessionCore's SessionFlowVersion.string.
+        .target(
+            name: "CSessionFlowVersion",
+            cSettings: [.headerSearchPath("../../Bindings/include")]
+        ),
         // The session: state machine, manager, token refresh, authority and store seams.
         .target(
             name: "SessionCore",
             dependencies: [
                 "LoopFlow",
+                "CSessionFlowVersion",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -86,12 +93,16 @@ let package = Package(
             name: "SessionFlowErrors",
             cSettings: [.headerSearchPath("../../Bindings/include")]
         ),
+        // What the shipped library's link needs from C: the old hypotf behind --wrap=hypotf
+        // (Bindings/install.sh), so that the library runs on glibc 2.34.
+        .target(name: "CLinkShims"),
         // The C ABI: the functions of one area per file (translation only: types, ownership, threads), each checked against the header.
         .target(
             name: "SessionFlowC",
             dependencies: [
                 "CSessionFlow",
                 "SessionFlowErrors",
+                "CLinkShims",
                 "CLibUV",
                 "LoopFlow",
                 "SessionCore",

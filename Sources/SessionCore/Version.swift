@@ -1,5 +1,8 @@
-/// The library's version: the same as `SF_VERSION_MAJOR.MINOR.PATCH` in
-/// `Bindings/include/sessionflow.h` (a test holds them equal).
+internal import CSessionFlowVersion
+
+/// The library's version: `SF_VERSION_MAJOR.MINOR.PATCH` of `Bindings/include/sessionflow.h`,
+/// the one place the version is written (compiled in from its macros by the
+/// `CSessionFlowVersion` C target).
 public enum SessionFlowVersion {
-    public static let string = "0.2.0"
+    public static let string = String(cString: sessionflow_version_text())
 }

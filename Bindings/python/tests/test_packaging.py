@@ -3,6 +3,7 @@ and imports without SESSIONFLOW_LIB in a fresh virtual environment; nothing gene
 committed."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,11 +25,14 @@ def header_version():
 
 def test_the_version_is_the_headers_the_librarys_and_the_packages():
     pyproject = open(os.path.join(PYTHON_DIR, "pyproject.toml")).read()
-    # pyproject.toml takes its version from sessionflow._version (one place)...
+    # pyproject.toml has no version of its own: setup.py gives the header's (one place)...
     assert re.search(r'^dynamic = \["version"\]$', pyproject, re.M)
-    assert 'version = { attr = "sessionflow._version.__version__" }' in pyproject
+    assert not re.search(r'^version\s*=', pyproject, re.M)
+    given = subprocess.run([sys.executable, "setup.py", "--version"], cwd=PYTHON_DIR, capture_output=True,
+                           text=True, timeout=120)
+    assert given.returncode == 0, given.stderr
     # ...which is the header's SF_VERSION_* and the library's
-    assert sf.__version__ == header_version() == sf.version()
+    assert given.stdout.split()[-1] == sf.__version__ == header_version() == sf.version()
     assert sf.version_info() == tuple(int(p) for p in header_version().split("."))
 
 
@@ -40,6 +44,31 @@ def test_generated_files_are_ignored_by_git():
     if run.returncode == 128:
         pytest.skip(f"not a git work tree: {run.stderr.strip()}")
     assert sorted(run.stdout.split()) == sorted(paths)
+
+
+def test_a_wheel_without_the_library_stops_and_says_how(tmp_path):
+    # What `python -m build` / `pip wheel .` do in Bindings/python: no library to bundle, so no
+    # wheel that could not load; on request (SESSIONFLOW_WHEEL=pure) the pure package, its
+    # version written in.
+    copy = tmp_path / "Bindings"
+    shutil.copytree(PYTHON_DIR, copy / "python", ignore=shutil.ignore_patterns(
+        "__pycache__", "_lib", "*.egg-info", "build", "dist", ".mypy_cache", ".pytest_cache"))
+    shutil.copytree(os.path.dirname(HEADER), copy / "include")
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+               "--wheel-dir", str(tmp_path / "dist"), str(copy / "python")]
+    env = {k: v for k, v in os.environ.items() if k != "SESSIONFLOW_WHEEL"}
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0
+    assert "no libsessionflow.so to bundle" in refused.stdout + refused.stderr
+    assert "bash scripts/package.sh OUTDIR" in refused.stdout + refused.stderr
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").glob("*.whl"))
+
+    pure = subprocess.run(command, env=dict(env, SESSIONFLOW_WHEEL="pure"), capture_output=True, text=True,
+                          timeout=300)
+    assert pure.returncode == 0, pure.stderr
+    wheel = tmp_path / "dist" / f"sessionflow-{header_version()}-py3-none-any.whl"
+    stamped = zipfile.ZipFile(wheel).read("sessionflow/_version.py").decode()
+    assert f'__version__ = "{header_version()}"' in stamped
 
 
 def test_build_wheel_needs_its_two_arguments():
