@@ -460,6 +460,19 @@ struct RefreshStateMachineTests {
         #expect(s.machine.attemptInFlight?.refreshToken == Self.r2)
     }
 
+    @Test func aRefreshSentAfterWaitingForTheLeaseGetsAWholeTimeoutOfItsOwn() {
+        // The stress tier's lost rounds: the second process took the lease 0.9 s into its 1 s
+        // timeout and cancelled its refresh as the server answered.
+        var s = State.waitingForLock.make()
+        let timeout = RefreshPolicy().timeout
+        s.now += timeout * 0.9
+        s.lockHeld = true
+        s.run(s.machine.lockAttempted(.acquired, now: s.now, unitRandom: 0))
+        #expect(s.sent.count == 1)
+        #expect(s.armed[.attemptTimeout] == s.now + timeout)
+        s.checkConsistency("sent after the wait")
+    }
+
     @Test func endingTheSessionCancelsTheRequestInFlight() {
         var s = State.refreshing.make()
         let attempt = s.machine.attemptInFlight!

@@ -429,7 +429,12 @@ struct RefreshStateMachine<Waiter> {
         case .acquired:
             attempt.lock = .held
             phase = .refreshing(attempt)
-            return [.sendRefresh(attempt.identity)]
+            // The request gets a whole timeout of its own: the one armed at the attempt's start
+            // may be nearly spent by the wait for the lease, and cancelling a request the server
+            // has already answered loses the rotated tokens (the stress tier's lost rounds: the
+            // second process got the lease 0.9 s into its 1 s timeout and cancelled its refresh
+            // as the answer came). The lease lasts six timeouts, so it still outlives it.
+            return [.arm(.attemptTimeout, after: policy.timeout), .sendRefresh(attempt.identity)]
         case .newerStored(let stored, let lockHeld):
             if lockHeld {
                 attempt.lock = .held
