@@ -13,12 +13,14 @@ import Glibc
 private let maximumRefusedLength = 65_536
 
 private let bearerScheme = StaticCString(RequestAuthorization.Scheme.bearer.rawValue)
+private let dpopScheme = StaticCString(RequestAuthorization.Scheme.dpop.rawValue)
 
 extension RequestAuthorization.Scheme {
     /// The scheme's name as a C string that lives as long as the process.
     fileprivate var cString: UnsafePointer<CChar> {
         switch self {
         case .bearer: bearerScheme.pointer
+        case .dpop: dpopScheme.pointer
         }
     }
 }

@@ -54,6 +54,7 @@ typedef struct lh_answer {
     const char *retry_after;    /* the Retry-After header's value, NULL if none */
     const char *error_text;     /* why it failed, from libcurl (never the request's body) */
     int64_t bytes_received;     /* body bytes received before the end (also when aborted) */
+    const char *dpop_nonce;     /* the DPoP-Nonce header's value (RFC 9449 §8), NULL if none */
 } lh_answer;
 
 typedef void (*lh_done_fn)(const lh_answer *answer, void *userdata);

@@ -76,11 +76,15 @@ public struct RefreshRequest: Sendable, CustomStringConvertible {
     public let refreshToken: Secret
     public let memberID: String?
     public let reason: RefreshReason
+    /// The session's DPoP key (RFC 9449): the refresh token is bound to it, so the request
+    /// carries a proof by it. Nil: a bearer session.
+    public let dpopKey: DPoPKey?
 
-    public init(refreshToken: Secret, memberID: String?, reason: RefreshReason) {
+    public init(refreshToken: Secret, memberID: String?, reason: RefreshReason, dpopKey: DPoPKey? = nil) {
         self.refreshToken = refreshToken
         self.memberID = memberID
         self.reason = reason
+        self.dpopKey = dpopKey
     }
 
     public var description: String {

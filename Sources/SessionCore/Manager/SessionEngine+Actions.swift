@@ -31,7 +31,9 @@ extension SessionEngine {
                 guard let refreshToken = identity.refreshToken else { continue }
                 let answer = attemptCompletion(identity)
                 authority.refresh(
-                    RefreshRequest(refreshToken: refreshToken, memberID: memberID, reason: identity.reason),
+                    RefreshRequest(
+                        refreshToken: refreshToken, memberID: memberID, reason: identity.reason,
+                        dpopKey: refresh.live?.dpopKey),
                     completion: answer)
             case .sendReauthentication(let identity, let externalUserID):
                 authority.reauthenticate(externalUserID: externalUserID, completion: attemptCompletion(identity))
@@ -228,7 +230,7 @@ extension SessionEngine {
         return LiveSession(
             accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
             lifetime: remaining, externalUserID: stored.externalUserID ?? refresh.live?.externalUserID,
-            lastRefresh: lastRefresh, scope: stored.grantedScope ?? refresh.live?.scope)
+            lastRefresh: lastRefresh, scope: stored.grantedScope ?? refresh.live?.scope, dpopKey: stored.dpopKey)
     }
 
     /// What the store should hold now (nil: nothing).
@@ -244,7 +246,8 @@ extension SessionEngine {
             return StoredSession(
                 accessToken: live.accessToken, refreshToken: live.refreshToken,
                 accessTokenExpiresAt: configuration.wallClock() + remaining,
-                memberID: memberID, externalUserID: live.externalUserID, grantedScope: live.scope)
+                memberID: memberID, externalUserID: live.externalUserID, grantedScope: live.scope,
+                dpopKey: live.dpopKey)
         }
     }
 

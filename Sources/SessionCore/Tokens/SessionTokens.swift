@@ -12,12 +12,18 @@ public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
     /// answer's `scope`, else the scope it asked for). Kept with the session, stored with it
     /// and reported by `SessionManager.tokenInfo`; nil: not known.
     public var scope: String?
+    /// The DPoP key the tokens are bound to (RFC 9449), for a sender-constrained session: made
+    /// by the sign-in flow, kept with the session (sealed in its store record), sent with every
+    /// refresh and used by `SessionManager.authorization` for `Authorization: DPoP` and its
+    /// proof. Nil: bearer tokens.
+    public var dpopKey: DPoPKey?
 
     public init(
         accessToken: Secret, refreshToken: Secret?, expiresIn: Duration,
-        memberID: String? = nil, externalUserID: String? = nil, scope: String? = nil
+        memberID: String? = nil, externalUserID: String? = nil, scope: String? = nil, dpopKey: DPoPKey? = nil
     ) {
         self.scope = scope
+        self.dpopKey = dpopKey
         self.accessToken = accessToken
         self.refreshToken = refreshToken
         self.expiresIn = expiresIn
@@ -27,7 +33,7 @@ public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
 
     public var description: String {
         "SessionTokens(accessToken: <redacted>, refreshToken: \(refreshToken == nil ? "nil" : "<redacted>"), "
-            + "expiresIn: \(expiresIn), memberID: \(memberID ?? "nil"))"
+            + "expiresIn: \(expiresIn), memberID: \(memberID ?? "nil")\(dpopKey == nil ? "" : ", DPoP"))"
     }
 }
 
