@@ -114,6 +114,7 @@ class Options(ctypes.Structure):
         ("log", LOG_FN),
         ("log_userdata", ctypes.c_void_p),
         ("log_level", ctypes.c_int),
+        ("dpop", ctypes.c_int),
     ]
 
 
@@ -226,6 +227,7 @@ _PROTOTYPES: List[Tuple[str, Any, List[Any]]] = [
     ("sf_subscription_close", _int, [_u64]),
     ("sf_session_sign_in", _int, [_ptr, _P(Tokens)]),
     ("sf_session_sign_in_replacing_store", _int, [_ptr, _P(Tokens)]),
+    ("sf_session_sign_in_dpop", _int, [_ptr, _P(Tokens), ctypes.c_char_p]),
     ("sf_session_logout", _int, [_ptr]),
     ("sf_session_reconfigure", _int, [_ptr]),
     ("sf_session_is_logged_in", _int, [_ptr]),
@@ -313,6 +315,7 @@ EXPOSED: Dict[str, str] = {
     "sf_subscription_close": "Subscription.close",
     "sf_session_sign_in": "Runtime.sign_in",
     "sf_session_sign_in_replacing_store": "Runtime.sign_in",
+    "sf_session_sign_in_dpop": "Runtime.sign_in",
     "sf_session_logout": "Runtime.logout",
     "sf_session_reconfigure": "Runtime.reconfigure",
     "sf_session_is_logged_in": "Runtime.is_logged_in",

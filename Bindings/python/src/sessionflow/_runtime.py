@@ -23,7 +23,7 @@ from ._asyncio import (AsyncTokenEntry, Channel, EventPush, FlowIterator, StateP
 from ._callbacks import (AUTHORIZE_THUNK, COMPLETE_THUNK, DONE_THUNK, ERROR_THUNK, EVENT_THUNK, PROMPT_THUNK,
                          REFRESH_THUNK, CANCEL_THUNK, LOG_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK,
                          CallbackErrorHandler, Entry, ErrorSink, drop, inside_callback, keep)
-from ._types import (Authorization, Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription,
+from ._types import (Authorization, DPoP, Event, LogLevel, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription,
                      TokenInfo)
 from .errors import ErrorCode, SessionFlowError, check, code_of
 
@@ -376,6 +376,7 @@ class Runtime:
         on_callback_error: Optional[CallbackErrorHandler] = None,
         log: Optional[Callable[[LogLevel, str], None]] = None,
         log_level: Union[LogLevel, int] = LogLevel.INFO,
+        dpop: Union[DPoP, int] = DPoP.OFF,
     ) -> None:
         """Creates the runtime (sf_runtime_create); every argument is an sf_options field,
         None keeping the library's default:
@@ -404,6 +405,10 @@ class Runtime:
             log_level (LogLevel) or above; from whichever thread logs, one at a time, never
             after destroy() returned; never a token. None: standard error, warnings and above.
             An exception it raises goes through the callback-error policy.
+        dpop (DPoP): sender-constrained tokens (DPoP, RFC 9449) for the built-in client's
+            sign-ins: OFF (bearer), REQUIRED, IF_SUPPORTED (when the issuer lists ES256).
+            authorize() then answers `Authorization: DPoP` and a `DPoP` proof header; the
+            adapters add whatever headers it gives, unchanged.
         """
         if refresh_cancel is not None and refresher is None:
             raise ValueError("refresh_cancel needs a refresher: it cancels the refresher's requests")
@@ -441,6 +446,7 @@ class Runtime:
             options.log = LOG_THUNK
             options.log_userdata = self._log_key
         options.log_level = int(log_level)
+        options.dpop = int(dpop)
         refresher_key: Optional[int] = None
         if refresher is not None or on_refresher_released is not None:
             refresher_key = keep(_RefresherEntry(self._sink, refresher, refresh_cancel, on_refresher_released))
@@ -622,13 +628,21 @@ class Runtime:
 
     @_api
     def sign_in(self, access: str, refresh: Optional[str], expires_in: int, member: Optional[str] = None,
-                replacing_store: bool = False) -> None:
+                replacing_store: bool = False, dpop_key: Optional[str] = None) -> None:
         """Signs in (sf_session_sign_in; expires_in in seconds). While the store cannot be read
         (store_status UNAVAILABLE since the start) this raises StoreError (SF_ESTORE) unless
         replacing_store (sf_session_sign_in_replacing_store): the host's choice to replace it.
-        Waits for the loop: from a coroutine, await asyncio.to_thread(runtime.sign_in, ...)."""
+        dpop_key (sf_session_sign_in_dpop; not with replacing_store): the DPoP key the tokens
+        are bound to, base64url of a P-256 private key's 32 bytes, for a host that signed in
+        with DPoP itself. Waits for the loop: from a coroutine, await
+        asyncio.to_thread(runtime.sign_in, ...)."""
         tokens = _tokens(access, refresh, expires_in, member)
-        if replacing_store:
+        if dpop_key is not None:
+            if replacing_store:
+                raise ValueError("dpop_key and replacing_store: sf_session_sign_in_dpop does not replace a store")
+            check(int(_ffi.lib.sf_session_sign_in_dpop(self._pointer, ctypes.byref(tokens), _c_text(dpop_key, "dpop_key"))),
+                  "sf_session_sign_in_dpop")
+        elif replacing_store:
             check(int(_ffi.lib.sf_session_sign_in_replacing_store(self._pointer, ctypes.byref(tokens))),
                   "sf_session_sign_in_replacing_store")
         else:
