@@ -227,6 +227,24 @@ struct DPoPSessionTests {
         await session.stop()
     }
 
+    @Test func browserSignInWithDPoPBindsTheTokensAndTheExchangeCarriesAProof() async throws {
+        let setup = try await BrowserFlowTests.Setup { $0.dpop = .required }
+        let (server, session) = (setup.server, setup.session)
+        let signIn = Task { try await session.manager.signIn(with: setup.flow) }
+        let prompt = try #require(await setup.prompts.first())
+        #expect(try await server.browse(prompt, consent: true).status == 200)
+        try await signIn.value
+        let stored = try #require(session.store.session)
+        let key = try #require(stored.dpopKey)
+        #expect(try await server.boundKey(of: try #require(stored.accessToken)) == key.thumbprint)
+        let exchange = try #require(try await server.requests().last { $0.form["grant_type"] == "authorization_code" })
+        #expect(exchange.header("DPoP") != nil)
+        let token = try await server.dpopStats("token")
+        #expect(token["valid"] == 1 && token["invalid"] == 0 && token["absent"] == 0, "\(token)")
+        #expect(try await Self.perform(session.manager, server.resourceURL, requestID: "b").status == 200)
+        await session.stop()
+    }
+
     @Test func requiredDPoPRefusesAServerThatIgnoresIt() async throws {
         let server = try OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
