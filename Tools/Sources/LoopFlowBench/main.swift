@@ -7,7 +7,7 @@
 //   .build/release/loopflow-bench --smoke       tiny sizes (the test suite runs this so it cannot rot)
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
-//                                               memory allocations singleflight errortext
+//                                               memory allocations singleflight errortext dpop
 //   ... --no-peers                              without the OpenCombine, AsyncStream and Node.js rows
 //   ... --node PATH, --node-script PATH         the node executable (default $SESSIONFLOW_NODE, else
 //                                               node on PATH; absent: the Node rows say "node not
@@ -35,7 +35,7 @@ func option(_ name: String) -> String? {
     return arguments[index + 1]
 }
 
-let sections = ["latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext"]
+let sections = ["latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext", "dpop"]
 let only = option("--only").map { Set($0.split(separator: ",").map(String.init)) } ?? Set(sections)
 if let unknown = only.subtracting(sections).first {
     note("loopflow-bench: unknown section '\(unknown)' (known: \(sections.joined(separator: ", ")))")
@@ -188,6 +188,11 @@ if only.contains("singleflight") {
 if only.contains("errortext") {
     note("error description, worst case…")
     rows += errorTextRows(repetitions: smoke ? 3 : 200)
+}
+
+if only.contains("dpop") {
+    note("DPoP proofs…")
+    rows += dpopProofRows(repetitions: smoke ? 20 : 2_000)
 }
 
 report(rows, json: json)
