@@ -79,8 +79,6 @@ public func sf_session_sign_in_dpop(
             refuse("sf_session_sign_in_dpop", pointer, "dpop_key is NULL or not base64url of a P-256 private key (43 characters)")
             return SF_EINVAL.code
         }
-        _ = strdup(dpopKey)  // MUTATION: a leaked copy
-        _ = strdup(dpopKey)  // MUTATION: a leaked copy
         return signIn(pointer, tokens, replacingStore: false, dpop: key, call: "sf_session_sign_in_dpop")
     }
 }
