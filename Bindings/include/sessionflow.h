@@ -721,6 +721,17 @@ int sf_session_unauthorized(sf_runtime *runtime, const char *method, const char 
                             int http_status, const char *www_authenticate, sf_authorize_fn on_done,
                             void *userdata);
 
+/* sf_session_unauthorized with the answer's `DPoP-Nonce` header (`dpop_nonce`, may be NULL; at
+ * most 1024 bytes, copied), for a DPoP session (scheme "DPoP", `refused` "DPoP <token>"): a
+ * 401 whose challenge is `DPoP error="use_dpop_nonce"` (RFC 9449 §9) is no reason to refresh —
+ * the nonce is remembered for that server and on_done gets the same token with a new proof
+ * carrying it. SF_EUNAUTHORIZED in on_done when the server demands the very nonce the refused
+ * proof carried, or names none. Otherwise exactly sf_session_unauthorized. Returns, threads:
+ * as sf_session_unauthorized (SF_EINVAL also for a `dpop_nonce` too long). */
+int sf_session_unauthorized_dpop(sf_runtime *runtime, const char *method, const char *url, const char *refused,
+                                 int http_status, const char *www_authenticate, const char *dpop_nonce,
+                                 sf_authorize_fn on_done, void *userdata);
+
 /* ---- Sign-in flows ---------------------------------------------------------------- */
 /* The library signs the user in itself, with the OAuth 2.0 authority's own user-facing
  * flows, and ends like sf_session_sign_in (SF_LOGGED_IN, SF_EVENT_SIGNED_IN, stored):

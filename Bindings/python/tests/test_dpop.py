@@ -68,3 +68,33 @@ def test_a_host_that_signed_in_with_dpop_hands_its_key_over(server):
         authorization = runtime.authorize("GET", f"{server}/api/resource")  # refreshes first (expires_in 0)
         assert authorization.scheme == "DPoP"
         assert requests.get(f"{server}/api/resource", auth=sessionflow.requests.Auth(runtime)).status_code == 200
+
+
+def test_a_resource_nonce_costs_each_adapter_one_retry_and_no_refresh(server):
+    """The resource demands a nonce (use_dpop_nonce, DPoP-Nonce): each adapter retries once with
+    a proof carrying it (sf_session_unauthorized_dpop), nothing is refreshed; a server that
+    demands a new one every time ends in one refusal, never a loop."""
+    call(f"{server}/__dpop/config", {"reset": "1"})
+    resource = f"{server}/api/resource"
+    answer = call(f"{server}/oauth/token", {"grant_type": "password", "username": "alice",
+                                            "password": "correct horse", "client_id": CLIENT})
+    import base64
+    import os
+    key = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
+        runtime.sign_in(answer["access_token"], answer["refresh_token"], 3600, member="alice", dpop_key=key)
+        runtime.refresh_now()  # binds the tokens to the key (the refresh carries a proof)
+        refreshes = call(f"{server}/__stats")["refresh_grants"]
+        for get in (lambda: httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)),
+                    lambda: requests.get(resource, auth=sessionflow.requests.Auth(runtime))):
+            call(f"{server}/__dpop/config", {"nonce_resource": "on", "new_nonce": "1"})
+            before = call(f"{server}/__resource/stats")["requests"]
+            assert get().status_code == 200
+            assert call(f"{server}/__resource/stats")["requests"] - before == 2  # refused once, then accepted
+        assert call(f"{server}/__stats")["refresh_grants"] == refreshes
+        call(f"{server}/__dpop/config", {"nonce_resource": "always"})
+        before = call(f"{server}/__resource/stats")["requests"]
+        # One retry (as for any refusal), then the adapter hands back the server's refusal.
+        assert httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)).status_code == 401
+        assert call(f"{server}/__resource/stats")["requests"] - before == 2
+        assert call(f"{server}/__stats")["refresh_grants"] == refreshes

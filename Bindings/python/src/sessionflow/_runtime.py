@@ -818,7 +818,7 @@ class Runtime:
 
     @_api
     def unauthorized(self, authorization: Authorization, status: int, www_authenticate: Optional[str] = None,
-                     timeout: float = 10.0) -> Authorization:
+                     timeout: float = 10.0, dpop_nonce: Optional[str] = None) -> Authorization:
         """sf_session_unauthorized, waited for: the request sent with `authorization` got HTTP
         `status` (401, or 403) with `www_authenticate` (the WWW-Authenticate header, or None): the
         authorization to retry with, once. On 401 the session refreshes only if the refused token
@@ -826,12 +826,18 @@ class Runtime:
         Raises UnauthorizedError at once for a 403 (a new token would not help:
         insufficient_scope or a plain refusal), AuthError when the refresh finds the session dead
         (state SESSION_EXPIRED: do not retry), UnauthorizedError when the token of a refresh made
-        for this refusal was refused again, InvalidArgumentError for another status; as authorize()."""
+        for this refusal was refused again, InvalidArgumentError for another status; as authorize().
+        dpop_nonce: the answer's DPoP-Nonce header (sf_session_unauthorized_dpop): a DPoP session's
+        use_dpop_nonce refusal is then answered with a proof carrying it, nothing refreshed."""
         self._not_on_loop_thread("unauthorized", "unauthorized_async()")
         args = _refusal(authorization, status, www_authenticate)
         entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url)
         key = keep(entry)
-        code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
+        if dpop_nonce is not None:
+            code = int(_ffi.lib.sf_session_unauthorized_dpop(self._pointer, *args, _c_text(dpop_nonce, "dpop_nonce"),
+                                                             AUTHORIZE_THUNK, key))
+        else:
+            code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
         return entry.wait(key, code, timeout)
 
     async def authorize_async(self, method: str, url: str) -> Authorization:
@@ -845,7 +851,8 @@ class Runtime:
         return await entry.wait_async(key, code)
 
     async def unauthorized_async(self, authorization: Authorization, status: int,
-                                 www_authenticate: Optional[str] = None) -> Authorization:
+                                 www_authenticate: Optional[str] = None,
+                                 dpop_nonce: Optional[str] = None) -> Authorization:
         """`await runtime.unauthorized_async(...)`: unauthorized() without blocking the event loop
         (sf_session_unauthorized)."""
         self._sink.raise_pending()
@@ -853,7 +860,11 @@ class Runtime:
         entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url,
                                 asyncio.get_running_loop())
         key = keep(entry)
-        code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
+        if dpop_nonce is not None:
+            code = int(_ffi.lib.sf_session_unauthorized_dpop(self._pointer, *args, _c_text(dpop_nonce, "dpop_nonce"),
+                                                             AUTHORIZE_THUNK, key))
+        else:
+            code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
         return await entry.wait_async(key, code)
 
     # ---- sign-in flows
