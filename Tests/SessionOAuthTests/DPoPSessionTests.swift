@@ -267,6 +267,30 @@ struct DPoPSessionTests {
         await session.stop()
     }
 
+    /// `.ifSupported` with a server that answers Bearer to the proof: a bearer session (no key
+    /// kept), signed in, its authorizations Bearer.
+    @Test func ifSupportedTakesBearerTokensFromAServerThatIgnoresDPoP() async throws {
+        let server = try OAuthServer(expiresIn: 3600)
+        try await server.device(["interval": "1", "expires_in": "60"])
+        try await server.dpop(["ignore": "1"])
+        let session = try await LiveSession(server)
+        let prompts = PromptLog(loop: session.loop)
+        var configuration = server.configuration()
+        configuration.deviceAuthorizationEndpoint = server.base.appendingPathComponent("oauth/device_authorization")
+        configuration.dpop = .ifSupported
+        configuration.dpopSigningAlgorithms = ["ES256"]
+        let flow = try DeviceAuthorization(configuration, scope: nil) { prompts.add($0) }
+        let signIn = Task { try await session.manager.signIn(with: flow) }
+        #expect(await eventually(timeout: .seconds(20)) { prompts.count > 0 })
+        try await server.approve(prompts.all[0].userCode)
+        try await signIn.value
+        #expect(session.manager.state.value == .loggedIn)
+        #expect(session.store.session?.dpopKey == nil)
+        #expect(try await session.manager.authorization(method: "GET", url: server.resourceURL).scheme == .bearer)
+        #expect(try await Self.perform(session.manager, server.resourceURL, requestID: "i").status == 200)
+        await session.stop()
+    }
+
     @Test func ifSupportedFollowsTheMetadata() throws {
         var configuration = OAuthConfiguration(tokenEndpoint: URL(string: "https://as.example/token")!, clientID: "c")
         configuration.dpop = .ifSupported
