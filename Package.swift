@@ -47,6 +47,8 @@ let package = Package(
                 "LoopFlow",
                 "CSessionFlowVersion",
                 .product(name: "Logging", package: "swift-log"),
+                // P-256 signatures and SHA-256 for DPoP proofs (RFC 9449).
+                .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
         // The desktop Secret Service through libsecret, loaded at run time with dlopen (C: its

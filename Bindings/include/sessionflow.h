@@ -382,12 +382,29 @@ typedef struct sf_options {
     void (*log)(int level, const char *line, void *log_userdata); /* level: an sf_log_level */
     void *log_userdata;
     int log_level; /* an sf_log_level: the lowest level handed to `log` (default SF_LOG_INFO) */
+    /* Sender-constrained tokens (DPoP, RFC 9449) for the built-in OAuth 2.0 client's sign-in
+     * flows: SF_DPOP_OFF (0, default: bearer tokens), SF_DPOP_REQUIRED (every sign-in makes a
+     * new ES256 key and proves it; a token answer whose token_type is not DPoP — the server
+     * ignored the proof — fails the sign-in with SF_ECONFIG), SF_DPOP_IF_SUPPORTED (DPoP when
+     * the issuer's metadata lists ES256 in dpop_signing_alg_values_supported, bearer tokens
+     * otherwise). The key is sealed in the store record with the tokens and wiped with them at
+     * logout; every refresh carries a proof by it, and sf_session_authorize then answers
+     * `Authorization: DPoP <token>` plus a `DPoP: <proof>` header (scheme "DPoP"). A server
+     * nonce (use_dpop_nonce) costs one retry of a refresh; a server that demands a new one
+     * again fails that refresh with SF_ECONFIG. Another value makes create fail with
+     * SF_EINVAL. Hosts built against an older header (a smaller `size`) have SF_DPOP_OFF. */
+    int dpop;
 } sf_options;
 
 /* Values of sf_options.store_key_source. */
 #define SF_STORE_KEY_AUTOMATIC 0
 #define SF_STORE_KEY_FILE 1
 #define SF_STORE_KEY_SECRET_SERVICE 2
+
+/* Values of sf_options.dpop. */
+#define SF_DPOP_OFF 0
+#define SF_DPOP_REQUIRED 1
+#define SF_DPOP_IF_SUPPORTED 2
 
 /* ---- Options -------------------------------------------------------------------- */
 
@@ -505,6 +522,16 @@ int sf_session_sign_in(sf_runtime *runtime, const sf_tokens *tokens);
  * it is exactly sf_session_sign_in (SF_ESTATE if a stored session was restored). Returns,
  * threads: as sf_session_sign_in, never SF_ESTORE. */
 int sf_session_sign_in_replacing_store(sf_runtime *runtime, const sf_tokens *tokens);
+
+/* sf_session_sign_in for a host that signed in with DPoP (RFC 9449) itself: `dpop_key` is the
+ * key its tokens are bound to, base64url (43 characters, no padding) of a P-256 private key's
+ * 32 bytes. The session keeps it (sealed in the store record with the tokens, wiped with them
+ * at logout), proves it on every refresh, and answers sf_session_authorize with scheme
+ * "DPoP": `Authorization: DPoP <token>` and a `DPoP: <proof>` header. Copied into the
+ * library's secret memory: the host may wipe its buffer once the call returns. Returns,
+ * threads: as sf_session_sign_in; SF_EINVAL also for a NULL `dpop_key` or one that is not a
+ * key (named in sf_last_error_message). */
+int sf_session_sign_in_dpop(sf_runtime *runtime, const sf_tokens *tokens, const char *dpop_key);
 
 /* Logs out: the store's clear submitted first (before anything the session stores
  * after it), every timer and retry stopped, a refresh in flight cancelled (its answer
@@ -726,6 +753,17 @@ int sf_session_authorize(sf_runtime *runtime, const char *method, const char *ur
 int sf_session_unauthorized(sf_runtime *runtime, const char *method, const char *url, const char *refused,
                             int http_status, const char *www_authenticate, sf_authorize_fn on_done,
                             void *userdata);
+
+/* sf_session_unauthorized with the answer's `DPoP-Nonce` header (`dpop_nonce`, may be NULL; at
+ * most 1024 bytes, copied), for a DPoP session (scheme "DPoP", `refused` "DPoP <token>"): a
+ * 401 whose challenge is `DPoP error="use_dpop_nonce"` (RFC 9449 §9) is no reason to refresh —
+ * the nonce is remembered for that server and on_done gets the same token with a new proof
+ * carrying it. SF_EUNAUTHORIZED in on_done when the server demands the very nonce the refused
+ * proof carried, or names none. Otherwise exactly sf_session_unauthorized. Returns, threads:
+ * as sf_session_unauthorized (SF_EINVAL also for a `dpop_nonce` too long). */
+int sf_session_unauthorized_dpop(sf_runtime *runtime, const char *method, const char *url, const char *refused,
+                                 int http_status, const char *www_authenticate, const char *dpop_nonce,
+                                 sf_authorize_fn on_done, void *userdata);
 
 /* ---- Sign-in flows ---------------------------------------------------------------- */
 /* The library signs the user in itself, with the OAuth 2.0 authority's own user-facing

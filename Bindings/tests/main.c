@@ -97,7 +97,9 @@
     XX(authorize_curl_client_on_a_dead_session_fails_each_request_once) \
     XX(token_info_a_narrower_scope_is_reported_as_granted)          \
     XX(token_info_the_scope_asked_for_when_granted_whole)           \
-    XX(token_info_bad_arguments_are_einval)
+    XX(token_info_bad_arguments_are_einval)                          \
+    XX(dpop_options_and_a_bad_key_are_einval)                        \
+    XX(dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)

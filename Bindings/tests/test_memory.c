@@ -8,7 +8,11 @@
  * at once. The tokens are the server's (Authlib, random): the signed-in pair, the pair the
  * library's refresh rotated to (the new access token seen in the token callback, the new
  * refresh token read back from the server's record of the revocation at logout), and
- * every key the store's key file held before and after logout (which rotates it). */
+ * every key the store's key file held before and after logout (which rotates it).
+ * The session is DPoP-bound (issue 31): the host hands over a DPoP private key with the
+ * tokens; the refresh proves it, an authorization carries a proof by it, and its bytes — raw,
+ * reversed (how BoringSSL's big-number words hold it), and the base64url text the host gave
+ * and the store seals — are looked for too. */
 #define _DEFAULT_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
@@ -162,6 +166,14 @@ typedef struct seen_token {
     atomic_int result;
 } seen_token;
 
+void dpop_test_key(char out[44], unsigned char raw[32]); /* test_dpop.c */
+
+static void on_authorized_dpop(int result, const sf_authorization *authorization, void *userdata) {
+    (void)authorization;
+    atomic_int *calls = userdata;
+    atomic_store(calls, result == SF_OK && authorization && authorization->header_count == 2 ? 1 : -1);
+}
+
 static void keep_masked(int result, const char *access_token, void *userdata) {
     seen_token *seen = userdata;
     if (result == SF_OK && access_token) {
@@ -217,9 +229,16 @@ void test_memory_no_token_or_key_is_left_after_logout_and_destroy(void) {
     if (!runtime) return;
     /* expires_in 0: the first token request refreshes through the network. */
     sf_tokens tokens = test_tokens(access, refresh, 0, "alice");
-    CHECK_CODE(sf_session_sign_in(runtime, &tokens), SF_OK);
+    char dpop_text[44];
+    unsigned char dpop_raw[32], dpop_reversed[32];
+    dpop_test_key(dpop_text, dpop_raw);
+    for (int i = 0; i < 32; i++) dpop_reversed[i] = dpop_raw[31 - i];
+    CHECK_CODE(sf_session_sign_in_dpop(runtime, &tokens, dpop_text), SF_OK);
     remember("the signed-in access token", access, access_length);
     remember("the signed-in refresh token", refresh, refresh_length);
+    remember("the DPoP private key (raw)", dpop_raw, sizeof dpop_raw);
+    remember("the DPoP private key (reversed)", dpop_reversed, sizeof dpop_reversed);
+    remember("the DPoP private key (base64url)", dpop_text, strlen(dpop_text));
     explicit_bzero(&tokens, sizeof tokens);
 
     seen_token seen;
@@ -227,6 +246,13 @@ void test_memory_no_token_or_key_is_left_after_logout_and_destroy(void) {
     CHECK_CODE(sf_session_fresh_token(runtime, keep_masked, &seen), SF_OK);
     WAIT_FOR(atomic_load(&seen.calls) == 1);
     CHECK_CODE(atomic_load(&seen.result), SF_OK);
+    /* A resource authorization: a proof by the DPoP key. */
+    atomic_int authorized = 0;
+    char resource[512];
+    snprintf(resource, sizeof resource, "%s/api/resource", base);
+    CHECK_CODE(sf_session_authorize(runtime, "GET", resource, on_authorized_dpop, &authorized), SF_OK);
+    WAIT_FOR(atomic_load(&authorized) != 0);
+    CHECK_EQ_INT(atomic_load(&authorized), 1);
     remember_keys(directory, "a store key before logout");
 
     long revocations = oauth_stat("/__stats", "revocations");
@@ -250,8 +276,9 @@ void test_memory_no_token_or_key_is_left_after_logout_and_destroy(void) {
     CHECK(rotated_length > 0);
     remember("the rotated refresh token", rotated, rotated_length);
 
-    /* Secrets found: the four tokens and at least two keys (the key rotates at logout). */
-    CHECK(secret_count >= 6);
+    /* Secrets found: the four tokens, the DPoP key's three forms and at least two keys (the
+     * key rotates at logout). */
+    CHECK(secret_count >= 9);
     size_t scan_size = 1 << 20;
     unsigned char *scan = mmap(NULL, scan_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(scan != MAP_FAILED);

@@ -6,7 +6,7 @@
  * callbacks — never from inside a curl callback. After each action, finished transfers are
  * collected with curl_multi_info_read and their `done` runs.
  *
- * One file (about 620 lines): the client, its sockets, its timer and its requests reach each
+ * One file (about 660 lines): the client, its sockets, its timer and its requests reach each
  * other through curl's userdata pointers and share static helpers (finish, unwatch, the
  * zeroing allocators); apart, those would become exported symbols. The loopback listener is
  * apart (loop_listener.c). */
@@ -58,6 +58,8 @@ struct lh_request {
     int too_large;
     char retry_after[128];
     int has_retry_after;
+    char dpop_nonce[1025]; /* RFC 9449 §8: the DPoP-Nonce header (a longer one is not kept) */
+    int has_dpop_nonce;
     char error[CURL_ERROR_SIZE];
     /* An answer that is arriving is not ended by the overall deadline (loop_http.h): `watch`
      * fires at that deadline until a 2xx status line arrives, then after every `stall_ms`
@@ -233,6 +235,7 @@ static void finish(lh_request *request, lh_outcome outcome, CURLcode code) {
         answer.body = request->answer;
         answer.body_length = request->answer_length;
         answer.retry_after = request->has_retry_after ? request->retry_after : NULL;
+        answer.dpop_nonce = request->has_dpop_nonce ? request->dpop_nonce : NULL;
     } else if (outcome != LH_CANCELLED) {
         curl_easy_getinfo(request->easy, CURLINFO_RESPONSE_CODE, &answer.status);
         answer.error_text = request->error[0] ? request->error : curl_easy_strerror(code);
@@ -410,6 +413,23 @@ static size_t on_body(char *data, size_t size, size_t count, void *userdata) {
     return length;
 }
 
+/* The DPoP-Nonce header's value (RFC 9449 §8), trimmed; reset by a new status line. */
+static void take_dpop_nonce(lh_request *request, const char *data, size_t length) {
+    static const char name[] = "dpop-nonce:";
+    if (length >= 5 && strncmp(data, "HTTP/", 5) == 0) request->has_dpop_nonce = 0;
+    if (length <= sizeof name - 1 || strncasecmp(data, name, sizeof name - 1) != 0) return;
+    const char *value = data + sizeof name - 1;
+    size_t value_length = length - (sizeof name - 1);
+    while (value_length && (*value == ' ' || *value == '\t')) value++, value_length--;
+    while (value_length && (value[value_length - 1] == '\r' || value[value_length - 1] == '\n' ||
+                            value[value_length - 1] == ' ' || value[value_length - 1] == '\t'))
+        value_length--;
+    if (value_length == 0 || value_length >= sizeof request->dpop_nonce) return;
+    memcpy(request->dpop_nonce, value, value_length);
+    request->dpop_nonce[value_length] = 0;
+    request->has_dpop_nonce = 1;
+}
+
 static size_t on_header(char *data, size_t size, size_t count, void *userdata) {
     lh_request *request = userdata;
     size_t length = size * count;
@@ -441,6 +461,7 @@ static size_t on_header(char *data, size_t size, size_t count, void *userdata) {
             request->has_retry_after = 1;
         }
     }
+    take_dpop_nonce(request, data, length);
     return length;
 }
 

@@ -18,7 +18,7 @@ extension FileCredentialStore {
         static let secretsKey = CodingUserInfoKey(rawValue: "sessionflow.secrets")!
         static let placeholdersKey = CodingUserInfoKey(rawValue: "sessionflow.placeholders")!
         /// The members that hold tokens.
-        static let secretMembers: Set<String> = ["accessToken", "refreshToken"]
+        static let secretMembers: Set<String> = ["accessToken", "refreshToken", "dpopKey"]
 
         /// The document's JSON, in memory a secret owns: the tokens never pass through a
         /// `String` (encoded as placeholders, then spliced in).
@@ -58,6 +58,9 @@ extension FileCredentialStore {
         /// The scope granted to the access token; absent in records written before it was
         /// kept, and when not known (they still open).
         var grantedScope: String?
+        /// The DPoP private key (base64url of its 32 bytes, a secret like the tokens); absent
+        /// for bearer sessions and in records written before DPoP existed (they still open).
+        var dpopKey: DPoPKey?
 
         init(_ session: StoredSession) {
             accessToken = session.accessToken
@@ -71,6 +74,7 @@ extension FileCredentialStore {
             expired = session.expired
             profile = session.profile
             grantedScope = session.grantedScope
+            dpopKey = session.dpopKey
         }
 
         /// A record for `session` replacing `previous`: a session without a profile (a host
@@ -89,12 +93,12 @@ extension FileCredentialStore {
                 accessToken: accessToken, refreshToken: refreshToken,
                 accessTokenExpiresAt: expiresAtNanoseconds.map { .nanoseconds($0) },
                 memberID: memberID, externalUserID: externalUserID, expired: expired, profile: profile,
-                grantedScope: grantedScope)
+                grantedScope: grantedScope, dpopKey: dpopKey)
         }
 
         private enum CodingKeys: String, CodingKey {
             case account, accessToken, refreshToken, expiresAtNanoseconds, memberID, externalUserID, expired, profile
-            case grantedScope
+            case grantedScope, dpopKey
         }
 
         public init(from decoder: any Decoder) throws {
@@ -113,6 +117,13 @@ extension FileCredentialStore {
             expired = try container.decode(Bool.self, forKey: .expired)
             profile = try container.decodeIfPresent(SessionProfile.self, forKey: .profile)
             grantedScope = try container.decodeIfPresent(String.self, forKey: .grantedScope)
+            if let key = try secret(.dpopKey) {
+                do {
+                    dpopKey = try DPoPKey(encodedPrivateKey: key)
+                } catch {
+                    throw DecodingError.dataCorruptedError(forKey: .dpopKey, in: container, debugDescription: "not a DPoP key")
+                }
+            }
         }
 
         public func encode(to encoder: any Encoder) throws {
@@ -132,6 +143,7 @@ extension FileCredentialStore {
             try container.encode(expired, forKey: .expired)
             try container.encodeIfPresent(profile, forKey: .profile)
             try container.encodeIfPresent(grantedScope, forKey: .grantedScope)
+            try put(dpopKey?.encodedPrivateKey, .dpopKey)
         }
     }
 

@@ -13,12 +13,14 @@ import Glibc
 private let maximumRefusedLength = 65_536
 
 private let bearerScheme = StaticCString(RequestAuthorization.Scheme.bearer.rawValue)
+private let dpopScheme = StaticCString(RequestAuthorization.Scheme.dpop.rawValue)
 
 extension RequestAuthorization.Scheme {
     /// The scheme's name as a C string that lives as long as the process.
     fileprivate var cString: UnsafePointer<CChar> {
         switch self {
         case .bearer: bearerScheme.pointer
+        case .dpop: dpopScheme.pointer
         }
     }
 }
@@ -116,34 +118,67 @@ public func sf_session_unauthorized(
     _ onDone: sf_authorize_fn!, _ userdata: UnsafeMutableRawPointer!
 ) -> Int32 {
     api("sf_session_unauthorized") {
-        let function = "sf_session_unauthorized"
-        guard let request = readRequest(function, pointer, method, url) else { return SF_EINVAL.code }
-        guard let refused else {
-            refuse(function, pointer, "refused is NULL")
+        unauthorized("sf_session_unauthorized", pointer, method, url, refused, httpStatus, wwwAuthenticate, nil, onDone, userdata)
+    }
+}
+
+@c @implementation
+public func sf_session_unauthorized_dpop(
+    _ pointer: OpaquePointer!, _ method: UnsafePointer<CChar>!, _ url: UnsafePointer<CChar>!,
+    _ refused: UnsafePointer<CChar>!, _ httpStatus: Int32, _ wwwAuthenticate: UnsafePointer<CChar>!,
+    _ dpopNonce: UnsafePointer<CChar>!, _ onDone: sf_authorize_fn!, _ userdata: UnsafeMutableRawPointer!
+) -> Int32 {
+    api("sf_session_unauthorized_dpop") {
+        unauthorized(
+            "sf_session_unauthorized_dpop", pointer, method, url, refused, httpStatus, wwwAuthenticate, dpopNonce, onDone,
+            userdata)
+    }
+}
+
+/// What both refusals share (see the header); `dpopNonce`: the answer's DPoP-Nonce, if any.
+private func unauthorized(
+    _ function: String, _ pointer: OpaquePointer?, _ method: UnsafePointer<CChar>?, _ url: UnsafePointer<CChar>?,
+    _ refused: UnsafePointer<CChar>?, _ httpStatus: Int32, _ wwwAuthenticate: UnsafePointer<CChar>?,
+    _ dpopNonce: UnsafePointer<CChar>?, _ onDone: sf_authorize_fn?, _ userdata: UnsafeMutableRawPointer?
+) -> Int32 {
+    guard let request = readRequest(function, pointer, method, url) else { return SF_EINVAL.code }
+    guard let refused else {
+        refuse(function, pointer, "refused is NULL")
+        return SF_EINVAL.code
+    }
+    guard let refusedBytes = bounded(refused, maximumRefusedLength) else {
+        refuse(function, pointer, "refused is longer than \(maximumRefusedLength) bytes")
+        return SF_EINVAL.code
+    }
+    guard let onDone else {
+        refuse(function, pointer, "on_done is NULL")
+        return SF_EINVAL.code
+    }
+    var nonce: String?
+    if let dpopNonce {
+        guard let bytes = bounded(dpopNonce, DPoPKey.maximumNonceLength) else {
+            refuse(function, pointer, "dpop_nonce is longer than \(DPoPKey.maximumNonceLength) bytes")
             return SF_EINVAL.code
         }
-        guard let refusedBytes = bounded(refused, maximumRefusedLength) else {
-            refuse(function, pointer, "refused is longer than \(maximumRefusedLength) bytes")
-            return SF_EINVAL.code
-        }
-        guard let onDone else {
-            refuse(function, pointer, "on_done is NULL")
-            return SF_EINVAL.code
-        }
-        // Straight into secret memory: the refused value holds the access token.
-        let refusedValue = Secret(copying: refusedBytes)
-        // Read up to what the parser reads; a longer field is cut (its first challenges count).
-        let challenge = wwwAuthenticate.map {
-            String(
-                decoding: UnsafeRawBufferPointer(start: $0, count: strnlen($0, AuthenticationChallenge.maximumFieldLength)),
-                as: UTF8.self)
-        }
-        let answer = AuthorizeCallback(function: onDone, userdata: userdata)
-        return posting(pointer) { runtime throws(SessionError) in
-            let authorization = try RequestAuthorization(refused: refusedValue, method: request.method, url: request.url)
-            try runtime.session.unauthorized(authorization, status: Int(httpStatus), wwwAuthenticate: challenge) {
-                answer($0)
-            }
+        nonce = String(decoding: bytes, as: UTF8.self)
+    }
+    // Straight into secret memory: the refused value holds the access token.
+    let refusedValue = Secret(copying: refusedBytes)
+    // Read up to what the parser reads; a longer field is cut (its first challenges count).
+    let challenge = wwwAuthenticate.map {
+        String(
+            decoding: UnsafeRawBufferPointer(start: $0, count: strnlen($0, AuthenticationChallenge.maximumFieldLength)),
+            as: UTF8.self)
+    }
+    let answer = AuthorizeCallback(function: onDone, userdata: userdata)
+    return posting(pointer) { runtime throws(SessionError) in
+        // The host keeps only the header it sent: its proof carried the nonce remembered for
+        // that server (the library put it there), so that is the nonce the refusal is about.
+        let authorization = try RequestAuthorization(
+            refused: refusedValue, method: request.method, url: request.url,
+            dpopNonce: DPoPNonces.shared.nonce(for: request.url))
+        try runtime.session.unauthorized(authorization, status: Int(httpStatus), wwwAuthenticate: challenge, dpopNonce: nonce) {
+            answer($0)
         }
     }
 }

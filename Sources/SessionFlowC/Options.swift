@@ -17,7 +17,7 @@ import Glibc
 
 /// The sizes of `sf_options` in the released headers, oldest first: each field group added
 /// since (min_refresh_interval_ms; the built-in OAuth client and the store; refresh_release;
-/// start_manually; refresh_cancel; the store key; issuer; log) ends one.
+/// start_manually; refresh_cancel; the store key; issuer; log; dpop) ends one.
 let releasedOptionsSizes: [Int] = [
     MemoryLayout<sf_options>.offset(of: \.min_refresh_interval_ms)!,
     MemoryLayout<sf_options>.offset(of: \.token_endpoint)!,
@@ -27,6 +27,7 @@ let releasedOptionsSizes: [Int] = [
     MemoryLayout<sf_options>.offset(of: \.store_key)!,
     MemoryLayout<sf_options>.offset(of: \.issuer)!,
     MemoryLayout<sf_options>.offset(of: \.log)!,
+    MemoryLayout<sf_options>.offset(of: \.dpop)!,
     MemoryLayout<sf_options>.size,
 ]
 
@@ -76,6 +77,7 @@ func oauthConfiguration(from options: sf_options) throws(OAuthConfigurationError
         tokenEndpoint: try url(tokenEndpoint, "token endpoint"),
         clientID: string(options.client_id) ?? "", clientSecret: string(options.client_secret).map(Secret.init))
     oauth.scope = string(options.scope)
+    oauth.dpop = try dpopMode(from: options)
     if let revocation = string(options.revocation_endpoint) {
         oauth.revocationEndpoint = try url(revocation, "revocation endpoint")
     }
@@ -110,7 +112,20 @@ func issuerTemplate(from options: sf_options) throws(OAuthConfigurationError) ->
     var template = OAuthConfiguration(
         tokenEndpoint: issuer, clientID: clientID, clientSecret: string(options.client_secret).map(Secret.init))
     template.scope = string(options.scope)
+    template.dpop = try dpopMode(from: options)
     return (issuer, template)
+}
+
+/// `sf_options.dpop` (SF_DPOP_OFF, SF_DPOP_REQUIRED, SF_DPOP_IF_SUPPORTED).
+func dpopMode(from options: sf_options) throws(OAuthConfigurationError) -> DPoPMode {
+    switch options.dpop {
+    case 0: return .off
+    case 1: return .required
+    case 2: return .ifSupported
+    default:
+        throw OAuthConfigurationError(
+            field: "dpop", reason: "is \(options.dpop), not SF_DPOP_OFF (0), SF_DPOP_REQUIRED (1) or SF_DPOP_IF_SUPPORTED (2)")
+    }
 }
 
 /// The host's refresher if it gave one; else the built-in OAuth 2.0 authority if it named
@@ -136,6 +151,7 @@ func optionsAreUsable(_ options: sf_options, logger: Logger) -> Bool {
         _ = try issuer(from: options)
         _ = try issuerTemplate(from: options)
         _ = try storeKey(from: options)
+        _ = try dpopMode(from: options)
         return true
     } catch {
         // The field by its C name: "sf_options.token_endpoint uses plain http to a host...".
@@ -175,7 +191,8 @@ public func sf_options_init(_ options: UnsafeMutablePointer<sf_options>!) {
         issuer: nil,
         log: nil,
         log_userdata: nil,
-        log_level: Int32(SF_LOG_INFO.rawValue))
+        log_level: Int32(SF_LOG_INFO.rawValue),
+        dpop: 0)
 }
 
 /// The store's key as the options say (`store_key`, `store_key_file`, `store_key_source`);
@@ -229,6 +246,8 @@ struct SignInBase: Sendable {
     var scope: String?
     /// `sf_options.issuer`: the issuer of flows that name none.
     var issuer: URL?
+    /// `sf_options.dpop`.
+    var dpop: DPoPMode
 
     init(_ options: sf_options) {
         var plain = options
@@ -238,5 +257,6 @@ struct SignInBase: Sendable {
         clientSecret = string(options.client_secret).map(Secret.init)
         scope = string(options.scope)
         issuer = (try? SessionFlowC.issuer(from: options)) ?? nil
+        dpop = (try? dpopMode(from: options)) ?? .off
     }
 }

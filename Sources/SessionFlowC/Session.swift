@@ -45,11 +45,16 @@ func posting(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionError) -
     }
 }
 
-/// Both sign-ins: the tokens copied, then signed in on the loop (see the header).
-private func signIn(_ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens>?, replacingStore: Bool) -> Int32 {
-    let call = replacingStore ? "sf_session_sign_in_replacing_store" : "sf_session_sign_in"
+/// The sign-ins: the tokens copied (and the DPoP key, read straight into secret memory), then
+/// signed in on the loop (see the header).
+private func signIn(
+    _ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens>?, replacingStore: Bool, dpop: DPoPKey? = nil,
+    call: String? = nil
+) -> Int32 {
+    let call = call ?? (replacingStore ? "sf_session_sign_in_replacing_store" : "sf_session_sign_in")
     guard let tokens = readTokens(tokens, call, pointer) else { return SF_EINVAL.code }
-    let sessionTokens = tokens.session
+    var sessionTokens = tokens.session
+    sessionTokens.dpopKey = dpop
     return synchronousCall(pointer) { runtime throws(SessionError) in
         try runtime.session.signInAndWait(sessionTokens, replacingUnreadableStore: replacingStore)
     }
@@ -59,6 +64,22 @@ private func signIn(_ pointer: OpaquePointer?, _ tokens: UnsafePointer<sf_tokens
 public func sf_session_sign_in(_ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!) -> Int32 {
     api("sf_session_sign_in") {
         signIn(pointer, tokens, replacingStore: false)
+    }
+}
+
+@c @implementation
+public func sf_session_sign_in_dpop(
+    _ pointer: OpaquePointer!, _ tokens: UnsafePointer<sf_tokens>!, _ dpopKey: UnsafePointer<CChar>!
+) -> Int32 {
+    api("sf_session_sign_in_dpop") {
+        // 43 characters exactly; reading stops one past that (never past a host's short buffer's NUL).
+        guard let dpopKey, strnlen(dpopKey, 44) == 43,
+              let key = try? DPoPKey(encodedPrivateKey: Secret(copying: UnsafeRawBufferPointer(start: dpopKey, count: 43)))
+        else {
+            refuse("sf_session_sign_in_dpop", pointer, "dpop_key is NULL or not base64url of a P-256 private key (43 characters)")
+            return SF_EINVAL.code
+        }
+        return signIn(pointer, tokens, replacingStore: false, dpop: key, call: "sf_session_sign_in_dpop")
     }
 }
 

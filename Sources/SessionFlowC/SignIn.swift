@@ -222,13 +222,14 @@ func configurationSource(
         }
         return .issuer(SignInSequence.Issuer(
             issuer, clientID: clientID, clientSecret: base.clientSecret, scope: scope,
-            deviceAuthorizationEndpoint: device, authorizationEndpoint: authorization))
+            deviceAuthorizationEndpoint: device, authorizationEndpoint: authorization, dpop: base.dpop))
     }
     guard var configuration = base.configuration else {
         throw SignInOptionError(
             field: "sf_options.token_endpoint", reason: "is not set, and neither is sf_sign_in_options.issuer (no endpoints)")
     }
     configuration.scope = scope
+    configuration.dpop = base.dpop
     switch kind {
     case .device:
         guard let device else {

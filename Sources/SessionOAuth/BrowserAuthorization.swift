@@ -96,14 +96,7 @@ public final class BrowserAuthorization: SignInFlow {
 
     /// base64url without padding (RFC 7636 Appendix A).
     static func base64URL<Bytes: Sequence>(_ bytes: Bytes) -> String where Bytes.Element == UInt8 {
-        String(Data(bytes).base64EncodedString().compactMap { character -> Character? in
-            switch character {
-            case "+": "-"
-            case "/": "_"
-            case "=": nil
-            default: character
-            }
-        })
+        Base64URL.encode(bytes)
     }
 
     /// `count` bytes from the system's random source, base64url.
@@ -265,7 +258,7 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
             ("grant_type", .text("authorization_code")), ("code", .secret(code)), ("redirect_uri", .text(redirectURI)),
             ("code_verifier", .secret(verifier)),
         ]
-        post(configuration.tokenEndpoint, form: form, secrets: [code, verifier]) { [self] outcome in
+        tokenPost(form: form, secrets: [code, verifier]) { [self] outcome in
             let answer: HTTPAnswer
             switch outcome {
             case .failure(let error): return finish(.failure(Self.failure(error, at: "the token endpoint")))
@@ -274,9 +267,9 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
             guard answer.status == 200 else {
                 return finish(.failure(Self.failure(TokenResponse.error(from: answer), at: "the token endpoint")))
             }
-            switch TokenResponse.grant(from: answer, defaultLifetime: configuration.defaultLifetime) {
-            case .success(let grant):
-                granted(grant, answer: answer, requestedScope: flow.scope)
+            switch grant(from: answer) {
+            case .success(let (grant, bound)):
+                granted(grant, bound: bound, answer: answer, requestedScope: flow.scope)
             case .failure(let error):
                 finish(.failure(Self.failure(error, at: "the token endpoint")))
             }

@@ -157,7 +157,7 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
     private func poll() {
         guard !finished, !isCancelled, let deviceCode else { return }
         let form: [(String, FormValue)] = [("grant_type", .text(DeviceAuthorization.grantType)), ("device_code", .secret(deviceCode))]
-        post(configuration.tokenEndpoint, form: form, secrets: [deviceCode]) { [self] outcome in polled(outcome) }
+        tokenPost(form: form, secrets: [deviceCode]) { [self] outcome in polled(outcome) }
     }
 
     /// The token endpoint answered a poll.
@@ -172,12 +172,12 @@ final class DevicePolling: SignInRun, @unchecked Sendable {
             answer = value
         }
         if answer.status == 200 {
-            switch TokenResponse.grant(from: answer, defaultLifetime: configuration.defaultLifetime) {
-            case .success(let grant):
+            switch grant(from: answer) {
+            case .success(let (grant, bound)):
                 // Tokens: the code's lifetime no longer matters.
                 expiryTimer?.cancel()
                 expiryTimer = nil
-                return granted(grant, answer: answer, requestedScope: flow.scope)
+                return granted(grant, bound: bound, answer: answer, requestedScope: flow.scope)
             case .failure(let error) where error.kind == .transient:
                 return schedulePoll(after: retryDelay(error.retryAfter))
             case .failure(let error):

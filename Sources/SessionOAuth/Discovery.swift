@@ -185,6 +185,13 @@ public enum OAuthDiscovery {
             return .success(url)
         }
         var configuration = template
+        // RFC 9449 §5.1: the algorithms the server takes for DPoP proofs (a member of another
+        // shape, or a list of more than 64, is taken as none).
+        struct DPoPMetadata: Decodable { let dpop_signing_alg_values_supported: [String]? }
+        if let algorithms = (try? JSONDecoder().decode(DPoPMetadata.self, from: Data(body)))?.dpop_signing_alg_values_supported,
+           algorithms.count <= 64 {
+            configuration.dpopSigningAlgorithms = algorithms
+        }
         switch endpoint("token_endpoint") {
         case .failure(let error): return .failure(error)
         case .success(nil): return refuse("token_endpoint", "the metadata has no token_endpoint")

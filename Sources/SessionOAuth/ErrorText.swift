@@ -46,6 +46,8 @@ import SessionCore
         "invalid_token", "insufficient_scope",
         // RFC 8628 §3.5 (device authorization grant)
         "authorization_pending", "slow_down", "expired_token",
+        // RFC 9449 §7.1, §8 (DPoP)
+        "invalid_dpop_proof", "use_dpop_nonce",
     ]
 
     /// The `error` code as a message may show it: nil when the server sent none, the code

@@ -92,6 +92,7 @@ public final class IssuerAuthority: SessionAuthority, @unchecked Sendable {
         case .success(var configuration):
             configuration.scope = template.scope
             configuration.defaultLifetime = template.defaultLifetime
+            configuration.dpop = template.dpop
             do {
                 let authority = try OAuthAuthority(configuration, loop: loop)
                 ready = authority

@@ -25,6 +25,10 @@ import SessionCore
 /// `invalid_request` and other 4xx are configuration errors (never retried automatically);
 /// 408, 429, 5xx, network failures, timeouts and unreadable bodies are transient
 /// (429/503 honour `Retry-After`).
+///
+/// DPoP (RFC 9449): a refresh of a session with a DPoP key (`RefreshRequest.dpopKey`) carries
+/// a proof by it, retried once with the server's nonce (`DPoPExchange`); its answer must say
+/// `token_type` DPoP, else it is the configuration error `dpop_ignored`.
 public final class OAuthAuthority: SessionAuthority {
     public let configuration: OAuthConfiguration
     private let http: LoopHTTPClient
@@ -49,16 +53,21 @@ public final class OAuthAuthority: SessionAuthority {
             let cap = max(timeout * Self.answerCapFactor, configuration.requestTimeout)
             return HTTPRequest.AnswerRule(stall: timeout, cap: cap) { completion.answerArriving(within: cap) }
         }
-        let call = post(configuration.tokenEndpoint, form: form, secrets: [request.refreshToken], answerRule: rule) {
+        let key = request.dpopKey
+        let call = tokenPost(
+            configuration.tokenEndpoint, form: form, secrets: [request.refreshToken], dpop: key, answerRule: rule
+        ) {
             [configuration] outcome in
             completion.complete(outcome.flatMap { response in
                 // RFC 6749 §5.1: an answer without `scope` granted the scope asked for; one
                 // that asked for none keeps the grant's (nil: the session keeps its own).
-                TokenResponse.grant(from: response, defaultLifetime: configuration.defaultLifetime).map { grant in
-                    var grant = grant
-                    if grant.scope == nil { grant.scope = TokenResponse.scope(in: configuration.scope) }
-                    return grant
-                }
+                // A DPoP session stays one: a bearer answer to its refresh is refused.
+                Self.grant(from: response, dpop: key, required: true, defaultLifetime: configuration.defaultLifetime)
+                    .map { grant, _ in
+                        var grant = grant
+                        if grant.scope == nil { grant.scope = TokenResponse.scope(in: configuration.scope) }
+                        return grant
+                    }
             })
         }
         completion.onCancel { call.cancel() }
@@ -67,6 +76,26 @@ public final class OAuthAuthority: SessionAuthority {
     /// A refresh answer that has started to arrive ends at this many refresh timeouts from the
     /// request's start, whatever still trickles in (see the type's comment).
     public static let answerCapFactor = 4
+
+    /// The grant of a token answer to a request made with a proof by `dpop` (nil: none), and
+    /// whether its tokens are DPoP-bound (`token_type` DPoP). A bearer answer to a proof is the
+    /// configuration error `dpop_ignored` when `required`, else bearer tokens (false).
+    static func grant(
+        from answer: HTTPAnswer, dpop: DPoPKey?, required: Bool, defaultLifetime: Duration
+    ) -> Result<(TokenGrant, bound: Bool), AuthorityError> {
+        guard dpop != nil else {
+            return TokenResponse.grant(from: answer, defaultLifetime: defaultLifetime).map { ($0, false) }
+        }
+        return TokenResponse.grant(from: answer, defaultLifetime: defaultLifetime, acceptsDPoP: true).flatMap { grant in
+            let bound = answer.json?["token_type"]?.string?.lowercased() == "dpop"
+            if !bound && required {
+                return .failure(.configuration(
+                    "dpop_ignored", "the token endpoint answered token_type Bearer to a DPoP request: the server ignored "
+                        + "DPoP (RFC 9449) and DPoP is required (configure dpop: .ifSupported, or turn it off)"))
+            }
+            return .success((grant, bound))
+        }
+    }
 
     public var canRevoke: Bool { configuration.revocationEndpoint != nil }
 
@@ -107,10 +136,11 @@ public final class OAuthAuthority: SessionAuthority {
 
     // MARK: HTTP
 
-    /// One form POST (client id and secret added); the outcome carries status, headers and
-    /// body, or the error it stands for.
+    /// One form POST (client id and secret added, then `secretHeaders`); the outcome carries
+    /// status, headers and body, or the error it stands for.
     func post(
-        _ url: URL, form: [(String, FormValue)], secrets: [Secret], answerRule: HTTPRequest.AnswerRule? = nil,
+        _ url: URL, form: [(String, FormValue)], secrets: [Secret], secretHeaders: [Secret] = [],
+        answerRule: HTTPRequest.AnswerRule? = nil,
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
         var fields = form
@@ -119,30 +149,51 @@ public final class OAuthAuthority: SessionAuthority {
         return send(
             .post(body: FormEncoding.body(fields)), url,
             headers: ["Content-Type: application/x-www-form-urlencoded", "Accept: application/json"],
-            answerRule: answerRule, redactions: secrets + [configuration.clientSecret].compactMap { $0 }, done)
+            secretHeaders: secretHeaders, answerRule: answerRule,
+            redactions: secrets + [configuration.clientSecret].compactMap { $0 }, done)
     }
 
-    /// One GET with `Authorization: Bearer` (the userinfo endpoint); the same rules as `post`.
+    /// A POST to the token endpoint (loop thread): `post`, with a DPoP proof by `dpop` and its
+    /// one nonce retry when a key is given (`DPoPExchange`).
+    func tokenPost(
+        _ url: URL, form: [(String, FormValue)], secrets: [Secret], dpop: DPoPKey?,
+        answerRule: HTTPRequest.AnswerRule? = nil,
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+    ) -> any HTTPCancellable {
+        guard let dpop else { return post(url, form: form, secrets: secrets, answerRule: answerRule, done) }
+        return DPoPExchange(loop: http.loop, url: url, key: dpop, post: { [self] line, answered in
+            post(url, form: form, secrets: secrets, secretHeaders: [line], answerRule: answerRule, answered)
+        }, done: done)
+    }
+
+    /// One GET with `Authorization: Bearer` (the userinfo endpoint) — or, with a DPoP key,
+    /// `Authorization: DPoP` and a proof (with `ath`); the same rules as `post`.
     func get(
-        _ url: URL, bearer: Secret, secrets: [Secret],
+        _ url: URL, bearer: Secret, secrets: [Secret], dpop: DPoPKey? = nil,
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
-        send(
-            .get, url, headers: ["Accept: application/json"], secretHeader: Self.bearerHeader(bearer),
-            redactions: secrets + [bearer], done)
+        var lines = [Self.bearerHeader(bearer)]
+        if let dpop {
+            let nonce = DPoPNonces.shared.nonce(for: url.absoluteString)
+            if let proof = try? dpop.proof(method: "GET", url: url.absoluteString, accessToken: bearer, nonce: nonce) {
+                lines = [DPoPExchange.line("Authorization: DPoP ", bearer), DPoPExchange.line("DPoP: ", proof)]
+            }
+        }
+        return send(.get, url, headers: ["Accept: application/json"], secretHeaders: lines, redactions: secrets + [bearer], done)
     }
 
     /// Sends one request with the configured deadline and size limit, and maps what came back:
     /// a 3xx is a configuration error (redirects are not followed), any other status an
     /// answer, no answer the error it stands for (`redactions` scrubbed from every text).
     private func send(
-        _ method: HTTPRequest.Method, _ url: URL, headers: [String], secretHeader: Secret? = nil,
-        answerRule: HTTPRequest.AnswerRule? = nil, redactions: [Secret], _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+        _ method: HTTPRequest.Method, _ url: URL, headers: [String], secretHeaders: [Secret] = [],
+        answerRule: HTTPRequest.AnswerRule? = nil, redactions: [Secret],
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
         let timeout = configuration.requestTimeout
         let limit = configuration.maximumAnswerSize
         let request = HTTPRequest(
-            method: method, url: url.absoluteString, headers: headers, secretHeader: secretHeader,
+            method: method, url: url.absoluteString, headers: headers, secretHeaders: secretHeaders,
             timeout: timeout, maximumAnswerSize: limit,
             allowsLoopbackHTTP: true,  // only a URL that passed `validate` reaches here
             answerRule: answerRule)
@@ -155,7 +206,7 @@ public final class OAuthAuthority: SessionAuthority {
             case .success(let response):
                 done(.success(HTTPAnswer(
                     status: response.status, retryAfter: RetryAfter.parse(response.retryAfter),
-                    secretBody: response.body, redactions: redactions)))
+                    secretBody: response.body, redactions: redactions, dpopNonce: response.dpopNonce)))
             case .failure(let failure):
                 done(.failure(Self.error(for: failure, timeout: timeout, limit: limit, redactions: redactions)))
             }

@@ -35,6 +35,22 @@ public struct OAuthConfiguration: Sendable {
     /// above it is refused before the body; a body that grows past it is cut off), so
     /// memory stays bounded whatever the server sends.
     public var maximumAnswerSize = 1 << 20
+    /// DPoP (RFC 9449): off (bearer tokens, the default), `.required`, or `.ifSupported`
+    /// (when `dpopSigningAlgorithms` lists ES256). See `DPoPMode`.
+    public var dpop: DPoPMode = .off
+    /// The server's `dpop_signing_alg_values_supported` (RFC 9449 §5.1), from discovery; nil
+    /// when its metadata lists none (or was not asked).
+    public var dpopSigningAlgorithms: [String]?
+
+    /// Whether a sign-in makes a DPoP key and proves it: `.required`, or `.ifSupported` with
+    /// ES256 listed by the server.
+    public var signsInWithDPoP: Bool {
+        switch dpop {
+        case .off: false
+        case .required: true
+        case .ifSupported: dpopSigningAlgorithms?.contains("ES256") == true
+        }
+    }
 
     public init(tokenEndpoint: URL, clientID: String, clientSecret: Secret? = nil) {
         self.tokenEndpoint = tokenEndpoint

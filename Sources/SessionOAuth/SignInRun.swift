@@ -11,13 +11,17 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     let loop: EventLoop
     let configuration: OAuthConfiguration
     private let completion: @Sendable (Result<SessionTokens, SessionError>) -> Void
+    /// The run's DPoP key (RFC 9449), made for this sign-in when the configuration signs in
+    /// with DPoP (a new key at every sign-in): every token-endpoint request carries a proof by
+    /// it, and the session keeps it when the tokens are bound to it (`token_type` DPoP).
+    let dpopKey: DPoPKey?
     /// Set by `cancel()` on any thread: checked before every request, so none starts after it.
     private let cancelRequested = Atomic<Bool>(false)
 
     // Loop-confined.
     var authority: OAuthAuthority?
     private(set) var finished = false
-    private var call: HTTPCall?
+    private var call: (any HTTPCancellable)?
     /// The loop's teardown ends a run still going (`shutDown`): its timers are stopped
     /// without firing and its listener closed, so nothing else would. Removed at `finish`.
     private var hook: UInt64?
@@ -29,6 +33,7 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         self.loop = loop
         self.configuration = configuration
         self.completion = completion
+        self.dpopKey = configuration.signsInWithDPoP ? DPoPKey.generate() : nil
     }
 
     /// Loop thread, first thing in a run's `begin()`: false when the loop is already tearing
@@ -77,12 +82,33 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         send(done) { authority, answered in authority.post(url, form: form, secrets: secrets, answered) }
     }
 
-    /// Loop thread: a GET with a bearer token (the userinfo endpoint), as `post`.
-    final func get(
-        _ url: URL, bearer: Secret, secrets: [Secret],
+    /// Loop thread: `post` to the token endpoint, with a DPoP proof by the run's key (and the
+    /// one nonce retry) when it has one.
+    final func tokenPost(
+        form: [(String, FormValue)], secrets: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) {
-        send(done) { authority, answered in authority.get(url, bearer: bearer, secrets: secrets, answered) }
+        send(done) { [configuration, dpopKey] authority, answered in
+            authority.tokenPost(configuration.tokenEndpoint, form: form, secrets: secrets, dpop: dpopKey, answered)
+        }
+    }
+
+    /// The grant of the token endpoint's answer, and whether it is bound to the run's DPoP key
+    /// (a bearer answer to a proof: the configuration error `dpop_ignored` under
+    /// `DPoPMode.required`, bearer tokens under `.ifSupported`).
+    final func grant(from answer: HTTPAnswer) -> Result<(TokenGrant, bound: Bool), AuthorityError> {
+        OAuthAuthority.grant(
+            from: answer, dpop: dpopKey, required: configuration.dpop == .required,
+            defaultLifetime: configuration.defaultLifetime)
+    }
+
+    /// Loop thread: a GET with a bearer token (the userinfo endpoint), as `post` (DPoP-bound
+    /// tokens: `Authorization: DPoP` with a proof by `dpop`).
+    final func get(
+        _ url: URL, bearer: Secret, secrets: [Secret], dpop: DPoPKey? = nil,
+        _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
+    ) {
+        send(done) { authority, answered in authority.get(url, bearer: bearer, secrets: secrets, dpop: dpop, answered) }
     }
 
     /// What `post` and `get` share: nothing is sent once the run has finished or was cancelled;
@@ -90,7 +116,7 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     /// has finished by then.
     private func send(
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void,
-        _ start: (OAuthAuthority, @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void) -> HTTPCall
+        _ start: (OAuthAuthority, @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void) -> any HTTPCancellable
     ) {
         guard let authority, !finished, !isCancelled else { return }
         let started = start(authority) { [self] outcome in
@@ -111,9 +137,11 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
     /// `preferred_username` (when one is configured). A lookup that fails leaves it unset: the
     /// sign-in goes on. The lifetime counts from when the tokens arrived. The scope is the
     /// answer's `scope`, else `requestedScope` (RFC 6749 §5.1: absent when as requested). A
-    /// configuration discovered from an issuer gives the tokens a profile naming it.
-    final func granted(_ grant: TokenGrant, answer: HTTPAnswer, requestedScope: String?) {
+    /// configuration discovered from an issuer gives the tokens a profile naming it. Tokens
+    /// `bound` to the run's DPoP key carry it (`SessionTokens.dpopKey`).
+    final func granted(_ grant: TokenGrant, bound: Bool = false, answer: HTTPAnswer, requestedScope: String?) {
         let receivedAt = loop.now
+        let key = bound ? dpopKey : nil
         let tokens = SessionTokens(
             accessToken: grant.accessToken, refreshToken: grant.refreshToken, expiresIn: grant.expiresIn,
             memberID: Self.memberID(in: answer.json, keys: ["member_id", "user_id", "sub"]),
@@ -123,8 +151,10 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
                     issuer: issuer.absoluteString, clientID: configuration.clientID, requestedScope: requestedScope,
                     grantedScope: grant.scope ?? TokenResponse.scope(in: requestedScope),
                     tokenEndpoint: configuration.tokenEndpoint.absoluteString,
-                    revocationEndpoint: configuration.revocationEndpoint?.absoluteString)
-            })
+                    revocationEndpoint: configuration.revocationEndpoint?.absoluteString,
+                    dpop: configuration.dpop == .off ? nil : configuration.dpop)
+            },
+            dpopKey: key)
         let secrets = [grant.accessToken] + [grant.refreshToken].compactMap { $0 }
         let done: @Sendable (String?) -> Void = { [self] memberID in
             var signedIn = tokens
@@ -134,7 +164,7 @@ class SignInRun: SignInCancellable, @unchecked Sendable {
         }
         let userinfo: @Sendable () -> Void = { [self] in
             guard let endpoint = configuration.userinfoEndpoint else { return done(nil) }
-            get(endpoint, bearer: grant.accessToken, secrets: secrets) { outcome in
+            get(endpoint, bearer: grant.accessToken, secrets: secrets, dpop: key) { outcome in
                 guard case .success(let answer) = outcome, answer.status == 200 else { return done(nil) }
                 done(Self.memberID(in: answer.json, keys: ["sub", "preferred_username", "username"]))
             }

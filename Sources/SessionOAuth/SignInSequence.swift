@@ -32,11 +32,14 @@ public struct SignInSequence: SignInFlow {
         /// Replace the discovered endpoints when set.
         public var deviceAuthorizationEndpoint: URL?
         public var authorizationEndpoint: URL?
+        /// DPoP (RFC 9449) for the sign-in's tokens (see `DPoPMode`).
+        public var dpop: DPoPMode
 
         public init(
             _ url: URL, clientID: String, clientSecret: Secret? = nil, scope: String? = nil,
-            deviceAuthorizationEndpoint: URL? = nil, authorizationEndpoint: URL? = nil
+            deviceAuthorizationEndpoint: URL? = nil, authorizationEndpoint: URL? = nil, dpop: DPoPMode = .off
         ) {
+            self.dpop = dpop
             self.url = url
             self.clientID = clientID
             self.clientSecret = clientSecret
@@ -129,6 +132,7 @@ public struct SignInSequence: SignInFlow {
                     completion(.failure(.discovery(error, issuer: issuer.url)))
                 case .success(var configuration):
                     if let scope = issuer.scope { configuration.scope = scope }
+                    configuration.dpop = issuer.dpop
                     if let device = issuer.deviceAuthorizationEndpoint { configuration.deviceAuthorizationEndpoint = device }
                     if let authorization = issuer.authorizationEndpoint { configuration.authorizationEndpoint = authorization }
                     completion(made(configuration, discovered: true))

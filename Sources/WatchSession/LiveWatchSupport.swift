@@ -87,7 +87,7 @@ struct ProfileRecorder: Sendable {
         let profile = SessionProfile(
             issuer: plan.issuer.absoluteString, clientID: plan.clientID, requestedScope: plan.scope,
             grantedScope: granted.withLockedValue { $0 }, tokenEndpoint: oauth.tokenEndpoint.absoluteString,
-            revocationEndpoint: oauth.revocationEndpoint?.absoluteString)
+            revocationEndpoint: oauth.revocationEndpoint?.absoluteString, dpop: plan.dpop == .off ? nil : plan.dpop)
         do {
             guard try FileCredentialStore(directory: storeDirectory, key: storeKey).setProfile(profile, account: key) else {
                 return "the session's profile (issuer, scopes) was not stored: its record is gone"

@@ -55,6 +55,8 @@ struct SignInPlan: Sendable {
     let scope: String?
     /// `--browser`: run `xdg-open` on the authorization URL (unless --no-open).
     let openBrowser: Bool
+    /// `--dpop`: DPoP-bound tokens (RFC 9449), `.required`; else `.off`.
+    var dpop: DPoPMode = .off
 
     /// Why no sign-in could start: a message and the exit code.
     struct Failure: Error {
@@ -82,7 +84,8 @@ struct SignInPlan: Sendable {
                 if let opener { BrowserOpener.open(prompt.startURL, with: opener) }
             }
         }
-        let sequence = SignInSequence(.issuer(SignInSequence.Issuer(issuer, clientID: clientID)), method: method, scope: scope)
+        let sequence = SignInSequence(
+            .issuer(SignInSequence.Issuer(issuer, clientID: clientID, dpop: dpop)), method: method, scope: scope)
         do {
             return try await sequence.prepared(on: loop)
         } catch {
@@ -157,6 +160,12 @@ struct Login: AsyncParsableCommand {
     @Option(help: "The scope to ask for (space-separated).")
     var scope: String?
 
+    @Flag(help: ArgumentHelp(
+        "Bind the tokens to a new DPoP key (RFC 9449): a stolen refresh token is useless without it.",
+        discussion: "The key is made at sign-in, sealed with the session in the store and remembered in its profile; "
+            + "a server that ignores DPoP (token_type Bearer) fails the sign-in."))
+    var dpop = false
+
     @Flag(name: .customLong("no-open"), help: "With --browser: print the URL to open, do not run xdg-open.")
     var noOpen = false
 
@@ -181,7 +190,9 @@ struct Login: AsyncParsableCommand {
 
     func run() async throws {
         let presenter = Presenter(json: json)
-        let plan = SignInPlan(issuer: try issuerURL(), clientID: clientID, flow: flow, scope: scope, openBrowser: !noOpen)
+        let plan = SignInPlan(
+            issuer: try issuerURL(), clientID: clientID, flow: flow, scope: scope, openBrowser: !noOpen,
+            dpop: dpop ? .required : .off)
         let keys = !json && isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         let store = storage.directory
         if storage.store == nil { try Watch.prepareDefaultStore(store) }

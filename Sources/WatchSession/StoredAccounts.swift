@@ -147,6 +147,7 @@ extension SessionProfile {
         guard let endpoint = tokenEndpoint.flatMap(URL.init(string:)) else { return nil }
         var configuration = OAuthConfiguration(tokenEndpoint: endpoint, clientID: clientID)
         configuration.revocationEndpoint = revocationEndpoint.flatMap(URL.init(string:))
+        configuration.dpop = dpop ?? .off
         return configuration
     }
 }

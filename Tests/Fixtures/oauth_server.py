@@ -134,6 +134,23 @@ Protected resource (RFC 6750, Authlib's ResourceProtector + BearerTokenValidator
   POST /__resource/config  grant_scope=<scope> (tokens issued from now on get that scope, whatever
                            was asked; empty: as asked), reset=1 (counters to zero)
 
+DPoP (RFC 9449), checked with joserfc: a request to the token endpoint with a `DPoP` header is
+checked as §4.3 says (one header; a JWS; typ dpop+jwt; alg in an asymmetric allow-list; the
+signature by the header's public `jwk`; jti, htm, htu (no query or fragment), iat within
+iat_window; a jti never seen before; the nonce when one is demanded) and the tokens it gets are
+bound to the key's RFC 7638 thumbprint (token_type "DPoP"); a bound refresh token refreshes only
+with a proof by that key (else invalid_grant, counted as "dpop_bound_refused"). /api/resource and
+/api/me take `Authorization: DPoP <token>` with a proof whose `ath` is the token's hash, by the
+bound key (a bound token sent as Bearer is invalid_token). Refusals: 400 invalid_dpop_proof /
+use_dpop_nonce at the token endpoint, 401 with `WWW-Authenticate: DPoP error=...` at resources;
+a demanded nonce comes in `DPoP-Nonce` (also on good answers while nonces are on). Metadata lists
+dpop_signing_alg_values_supported.
+  POST /__dpop/config   nonce_token / nonce_resource = off | on | always, iat_window=<s>, ignore=1,
+                        advertise=0, new_nonce=1, reset=1 (see dpop_config)
+  GET  /__dpop/stats    {"endpoints": {token|resource|userinfo: {"valid", "invalid", "absent",
+                        "nonce_demanded"}}, "nonce", "bound_refused", "log"}
+  GET  /__tokens        every token issued, with its "jkt"
+
 Other hooks:
   GET /__stats          counters (all integers): grants, requests, revocations, introspections,
                         and the counters of the faults above
@@ -188,7 +205,7 @@ stats = {
     "redirects_sent": 0, "redirect_target_hits": 0,
     "streams_started": 0, "streams_completed": 0, "streams_aborted": 0, "stream_bytes_sent": 0,
     "gzip_bombs_served": 0, "echoes_served": 0,
-    "metadata_requests": 0, "openid_requests": 0,
+    "metadata_requests": 0, "openid_requests": 0, "dpop_bound_refused": 0,
 }
 # endpoint -> [[mode, remaining, retry_after]]: the next requests to that endpoint misbehave
 faults = {"token": [], "revoke": [], "introspect": [], "metadata": [], "openid": []}
@@ -286,6 +303,7 @@ class Token(TokenMixin):
         self.successor = None  # the token its rotation issued (drip/cut)
         self.grace_used = False  # accepted once more within the reuse grace
         self.access_revoked = False  # the access token alone refused (/__resource/revoke_access)
+        self.jkt = None  # DPoP: the thumbprint of the key the tokens are bound to (cnf.jkt)
 
     def check_client(self, client):
         return client.get_client_id() == self.client_id
@@ -372,6 +390,10 @@ def save_token(data, req):
     parent = req.refresh_token if isinstance(req.refresh_token, Token) else None
     family = parent.family if parent else uuid.uuid4().hex
     token = Token(req.client.get_client_id(), req.user.get_user_id(), data, family)
+    jkt = g.get("dpop_jkt")
+    if jkt:  # a DPoP proof came with the request: the tokens are bound to its key (RFC 9449 §5)
+        token.jkt = jkt
+        data["token_type"] = "DPoP"
     with lock:
         if family in revoked_families:
             token.revoked = True  # issued while its grant was being revoked
@@ -424,6 +446,10 @@ class RefreshGrant(grants.RefreshTokenGrant):
                 revoke_family_locked(token.family)  # presented again after its rotation
                 return None
             if token.revoked or token.pending:
+                return None
+            if token.jkt is not None and token.jkt != g.get("dpop_jkt"):
+                # RFC 9449 §5: a bound refresh token refreshes only with a proof by its key.
+                stats["dpop_bound_refused"] += 1
                 return None
             return token
 
@@ -610,7 +636,168 @@ class Validator(BearerTokenValidator):
     def authenticate_token(self, token_string):
         token = find_token(token_string, "access_token")
         # /__resource/revoke_access: this access token is dead, its refresh token lives on.
-        return None if token is not None and token.access_revoked else token
+        # A DPoP-bound token presented as a bearer token is refused (RFC 9449 §7.2).
+        return None if token is not None and (token.access_revoked or token.jkt is not None) else token
+
+
+# ---- DPoP (RFC 9449): proofs checked as §4.3 says, tokens bound to the key (cnf.jkt) ----------
+# Off until a client sends a `DPoP` header: a proof makes the tokens issued with it DPoP-bound
+# (token_type "DPoP", `jkt` the key's RFC 7638 thumbprint); a bound refresh token refreshes only
+# with a proof by the same key, a bound access token is accepted only as `Authorization: DPoP`
+# with a proof whose `ath` is its hash. See /__dpop/config and /__dpop/stats.
+DPOP_ALGS = ["ES256", "ES384", "ES512", "RS256", "PS256", "EdDSA"]  # asymmetric only (§4.3 8)
+DPOP_DEFAULTS = {"nonce_token": "off", "nonce_resource": "off", "iat_window": 60, "ignore": False,
+                 "advertise": True}
+dpop_settings = dict(DPOP_DEFAULTS)
+dpop_state = {"nonce": None}  # the current server nonce (§8, §9)
+dpop_jtis = {}  # jti -> iat: the replay cache (§11.1), pruned past the iat window
+dpop_counters = {}  # endpoint -> {"valid", "invalid", "absent", "nonce_demanded"}
+dpop_log = collections.deque(maxlen=200)  # [{endpoint, ok, reason, jkt, nonce, htm, htu}]
+
+
+class DPoPError(Exception):
+    """A proof refused: `error` is the OAuth error code, `reason` says why (for /__dpop/stats)."""
+
+    def __init__(self, error, reason):
+        super().__init__(reason)
+        self.error = error
+        self.reason = reason
+
+
+def dpop_count_locked(endpoint, key):
+    counters = dpop_counters.setdefault(endpoint, {"valid": 0, "invalid": 0, "absent": 0, "nonce_demanded": 0})
+    counters[key] += 1
+
+
+def dpop_new_nonce_locked():
+    dpop_state["nonce"] = uuid.uuid4().hex
+    return dpop_state["nonce"]
+
+
+def b64url_sha256(text):
+    import hashlib
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode("ascii")).digest()).rstrip(b"=").decode("ascii")
+
+
+def dpop_check(endpoint, nonce_mode, access_token=None):
+    """The DPoP proof of this request, checked as RFC 9449 §4.3 says; its key's thumbprint, or
+    None when the request carries none. Counted per endpoint. Raises DPoPError (also when the
+    server demands a nonce: error use_dpop_nonce, a new one made when `nonce_mode` is "always")."""
+    from joserfc import jws
+    from joserfc.errors import JoseError
+    from joserfc.jwk import JWKRegistry
+    values = request.headers.getlist("DPoP")
+    if not values:
+        with lock:
+            dpop_count_locked(endpoint, "absent")
+        return None
+    entry = {"endpoint": endpoint, "ok": False, "reason": None, "jkt": None, "nonce": None}
+    try:
+        if len(values) != 1:  # §4.3 1
+            raise DPoPError("invalid_dpop_proof", "more than one DPoP header")
+        proof = values[0]
+        try:
+            compact = jws.extract_compact(proof.encode("ascii"))  # §4.3 2: a well-formed JWS
+            header = compact.headers()
+            claims = json.loads(compact.payload)
+        except (JoseError, ValueError, UnicodeError) as error:
+            raise DPoPError("invalid_dpop_proof", f"not a JWS: {error}")
+        if header.get("typ") != "dpop+jwt":  # §4.3 4
+            raise DPoPError("invalid_dpop_proof", f"typ is {header.get('typ')!r}")
+        if header.get("alg") not in DPOP_ALGS:  # §4.3 5
+            raise DPoPError("invalid_dpop_proof", f"alg {header.get('alg')!r} is not allowed")
+        jwk = header.get("jwk")
+        if not isinstance(jwk, dict) or any(name in jwk for name in ("d", "p", "q", "dp", "dq", "qi", "k")):
+            raise DPoPError("invalid_dpop_proof", "jwk is missing or holds a private key")  # §4.3 7
+        try:
+            key = JWKRegistry.import_key(jwk)
+            jws.deserialize_compact(proof, key, algorithms=DPOP_ALGS)  # §4.3 6
+        except (JoseError, ValueError, TypeError) as error:
+            raise DPoPError("invalid_dpop_proof", f"signature: {error}")
+        entry["jkt"] = key.thumbprint()
+        for name in ("jti", "htm", "htu", "iat"):  # §4.3 3
+            if name not in claims:
+                raise DPoPError("invalid_dpop_proof", f"claim {name} missing")
+        if claims["htm"] != request.method:  # §4.3 9
+            raise DPoPError("invalid_dpop_proof", f"htm {claims['htm']!r} is not {request.method}")
+        htu = request.host_url.rstrip("/") + request.path
+        if claims["htu"] != htu:  # §4.3 10 (the request's URI without query and fragment)
+            raise DPoPError("invalid_dpop_proof", f"htu {claims['htu']!r} is not {htu!r}")
+        if not isinstance(claims["iat"], (int, float)) or abs(time.time() - claims["iat"]) > dpop_settings["iat_window"]:
+            raise DPoPError("invalid_dpop_proof", f"iat {claims['iat']!r} is outside the window")  # §4.3 11
+        if access_token is not None and claims.get("ath") != b64url_sha256(access_token):  # §4.3 12
+            raise DPoPError("invalid_dpop_proof", "ath is not the hash of the access token")
+        entry["nonce"] = claims.get("nonce")
+        with lock:
+            # §4.3 11 with §8: a nonce the server demands; "always": a new one every time.
+            if nonce_mode == "always" or (nonce_mode == "on" and (
+                    dpop_state["nonce"] is None or claims.get("nonce") != dpop_state["nonce"])):
+                nonce = dpop_new_nonce_locked() if nonce_mode == "always" or dpop_state["nonce"] is None \
+                    else dpop_state["nonce"]
+                dpop_count_locked(endpoint, "nonce_demanded")
+                g.dpop_nonce = nonce
+                raise DPoPError("use_dpop_nonce", "a nonce is required" if claims.get("nonce") is None
+                                else "the nonce is not the current one")
+            now = time.time()
+            for old in [j for j, at in dpop_jtis.items() if now - at > 2 * dpop_settings["iat_window"]]:
+                del dpop_jtis[old]
+            jti = claims["jti"]
+            if not isinstance(jti, str) or not jti or jti in dpop_jtis:  # §11.1 replay
+                raise DPoPError("invalid_dpop_proof", "jti replayed" if jti in dpop_jtis else "jti is empty")
+            dpop_jtis[jti] = now
+            dpop_count_locked(endpoint, "valid")
+        entry["ok"] = True
+        return entry["jkt"]
+    except DPoPError as error:
+        entry["reason"] = error.reason
+        if error.error != "use_dpop_nonce":
+            with lock:
+                dpop_count_locked(endpoint, "invalid")
+        raise
+    finally:
+        with lock:
+            dpop_log.append(entry)
+
+
+def dpop_error_answer(error, status=400, resource=False):
+    """A refused proof: 400 JSON at the token endpoint; 401 with a DPoP challenge at a resource
+    (§7.1, §9). A demanded nonce travels in DPoP-Nonce."""
+    headers = {}
+    nonce = g.get("dpop_nonce")
+    if nonce:
+        headers["DPoP-Nonce"] = nonce
+    if resource:
+        headers["WWW-Authenticate"] = f'DPoP error="{error.error}", algs="{" ".join(DPOP_ALGS)}"'
+        return Response(json.dumps({"error": error.error, "error_description": error.reason}), status=401,
+                        mimetype="application/json", headers=headers)
+    return Response(json.dumps({"error": error.error, "error_description": error.reason}), status=status,
+                    mimetype="application/json", headers=headers)
+
+
+def dpop_nonce_header(answer, mode):
+    """The current nonce on a good answer when nonces are demanded (§8.2: the client uses it next)."""
+    with lock:
+        nonce = dpop_state["nonce"]
+    if mode == "on" and nonce:
+        answer.headers["DPoP-Nonce"] = nonce
+    return answer
+
+
+def dpop_resource(endpoint):
+    """A request with `Authorization: DPoP <token>`: (the token, None) when its proof is good and
+    the token is live and bound to the proof's key, else (None, the 401 answer)."""
+    presented = request.headers.get("Authorization", "").partition(" ")[2].strip()
+    try:
+        jkt = dpop_check(endpoint, dpop_settings["nonce_resource"], access_token=presented)
+        if jkt is None:
+            raise DPoPError("invalid_dpop_proof", "a DPoP token without a DPoP proof")
+    except DPoPError as error:
+        return None, dpop_error_answer(error, resource=True)
+    token = find_token(presented, "access_token")
+    if token is None or token.is_expired() or token.is_revoked() or token.access_revoked or token.jkt != jkt:
+        return None, Response(json.dumps({"error": "invalid_token"}), status=401, mimetype="application/json",
+                              headers={"WWW-Authenticate": 'DPoP error="invalid_token"'})
+    return token, None
 
 
 def create_app(expires_in):
@@ -670,7 +857,61 @@ def create_app(expires_in):
     def token():
         with lock:
             stats["token_requests"] += 1
-        return answer("token", lambda: server.create_token_response())
+        mode = dpop_settings["nonce_token"]
+        if not dpop_settings["ignore"]:
+            try:
+                g.dpop_jkt = dpop_check("token", mode)
+            except DPoPError as error:
+                return dpop_error_answer(error)
+        return dpop_nonce_header(answer("token", lambda: server.create_token_response()), mode)
+
+    @app.route("/__dpop/config", methods=["POST"])
+    def dpop_config():
+        """DPoP settings: nonce_token / nonce_resource = off | on (the current nonce is demanded:
+        a proof without it, or with an old one, is answered use_dpop_nonce with DPoP-Nonce) | always
+        (every proof is answered use_dpop_nonce with a new nonce: a server that never lets a client
+        through); iat_window=<s> (default 60); ignore=1 (the token endpoint ignores proofs: Bearer
+        tokens, as a server without DPoP); advertise=0 (metadata lists no
+        dpop_signing_alg_values_supported); new_nonce=1 (the current nonce replaced); reset=1
+        (defaults, counters and replay cache cleared). Answers the settings."""
+        with lock:
+            if request.form.get("reset"):
+                dpop_settings.clear()
+                dpop_settings.update(DPOP_DEFAULTS)
+                dpop_counters.clear()
+                dpop_jtis.clear()
+                dpop_log.clear()
+                dpop_state["nonce"] = None
+            for key in ("nonce_token", "nonce_resource"):
+                if key in request.form:
+                    if request.form[key] not in ("off", "on", "always"):
+                        return jsonify(ok=False, error=f"{key}: off, on or always"), 400
+                    dpop_settings[key] = request.form[key]
+            if "iat_window" in request.form:
+                dpop_settings["iat_window"] = float(request.form["iat_window"])
+            for key in ("ignore", "advertise"):
+                if key in request.form:
+                    dpop_settings[key] = request.form[key] not in ("0", "", "false")
+            if request.form.get("new_nonce"):
+                dpop_new_nonce_locked()
+            return jsonify(dpop_settings)
+
+    @app.route("/__dpop/stats")
+    def dpop_stats_view():
+        """{"endpoints": {endpoint: {"valid", "invalid", "absent", "nonce_demanded"}}, "nonce",
+        "bound_refused", "log": [{endpoint, ok, reason, jkt, nonce}] (the last 200 proofs)}.
+        Endpoints: token, resource, userinfo."""
+        with lock:
+            return jsonify(endpoints=dpop_counters, nonce=dpop_state["nonce"],
+                           bound_refused=stats["dpop_bound_refused"], log=list(dpop_log))
+
+    @app.route("/__tokens")
+    def tokens_view():
+        """Every token issued: [{access_token, refresh_token, user, jkt, revoked}] (the tests
+        are the only reader)."""
+        with lock:
+            return jsonify([{"access_token": t.access_token, "refresh_token": t.refresh_token, "user": t.user_id,
+                             "jkt": t.jkt, "revoked": t.revoked} for t in TOKENS])
 
     @app.route("/__fault", methods=["POST"])
     def set_fault():
@@ -716,6 +957,8 @@ def create_app(expires_in):
             "revocation_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
             "introspection_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
         }
+        if dpop_settings["advertise"]:
+            document["dpop_signing_alg_values_supported"] = DPOP_ALGS  # RFC 9449 §5.1
         if openid:
             document["userinfo_endpoint"] = f"{base}/api/me"
             document["subject_types_supported"] = ["public"]
@@ -738,12 +981,20 @@ def create_app(expires_in):
         issuer = request.host_url.rstrip("/") + (f"/{tenant}" if tenant else "")
         return answer("openid", lambda: metadata(issuer, openid=True))
 
-    @app.route("/api/me")
     @protect()
-    def me():
+    def me_bearer():
         from authlib.integrations.flask_oauth2 import current_token
-        # Also the OpenID Connect userinfo endpoint: `sub` is the user.
         return jsonify(user=current_token.user_id, sub=current_token.user_id)
+
+    @app.route("/api/me")
+    def me():
+        # Also the OpenID Connect userinfo endpoint: `sub` is the user. Bearer or DPoP.
+        if request.headers.get("Authorization", "").partition(" ")[0].lower() == "dpop":
+            token, refusal = dpop_resource("userinfo")
+            if token is None:
+                return refusal
+            return dpop_nonce_header(jsonify(user=token.user_id, sub=token.user_id), dpop_settings["nonce_resource"])
+        return me_bearer()
 
     @protect()
     def protected_resource():
@@ -761,11 +1012,20 @@ def create_app(expires_in):
         authorization = request.headers.get("Authorization", "")
         presented = authorization[7:] if authorization.startswith("Bearer ") else None
         refusal = None
-        try:
-            answer = protected_resource()
+        if authorization.partition(" ")[0].lower() == "dpop":  # RFC 9449 §7: DPoP-bound, a proof beside it
+            presented = authorization.partition(" ")[2].strip()
+            token, answer = dpop_resource("resource")
+            if token is not None:
+                answer = dpop_nonce_header(jsonify(
+                    ok=True, user=token.user_id, scope=token.get_scope(), method=request.method, scheme="DPoP",
+                    request_id=request.headers.get("X-Request-Id")), dpop_settings["nonce_resource"])
             status = answer.status_code
-        except HTTPException as error:  # Authlib's 401 (its WWW-Authenticate included)
-            refusal, status = error, error.code
+        else:
+            try:
+                answer = protected_resource()
+                status = answer.status_code
+            except HTTPException as error:  # Authlib's 401 (its WWW-Authenticate included)
+                refusal, status = error, error.code
         with lock:
             resource_stats["requests"] += 1
             if presented is None:

@@ -32,7 +32,15 @@ import Testing
         #expect(refused.method == "GET" && refused.url == "https://api.example.com/")
     }
 
-    @Test(arguments: ["", "Bearer", "Bearer ", "Bearer    ", "Basic YTpi", "Bearertok", "DPoP tok"])
+    /// A DPoP session's refusal (issue 31) comes back as a DPoP value: its token, scheme DPoP.
+    @Test(arguments: ["DPoP tok-1", "dpop tok-1", "DPOP   tok-1  "])
+    func aRefusedDPoPValueGivesBackItsToken(_ value: String) throws {
+        let refused = try RequestAuthorization(refused: Secret(value), method: "GET", url: "https://api.example.com/")
+        #expect(refused.accessToken == Secret("tok-1"))
+        #expect(refused.scheme == .dpop)
+    }
+
+    @Test(arguments: ["", "Bearer", "Bearer ", "Bearer    ", "Basic YTpi", "Bearertok", "DPoPtok", "DPoP ", "DPoP    "])
     func aValueThatIsNoBearerTokenIsRefused(_ value: String) {
         #expect(throws: SessionError.self) {
             try RequestAuthorization(refused: Secret(value), method: "GET", url: "https://api.example.com/")

@@ -43,6 +43,32 @@ struct SessionProfileTests {
         #expect(without.grantedScope == nil)
     }
 
+    /// The DPoP key (issue 31): sealed with the record as a secret member, read back as the
+    /// same key; a record without one (above, and every record before DPoP) reads nil; a
+    /// member that is no key makes the record damaged, never a session with another key.
+    @Test func theDPoPKeyIsSealedAndReadBack() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        var bound = session("alice")
+        let key = DPoPKey.generate()
+        bound.dpopKey = key
+        try store.write(bound)
+        guard case .present(let read) = FileCredentialStore(directory: tmp.store).read() else {
+            Issue.record("unreadable")
+            return
+        }
+        #expect(read.dpopKey == key && read.dpopKey?.thumbprint == key.thumbprint)
+        #expect(read == bound)
+        let file = String(decoding: contents(store.path), as: UTF8.self)
+        #expect(!file.contains(key.encodedPrivateKey.reveal()) && !file.contains("dpopKey"), "sealed, not plain")
+        let bad = SymmetricKey(size: .bits256)
+        let json = #"{"version":2,"active":"alice","accounts":{"alice":{"account":"alice","accessToken":"A-1","#
+            + #""expired":false,"dpopKey":"not-a-key"}}}"#
+        #expect(throws: (any Error).self) {
+            try FileCredentialStore.decode(FileCredentialStore.seal(Data(json.utf8), key: bad), key: bad)
+        }
+    }
+
     /// Sealed with the record; kept through the writes of a session that knows no profile (a
     /// refresh); gone with the record (logout); `setProfile` needs a record.
     @Test func theProfileIsKeptThroughWritesAndGoesWithTheRecord() throws {

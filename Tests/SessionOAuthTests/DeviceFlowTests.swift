@@ -387,6 +387,9 @@ final class PromptLog: Sendable {
 
     var allOnLoopThread: Bool { prompts.withLockedValue { $0.allSatisfy(\.1) } }
 
+    /// Every prompt so far, in order.
+    var all: [DevicePrompt] { prompts.withLockedValue { $0.map(\.0) } }
+
     func first(timeout: Duration = .seconds(20)) async -> DevicePrompt? {
         _ = await eventually(timeout: timeout, every: .milliseconds(10)) { prompts.withLockedValue { !$0.isEmpty } }
         return prompts.withLockedValue { $0.first?.0 }

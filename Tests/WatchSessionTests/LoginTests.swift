@@ -348,6 +348,35 @@ struct WatchSessionLoginTests {
         #expect(try await server.deviceStats()["denied"] == 1)
     }
 
+    /// `login --dpop` (issue 31): the tokens are bound to a new DPoP key, which is sealed with
+    /// them in the store and remembered in the profile; the server saw only valid proofs.
+    @Test func loginWithDPoPBindsTheTokensAndRemembersItInTheProfile() async throws {
+        let server = try AuthServer()
+        try await server.device(["interval": "1", "expires_in": "120"])
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cli = try Running(
+            ["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--store", directory, "--json", "--dpop"],
+            terminal: false)
+        #expect(await cli.wait(for: "sign_in_prompt"), "\(cli.screen)")
+        let prompt = try #require(try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_prompt" })
+        try await server.decide(try #require(prompt["user_code"] as? String), approve: true)
+        #expect(await cli.exit() == 0, "\(cli.screen)")
+        guard case .present(let stored) = FileCredentialStore(directory: directory).read() else {
+            Issue.record("nothing stored: \(cli.screen)")
+            return
+        }
+        let key = try #require(stored.dpopKey)
+        #expect(stored.profile?.dpop == .required)
+        let issued = try await server.call("GET", "__tokens").json() as? [[String: Any]]
+        let bound = issued?.first { $0["access_token"] as? String == stored.accessToken?.reveal() }
+        #expect(bound?["jkt"] as? String == key.thumbprint)
+        let dpop = try await server.object("GET", "__dpop/stats")
+        let token = (dpop["endpoints"] as? [String: [String: Int]])?["token"]
+        #expect(token?["invalid"] == 0 && token?["absent"] == 0 && (token?["valid"] ?? 0) >= 1, "\(String(describing: token))")
+        #expect(clean(cli.screen, of: storedTokens(directory) + [key.encodedPrivateKey.reveal()]))
+    }
+
     /// Without --store, login and logout use $XDG_STATE_HOME/watch-session (its parents made
     /// 0700), and a second process finds the session there.
     @Test func withoutStoreTheSessionLivesInTheStateDirectory() async throws {

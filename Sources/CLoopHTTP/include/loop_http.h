@@ -56,6 +56,7 @@ typedef struct lh_answer {
     int64_t bytes_received;     /* body bytes received before the end (also when aborted) */
     long status_line;           /* the final status line that arrived (also when the transfer
                                  * failed or was cancelled after it), 0 if none did */
+    const char *dpop_nonce;     /* the DPoP-Nonce header's value (RFC 9449 §8), NULL if none */
 } lh_answer;
 
 typedef void (*lh_done_fn)(const lh_answer *answer, void *userdata);

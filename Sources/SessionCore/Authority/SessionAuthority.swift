@@ -81,12 +81,18 @@ public struct RefreshRequest: Sendable, CustomStringConvertible {
     /// (`AuthorityCompletion.answerArriving(within:)`) lets that answer run past it: no byte
     /// for this long (a stall), or four times it from the start (the cap), ends it instead.
     public let timeout: Duration?
+    /// The session's DPoP key (RFC 9449): the refresh token is bound to it, so the request
+    /// carries a proof by it. Nil: a bearer session.
+    public let dpopKey: DPoPKey?
 
-    public init(refreshToken: Secret, memberID: String?, reason: RefreshReason, timeout: Duration? = nil) {
+    public init(
+        refreshToken: Secret, memberID: String?, reason: RefreshReason, timeout: Duration? = nil, dpopKey: DPoPKey? = nil
+    ) {
         self.refreshToken = refreshToken
         self.memberID = memberID
         self.reason = reason
         self.timeout = timeout
+        self.dpopKey = dpopKey
     }
 
     public var description: String {

@@ -1,7 +1,8 @@
 /// What to add to one HTTP request so that a resource server accepts it: the header fields
-/// (today `Authorization: Bearer <access token>`; a sender-constrained session will add a
-/// `DPoP` proof beside it, and callers that add every field they are given need no change),
-/// and what the session needs to recognise a refusal of it (`SessionManager.unauthorized`).
+/// (`Authorization: Bearer <access token>`; for a sender-constrained session (DPoP, RFC 9449)
+/// `Authorization: DPoP <access token>` and `DPoP: <proof>` bound to this method and URL, so
+/// callers that add every field they are given need no change), and what the session needs to
+/// recognise a refusal of it (`SessionManager.unauthorized`).
 ///
 /// Made by `SessionManager.authorization(method:url:)`. The fields' values are secrets: they
 /// print as `<redacted>`, and their bytes are the session's own memory (zeroed when the last
@@ -18,42 +19,72 @@ public struct RequestAuthorization: Sendable, Hashable, CustomStringConvertible 
     public enum Scheme: String, Sendable, Hashable {
         /// RFC 6750: `Authorization: Bearer <token>`.
         case bearer = "Bearer"
+        /// RFC 9449 §7: `Authorization: DPoP <token>` and a `DPoP` proof (with `ath`).
+        case dpop = "DPoP"
     }
 
     /// The fields to add, in order.
     public let fields: [Field]
-    public let scheme: Scheme
+    public private(set) var scheme: Scheme
     /// The request this authorization was made for (a DPoP proof is bound to both).
     public let method: String
     public let url: String
     /// The access token the fields present (compare-and-refresh on a refusal).
     let accessToken: Secret
+    /// The server nonce the proof carries (DPoP), nil if none: a nonce demanded again after
+    /// a proof that carried this very one is a server that never lets the request through.
+    private(set) var dpopNonce: String?
 
+    /// A bearer authorization (`Authorization: Bearer <token>`).
     init(accessToken: Secret, method: String, url: String) {
         self.accessToken = accessToken
         self.scheme = .bearer
         self.method = method
         self.url = url
-        let prefix = Array("Bearer ".utf8)
-        let value = Secret(count: prefix.count + accessToken.count) { out in
+        self.dpopNonce = nil
+        self.fields = [Field(name: "Authorization", value: Self.value("Bearer ", accessToken))]
+    }
+
+    /// A DPoP authorization (RFC 9449 §7): `Authorization: DPoP <token>` and a new proof by
+    /// `key` for `method` `url` with `ath` (and `nonce`, when the server gave one).
+    init(accessToken: Secret, method: String, url: String, dpopKey: DPoPKey, nonce: String?) throws(SessionError) {
+        self.accessToken = accessToken
+        self.scheme = .dpop
+        self.method = method
+        self.url = url
+        self.dpopNonce = nonce
+        let proof = try dpopKey.proof(method: method, url: url, accessToken: accessToken, nonce: nonce)
+        self.fields = [
+            Field(name: "Authorization", value: Self.value("DPoP ", accessToken)),
+            Field(name: "DPoP", value: proof),
+        ]
+    }
+
+    /// `prefix` then `secret`, in a secret's own memory.
+    private static func value(_ prefix: String, _ secret: Secret) -> Secret {
+        let prefix = Array(prefix.utf8)
+        return Secret(count: prefix.count + secret.count) { out in
             for (index, byte) in prefix.enumerated() { out[index] = byte }
-            accessToken.withUnsafeBytes { bytes in
+            secret.withUnsafeBytes { bytes in
                 for (index, byte) in bytes.enumerated() { out[prefix.count + index] = byte }
             }
         }
-        self.fields = [Field(name: "Authorization", value: value)]
     }
 
-    /// The authorization a host sent as the `Authorization` value `refused` (`Bearer <token>`,
-    /// the scheme in any case) for `method` `url`: what a host that keeps only the header it
-    /// sent (the C API) hands back to `SessionManager.unauthorized`.
+    /// The authorization a host sent as the `Authorization` value `refused` (`Bearer <token>`
+    /// or `DPoP <token>`, the scheme in any case) for `method` `url`, with the proof's nonce
+    /// `dpopNonce` if it carried one: what a host that keeps only the header it sent (the C
+    /// API) hands back to `SessionManager.unauthorized`.
     /// - Throws: `invalidArgument` when `method` / `url` cannot be authorized (as
-    ///   `authorization(method:url:)`) or `refused` is not a Bearer value with a token.
-    package init(refused: Secret, method: String, url: String) throws(SessionError) {
+    ///   `authorization(method:url:)`) or `refused` is not a Bearer or DPoP value with a token.
+    package init(refused: Secret, method: String, url: String, dpopNonce: String? = nil) throws(SessionError) {
         if let problem = Self.problem(method: method, url: url) {
             throw SessionError(.invalidArgument, problem)
         }
-        let prefix = Array("bearer".utf8)
+        let isDPoP = refused.withUnsafeBytes { bytes in
+            bytes.count > 5 && zip(bytes.prefix(4), "dpop".utf8).allSatisfy { ($0 | 0x20) == $1 } && bytes[4] == 0x20
+        }
+        let prefix = Array((isDPoP ? "dpop" : "bearer").utf8)
         let token: Secret? = refused.withUnsafeBytes { bytes in
             guard bytes.count > prefix.count,
                   zip(bytes.prefix(prefix.count), prefix).allSatisfy({ ($0 | 0x20) == $1 }),
@@ -67,9 +98,11 @@ public struct RequestAuthorization: Sendable, Hashable, CustomStringConvertible 
             return Secret(copying: UnsafeRawBufferPointer(rebasing: bytes[start..<end]))
         }
         guard let token else {
-            throw SessionError(.invalidArgument, "the refused authorization is not a Bearer value with a token (\"Bearer <token>\")")
+            throw SessionError(.invalidArgument, "the refused authorization is not a Bearer or DPoP value with a token (\"Bearer <token>\")")
         }
         self.init(accessToken: token, method: method, url: url)
+        if isDPoP { self.scheme = .dpop }
+        self.dpopNonce = dpopNonce
     }
 
     /// The value of the field `name` (case-insensitive), if present.

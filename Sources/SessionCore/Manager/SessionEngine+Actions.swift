@@ -32,7 +32,8 @@ extension SessionEngine {
                 let answer = attemptCompletion(identity)
                 authority.refresh(
                     RefreshRequest(
-                        refreshToken: refreshToken, memberID: memberID, reason: identity.reason, timeout: policy.timeout),
+                        refreshToken: refreshToken, memberID: memberID, reason: identity.reason, timeout: policy.timeout,
+                        dpopKey: refresh.live?.dpopKey),
                     completion: answer)
             case .sendReauthentication(let identity, let externalUserID):
                 authority.reauthenticate(externalUserID: externalUserID, completion: attemptCompletion(identity))
@@ -234,7 +235,7 @@ extension SessionEngine {
         return LiveSession(
             accessToken: access, refreshToken: stored.refreshToken, expiresAt: loop.now + remaining,
             lifetime: remaining, externalUserID: stored.externalUserID ?? refresh.live?.externalUserID,
-            lastRefresh: lastRefresh, scope: stored.grantedScope ?? refresh.live?.scope)
+            lastRefresh: lastRefresh, scope: stored.grantedScope ?? refresh.live?.scope, dpopKey: stored.dpopKey)
     }
 
     /// What the store should hold now (nil: nothing).
@@ -251,7 +252,7 @@ extension SessionEngine {
                 accessToken: live.accessToken, refreshToken: live.refreshToken,
                 accessTokenExpiresAt: configuration.wallClock() + remaining,
                 memberID: memberID, externalUserID: live.externalUserID, profile: currentProfile,
-                grantedScope: live.scope)
+                grantedScope: live.scope, dpopKey: live.dpopKey)
         }
     }
 

@@ -262,7 +262,7 @@ final class SessionEngine: @unchecked Sendable {
             refresh.sessionBegan(LiveSession(
                 accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,
                 expiresAt: loop.now + lifetime, lifetime: lifetime, externalUserID: tokens.externalUserID,
-                scope: tokens.scope))
+                scope: tokens.scope, dpopKey: tokens.dpopKey))
             memberID = tokens.memberID
             profile = tokens.profile
             persist()

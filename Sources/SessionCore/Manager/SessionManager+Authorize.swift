@@ -1,3 +1,5 @@
+import LoopFlow
+
 /// Authorizing requests: the one primitive every HTTP adapter uses (Python's `httpx.Auth`
 /// and `requests` auth, the libcurl example, `perform(_:)` below).
 ///
@@ -23,8 +25,9 @@ extension SessionManager {
         if let problem = RequestAuthorization.problem(method: method, url: url) {
             throw SessionError(.invalidArgument, problem)
         }
-        let token = try await freshAccessToken()
-        return try Self.authorization(token, method: method, url: url)
+        let key = KeyOfToken()
+        let token = try await awaitToken { engine, completion in engine.freshAccessToken(key.noting(engine, completion)) }
+        return try Self.authorization(token, key: key.key, method: method, url: url)
     }
 
     /// The same, answered on the loop thread (never inside this call; not at all when it
@@ -36,11 +39,12 @@ extension SessionManager {
         if let problem = RequestAuthorization.problem(method: method, url: url) {
             throw SessionError(.invalidArgument, problem)
         }
-        try freshAccessToken { result in
+        let key = KeyOfToken()
+        try postTokenRequest({ result in
             completion(result.flatMap { token in
-                Result { () throws(SessionError) in try Self.authorization(token, method: method, url: url) }
+                Result { () throws(SessionError) in try Self.authorization(token, key: key.key, method: method, url: url) }
             })
-        }
+        }) { engine, answer in engine.freshAccessToken(key.noting(engine, answer)) }
     }
 
     /// A request sent with `refused` was answered `status` with `wwwAuthenticate`: the
@@ -55,27 +59,66 @@ extension SessionManager {
     ///   refresh made for this very refusal is refused again; `invalidArgument` for a status
     ///   that is not a refusal (not 401 or 403); `sessionExpired` when the refresh found the
     ///   session dead (the state is then `sessionExpired`); as `freshAccessToken()` otherwise.
+    ///
+    /// A DPoP session's refusal `DPoP error="use_dpop_nonce"` with the server's `DPoP-Nonce`
+    /// (`dpopNonce`; RFC 9449 §9) is no reason to refresh: the nonce is remembered for that
+    /// server and the answer is a new proof carrying it. A nonce demanded again of a proof that
+    /// carried the nonce the server gave is `unauthorized` (a server that never lets the
+    /// request through: the caller's one retry is spent, nothing loops).
     public func unauthorized(
-        _ refused: RequestAuthorization, status: Int, wwwAuthenticate: String?
+        _ refused: RequestAuthorization, status: Int, wwwAuthenticate: String?, dpopNonce: String? = nil
     ) async throws(SessionError) -> RequestAuthorization {
         try Self.checkRefusal(status: status, wwwAuthenticate: wwwAuthenticate)
-        let token = try await handleUnauthorized(token: refused.accessToken)
-        return try Self.authorization(token, method: refused.method, url: refused.url)
+        let key = KeyOfToken()
+        if try Self.wantsNonce(refused, wwwAuthenticate: wwwAuthenticate, dpopNonce: dpopNonce) {
+            let token = try await awaitToken { engine, completion in engine.freshAccessToken(key.noting(engine, completion)) }
+            return try Self.authorization(token, key: key.key, method: refused.method, url: refused.url)
+        }
+        let token = try await awaitToken { engine, completion in
+            engine.handleUnauthorized(token: refused.accessToken, key.noting(engine, completion))
+        }
+        return try Self.authorization(token, key: key.key, method: refused.method, url: refused.url)
     }
 
     /// The same, answered on the loop thread.
     public func unauthorized(
-        _ refused: RequestAuthorization, status: Int, wwwAuthenticate: String?,
+        _ refused: RequestAuthorization, status: Int, wwwAuthenticate: String?, dpopNonce: String? = nil,
         _ completion: @escaping @Sendable (Result<RequestAuthorization, SessionError>) -> Void
     ) throws(SessionError) {
         try Self.checkRefusal(status: status, wwwAuthenticate: wwwAuthenticate)
-        try handleUnauthorized(token: refused.accessToken) { result in
+        let key = KeyOfToken()
+        let nonce = try Self.wantsNonce(refused, wwwAuthenticate: wwwAuthenticate, dpopNonce: dpopNonce)
+        try postTokenRequest({ result in
             completion(result.flatMap { token in
                 Result { () throws(SessionError) in
-                    try Self.authorization(token, method: refused.method, url: refused.url)
+                    try Self.authorization(token, key: key.key, method: refused.method, url: refused.url)
                 }
             })
+        }) { engine, answer in
+            if nonce {
+                engine.freshAccessToken(key.noting(engine, answer))
+            } else {
+                engine.handleUnauthorized(token: refused.accessToken, key.noting(engine, answer))
+            }
         }
+    }
+
+    /// Whether `refused` was refused for want of a DPoP nonce (RFC 9449 §9) — then remembered
+    /// for its server.
+    /// - Throws: `unauthorized` when the proof already carried the nonce the server demands
+    ///   (or a nonce is demanded without one given): retrying would be refused again.
+    static func wantsNonce(_ refused: RequestAuthorization, wwwAuthenticate: String?, dpopNonce: String?) throws(SessionError) -> Bool {
+        guard refused.scheme == .dpop,
+              AuthenticationChallenge.parse(wwwAuthenticate).contains(where: { $0.scheme == "dpop" && $0.error == "use_dpop_nonce" })
+        else { return false }
+        guard let dpopNonce, !dpopNonce.isEmpty else {
+            throw SessionError(.unauthorized, "the server demands a DPoP nonce (use_dpop_nonce) but sent none (no DPoP-Nonce header)")
+        }
+        if refused.dpopNonce == dpopNonce {
+            throw SessionError(.unauthorized, "the server demanded a DPoP nonce again of a proof that carried the one it gave")
+        }
+        DPoPNonces.shared.remember(dpopNonce, for: refused.url)
+        return true
     }
 
     /// Runs `request` with an authorization for `method` `url`; when it reports a refusal
@@ -102,25 +145,29 @@ extension SessionManager {
         switch try await request(first) {
         case .done(let value):
             return value
-        case .refused(let status, let challenge):
-            let retry = try await unauthorized(first, status: status, wwwAuthenticate: challenge)
+        case .refused(let status, let challenge, let nonce):
+            let retry = try await unauthorized(first, status: status, wwwAuthenticate: challenge, dpopNonce: nonce)
             switch try await request(retry) {
             case .done(let value):
                 return value
-            case .refused(let status, _):
+            case .refused(let status, _, _):
                 throw SessionError(.unauthorized, "the request was refused again (HTTP \(status)) with a fresh authorization")
             }
         }
     }
 
-    static func authorization(_ token: Secret, method: String, url: String) throws(SessionError) -> RequestAuthorization {
+    static func authorization(
+        _ token: Secret, key: DPoPKey? = nil, method: String, url: String
+    ) throws(SessionError) -> RequestAuthorization {
         // A header value holds no control character (RFC 9110 §5.5): one in the token (a host
         // signed in with it) would end the field and start another.
         let clean = token.withUnsafeBytes { bytes in bytes.allSatisfy { $0 >= 0x20 && $0 != 0x7F } }
         guard clean, token.count > 0 else {
             throw SessionError(.invalidArgument, "the access token is empty or holds a control character: it cannot be sent in a header")
         }
-        return RequestAuthorization(accessToken: token, method: method, url: url)
+        guard let key else { return RequestAuthorization(accessToken: token, method: method, url: url) }
+        return try RequestAuthorization(
+            accessToken: token, method: method, url: url, dpopKey: key, nonce: DPoPNonces.shared.nonce(for: url))
     }
 
     static func checkRefusal(status: Int, wwwAuthenticate: String?) throws(SessionError) {
@@ -145,6 +192,26 @@ extension SessionManager {
 public enum AuthorizedOutcome<Value: Sendable>: Sendable {
     /// It got its answer.
     case done(Value)
-    /// The server refused the authorization: its status (401, or 403) and `WWW-Authenticate`.
-    case refused(status: Int, wwwAuthenticate: String?)
+    /// The server refused the authorization: its status (401, or 403), `WWW-Authenticate`,
+    /// and `DPoP-Nonce` (a DPoP session: the nonce the server demands, RFC 9449 §9).
+    case refused(status: Int, wwwAuthenticate: String?, dpopNonce: String? = nil)
+}
+
+/// The DPoP key of the token a request for one is answered with, noted on the loop thread
+/// when the answer is given (the engine's session is then the token's): nil for a bearer
+/// session.
+final class KeyOfToken: Sendable {
+    private let box = LockedBox<DPoPKey?>(nil)
+
+    var key: DPoPKey? { box.withLockedValue { $0 } }
+
+    /// `completion`, noting first the key of the token it is answered with.
+    func noting(_ engine: SessionEngine, _ completion: @escaping TokenCompletion) -> TokenCompletion {
+        { [box] result in
+            if case .success(let token) = result, let live = engine.refresh.live, live.accessToken == token {
+                box.withLockedValue { $0 = live.dpopKey }
+            }
+            completion(result)
+        }
+    }
 }

@@ -398,7 +398,7 @@ public final class SessionManager: Sendable {
 
     /// A token request from a caller: counted, then posted (the count given back if the
     /// post is refused).
-    private func postTokenRequest(
+    func postTokenRequest(
         _ completion: @escaping TokenCompletion,
         _ body: @escaping @Sendable (SessionEngine, @escaping TokenCompletion) -> Void
     ) throws(SessionError) {
@@ -447,7 +447,7 @@ public final class SessionManager: Sendable {
         try await onLoop(thenStore: true, body)
     }
 
-    private func awaitToken(
+    func awaitToken(
         _ body: @escaping @Sendable (SessionEngine, @escaping TokenCompletion) -> Void
     ) async throws(SessionError) -> Secret {
         let result: Result<Secret, SessionError> = await withCheckedContinuation { continuation in

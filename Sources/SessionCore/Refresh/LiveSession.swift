@@ -11,6 +11,8 @@ struct LiveSession: Sendable, Equatable {
     var lastRefresh: Duration?
     /// The scope granted (sign-in; a refresh that says replaces it); nil: not known.
     var scope: String? = nil
+    /// The DPoP key the tokens are bound to (nil: bearer tokens). A refresh keeps it.
+    var dpopKey: DPoPKey? = nil
 
     /// Whether there is a refresh token to send.
     var canRefresh: Bool {

@@ -20,12 +20,16 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
     /// The scope granted to the access token (RFC 6749 §5.1), when known; nil in records
     /// written before it was kept.
     public var grantedScope: String?
+    /// The DPoP key the tokens are bound to (RFC 9449), sealed with them; nil for bearer
+    /// tokens and in records written before DPoP existed (they still open).
+    public var dpopKey: DPoPKey?
 
     public init(
         accessToken: Secret? = nil, refreshToken: Secret? = nil, accessTokenExpiresAt: Duration? = nil,
         memberID: String? = nil, externalUserID: String? = nil, expired: Bool = false, account: String? = nil,
-        profile: SessionProfile? = nil, grantedScope: String? = nil
+        profile: SessionProfile? = nil, grantedScope: String? = nil, dpopKey: DPoPKey? = nil
     ) {
+        self.dpopKey = dpopKey
         self.profile = profile
         self.grantedScope = grantedScope
         self.accessToken = accessToken
@@ -37,14 +41,14 @@ public struct StoredSession: Sendable, Equatable, CustomStringConvertible {
         self.account = account
     }
 
-    /// Equal sessions hold the same tokens, expiry, member, granted scope and expiry flag,
+    /// Equal sessions hold the same tokens, DPoP key, expiry, member, granted scope and expiry flag,
     /// wherever they were read from (`account` is not compared, nor is `profile`: it travels
     /// beside the tokens).
     public static func == (lhs: StoredSession, rhs: StoredSession) -> Bool {
         lhs.accessToken == rhs.accessToken && lhs.refreshToken == rhs.refreshToken
             && lhs.accessTokenExpiresAt == rhs.accessTokenExpiresAt && lhs.memberID == rhs.memberID
             && lhs.externalUserID == rhs.externalUserID && lhs.expired == rhs.expired
-            && lhs.grantedScope == rhs.grantedScope
+            && lhs.grantedScope == rhs.grantedScope && lhs.dpopKey == rhs.dpopKey
     }
 
     public var description: String {

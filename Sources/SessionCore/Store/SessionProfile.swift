@@ -15,11 +15,15 @@ public struct SessionProfile: Sendable, Hashable, Codable, CustomStringConvertib
     public var tokenEndpoint: String?
     /// The revocation endpoint discovery found (logout revokes there), if any.
     public var revocationEndpoint: String?
+    /// How the session signed in with DPoP (RFC 9449): nil when off (and in profiles written
+    /// before DPoP existed).
+    public var dpop: DPoPMode?
 
     public init(
         issuer: String, clientID: String, requestedScope: String? = nil, grantedScope: String? = nil,
-        tokenEndpoint: String? = nil, revocationEndpoint: String? = nil
+        tokenEndpoint: String? = nil, revocationEndpoint: String? = nil, dpop: DPoPMode? = nil
     ) {
+        self.dpop = dpop
         self.issuer = issuer
         self.clientID = clientID
         self.requestedScope = requestedScope

@@ -16,14 +16,20 @@ public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
     /// knows (a flow that discovered its issuer fills it in). Stored with the session, in the
     /// same sealed record; nil: not known (the record keeps the profile it had).
     public var profile: SessionProfile?
+    /// The DPoP key the tokens are bound to (RFC 9449), for a sender-constrained session: made
+    /// by the sign-in flow, kept with the session (sealed in its store record), sent with every
+    /// refresh and used by `SessionManager.authorization` for `Authorization: DPoP` and its
+    /// proof. Nil: bearer tokens.
+    public var dpopKey: DPoPKey?
 
     public init(
         accessToken: Secret, refreshToken: Secret?, expiresIn: Duration,
         memberID: String? = nil, externalUserID: String? = nil, scope: String? = nil,
-        profile: SessionProfile? = nil
+        profile: SessionProfile? = nil, dpopKey: DPoPKey? = nil
     ) {
         self.scope = scope
         self.profile = profile
+        self.dpopKey = dpopKey
         self.accessToken = accessToken
         self.refreshToken = refreshToken
         self.expiresIn = expiresIn
@@ -33,7 +39,7 @@ public struct SessionTokens: Sendable, Equatable, CustomStringConvertible {
 
     public var description: String {
         "SessionTokens(accessToken: <redacted>, refreshToken: \(refreshToken == nil ? "nil" : "<redacted>"), "
-            + "expiresIn: \(expiresIn), memberID: \(memberID ?? "nil"))"
+            + "expiresIn: \(expiresIn), memberID: \(memberID ?? "nil")\(dpopKey == nil ? "" : ", DPoP"))"
     }
 }
 

@@ -5,6 +5,8 @@ import SessionCore
 @_spi(Fuzzing) public struct HTTPAnswer: Sendable {
     public let status: Int
     public let retryAfter: Duration?
+    /// The DPoP-Nonce header's value (RFC 9449 §8), if the answer had one.
+    public let dpopNonce: String?
     /// The body, in memory a secret owns (zeroed when the answer goes).
     let secretBody: Secret
     public let redactions: [Secret]
@@ -15,15 +17,16 @@ import SessionCore
     /// able to make thousands). A token answer has one of each member, at the top.
     static let maximumSecrets = 16
 
-    public init(status: Int, retryAfter: Duration?, body: Data, redactions: [Secret]) {
+    public init(status: Int, retryAfter: Duration?, body: Data, redactions: [Secret], dpopNonce: String? = nil) {
         self.init(
             status: status, retryAfter: retryAfter,
-            secretBody: body.withUnsafeBytes { Secret(copying: $0) }, redactions: redactions)
+            secretBody: body.withUnsafeBytes { Secret(copying: $0) }, redactions: redactions, dpopNonce: dpopNonce)
     }
 
-    init(status: Int, retryAfter: Duration?, secretBody: Secret, redactions: [Secret]) {
+    init(status: Int, retryAfter: Duration?, secretBody: Secret, redactions: [Secret], dpopNonce: String? = nil) {
         self.status = status
         self.retryAfter = retryAfter
+        self.dpopNonce = dpopNonce
         self.secretBody = secretBody
         self.redactions = redactions
     }

@@ -3,8 +3,11 @@ import SessionCore
 /// The token endpoint's answer (RFC 6749 §5.1, §5.2) read into a grant or an error: the
 /// parsers the fuzz target in Tools/Sources/FuzzTokenResponse calls.
 @_spi(Fuzzing) public enum TokenResponse {
-    /// A 200 with the fields RFC 6749 §5.1 requires, or the error it stands for.
-    public static func grant(from answer: HTTPAnswer, defaultLifetime: Duration) -> Result<TokenGrant, AuthorityError> {
+    /// A 200 with the fields RFC 6749 §5.1 requires, or the error it stands for. `token_type`
+    /// must be Bearer — or DPoP too, when `acceptsDPoP` (a request that carried a proof).
+    public static func grant(
+        from answer: HTTPAnswer, defaultLifetime: Duration, acceptsDPoP: Bool = false
+    ) -> Result<TokenGrant, AuthorityError> {
         guard answer.status == 200 else { return .failure(error(from: answer)) }
         guard let object = answer.json else {
             return .failure(.transient("the token answer is not JSON"))
@@ -19,7 +22,7 @@ import SessionCore
         guard access.isVisibleASCII else {
             return .failure(.transient("the token answer's access_token holds a byte outside %x20-7E (RFC 6749 A.12)"))
         }
-        if let type = object["token_type"]?.string, type.lowercased() != "bearer" {
+        if let type = object["token_type"]?.string, type.lowercased() != "bearer", !(acceptsDPoP && type.lowercased() == "dpop") {
             let shown = ErrorText.description(type, secrets: answer.redactions + [access]) ?? ""
             return .failure(.configuration("unsupported_token_type", "token_type \(shown) is not Bearer"))
         }

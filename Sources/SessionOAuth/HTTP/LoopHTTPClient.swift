@@ -21,8 +21,9 @@ struct HTTPRequest: Sendable {
     var method: Method
     var url: String
     var headers: [String]
-    /// A header line that carries a secret (`Authorization: Bearer ...`), sent after `headers`.
-    var secretHeader: Secret? = nil
+    /// Header lines that carry a secret (`Authorization: Bearer ...`, `DPoP: <proof>`), sent
+    /// after `headers`.
+    var secretHeaders: [Secret] = []
     /// The overall deadline.
     var timeout: Duration
     var maximumAnswerSize: Int
@@ -47,6 +48,8 @@ struct HTTPResponse: Sendable {
     /// The body, in memory a secret owns: a token answer's tokens are read from it in place.
     let body: Secret
     let retryAfter: String?
+    /// The DPoP-Nonce header's value (RFC 9449 §8), if any.
+    var dpopNonce: String? = nil
 
     /// A copy of the body, for answers that carry no secret (metadata).
     var bytes: [UInt8] { body.withUnsafeBytes { Array($0) } }
@@ -114,7 +117,8 @@ final class HTTPCall: @unchecked Sendable {
             let body = answer.body_length == 0 || answer.body == nil
                 ? Secret("") : Secret(copying: UnsafeRawBufferPointer(start: answer.body, count: answer.body_length))
             result = .success(HTTPResponse(
-                status: answer.status, body: body, retryAfter: answer.retry_after.map { String(cString: $0) }))
+                status: answer.status, body: body, retryAfter: answer.retry_after.map { String(cString: $0) },
+                dpopNonce: answer.dpop_nonce.map { String(cString: $0) }))
         case LH_CANCELLED:
             result = .failure(.cancelled)
         case LH_TIMED_OUT:
@@ -208,7 +212,7 @@ final class LoopHTTPClient: @unchecked Sendable {
         }
         let context = Unmanaged.passRetained(call)
         var started: OpaquePointer?
-        let rc = withCStrings(request.headers, secret: request.secretHeader) { headers in
+        let rc = withCStrings(request.headers, secrets: request.secretHeaders) { headers in
             request.url.withCString { url in
                 let timeout = max(request.timeout.milliseconds, 1)
                 var options = lh_post_options(
@@ -261,19 +265,23 @@ private func httpCallFinished(_ answer: UnsafePointer<lh_answer>?, _ userdata: U
     Unmanaged<HTTPCall>.fromOpaque(userdata).takeRetainedValue().finished(answer)
 }
 
-/// `strings` (then `secret`, in place: no copy) as a NULL-terminated array of C strings, for
+/// `strings` (then `secrets`, in place: no copy) as a NULL-terminated array of C strings, for
 /// the duration of `body`.
 private func withCStrings<T>(
-    _ strings: [String], secret: Secret?, _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> T
+    _ strings: [String], secrets: [Secret], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> T
 ) -> T {
     let copies = strings.map { strdup($0) }
     defer { copies.forEach { free($0) } }
     var pointers: [UnsafePointer<CChar>?] = copies.map { UnsafePointer($0) }
-    func run(_ secretLine: UnsafePointer<CChar>?) -> T {
-        if let secretLine { pointers.append(secretLine) }
-        pointers.append(nil)
-        return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+    func run(_ remaining: ArraySlice<Secret>) -> T {
+        guard let secret = remaining.first else {
+            pointers.append(nil)
+            return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+        }
+        return secret.withCString { line in
+            pointers.append(line)
+            return run(remaining.dropFirst())
+        }
     }
-    guard let secret else { return run(nil) }
-    return secret.withCString { run($0) }
+    return run(secrets[...])
 }

@@ -7,8 +7,8 @@
 //   .build/release/loopflow-bench --smoke       tiny sizes (the test suite runs this so it cannot rot)
 //   ... --json                                  one JSON array instead of the table
 //   ... --only latency,fanout,...               some sections: latency fanout setrate subscribe
-//                                               memory allocations singleflight errortext cli token
-//                                               startup store refresh idle (HostCosts.swift,
+//                                               memory allocations singleflight errortext dpop cli
+//                                               token startup store refresh idle (HostCosts.swift,
 //                                               RefreshCost.swift; idle takes 60 s)
 //   ... --no-peers                              without the OpenCombine, AsyncStream and Node.js rows
 //   ... --node PATH, --node-script PATH         the node executable (default $SESSIONFLOW_NODE, else
@@ -45,7 +45,7 @@ func option(_ name: String) -> String? {
 }
 
 let sections = [
-    "latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext", "cli",
+    "latency", "fanout", "setrate", "subscribe", "memory", "allocations", "singleflight", "errortext", "dpop", "cli",
     "token", "startup", "idle", "store", "refresh",
 ]
 let only = option("--only").map { Set($0.split(separator: ",").map(String.init)) } ?? Set(sections)
@@ -200,6 +200,11 @@ if only.contains("singleflight") {
 if only.contains("errortext") {
     note("error description, worst case…")
     rows += errorTextRows(repetitions: smoke ? 3 : 200)
+}
+
+if only.contains("dpop") {
+    note("DPoP proofs…")
+    rows += dpopProofRows(repetitions: smoke ? 20 : 2_000)
 }
 
 if only.contains("cli") {

@@ -25,7 +25,7 @@ from ._asyncio import FlowIterator
 from ._callbacks import CallbackError, CallbackErrorHandler
 from ._loader import LibraryNotFoundError
 from ._runtime import RefreshRequest, Runtime, SignIn
-from ._types import (Authorization, Event, EventKind, LogLevel, Profile, SignInPrompt, State, StoreKeySource, StoreStatus,
+from ._types import (Authorization, DPoP, Event, EventKind, LogLevel, Profile, SignInPrompt, State, StoreKeySource, StoreStatus,
                      Subscription, TokenInfo)
 from ._version import __version__
 from .errors import (ERRORS, SF_OK, AuthError, BusyError, ClosedError, ConfigError, ErrorCode,
@@ -55,7 +55,7 @@ __all__ = [
     "ERRORS", "SF_OK", "AuthError", "Authorization", "BusyError", "CallbackError", "CallbackErrorHandler",
     "ClosedError",
     "ConfigError", "ErrorCode", "Event", "EventKind", "FlowIterator", "InvalidArgumentError", "InvalidStateError",
-    "LibraryNotFoundError", "LogLevel", "NetworkError", "NotLoggedInError", "Profile", "RangeError", "RefreshRequest", "Runtime",
+    "LibraryNotFoundError", "LogLevel", "DPoP", "NetworkError", "NotLoggedInError", "Profile", "RangeError", "RefreshRequest", "Runtime",
     "SessionEndedError", "SessionFlowError", "ShutdownError", "SignIn", "SignInCancelledError",
     "SignInDeniedError", "SignInExpiredError", "SignInPrompt", "State", "StoreError", "StoreKeySource",
     "StoreStatus", "Subscription", "TokenInfo", "UnauthorizedError", "WrongThreadError", "__version__", "error_name", "last_error_message",

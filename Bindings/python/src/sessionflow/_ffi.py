@@ -114,6 +114,7 @@ class Options(ctypes.Structure):
         ("log", LOG_FN),
         ("log_userdata", ctypes.c_void_p),
         ("log_level", ctypes.c_int),
+        ("dpop", ctypes.c_int),
     ]
 
 
@@ -233,6 +234,7 @@ _PROTOTYPES: List[Tuple[str, Any, List[Any]]] = [
     ("sf_subscription_close", _int, [_u64]),
     ("sf_session_sign_in", _int, [_ptr, _P(Tokens)]),
     ("sf_session_sign_in_replacing_store", _int, [_ptr, _P(Tokens)]),
+    ("sf_session_sign_in_dpop", _int, [_ptr, _P(Tokens), ctypes.c_char_p]),
     ("sf_session_logout", _int, [_ptr]),
     ("sf_session_reconfigure", _int, [_ptr]),
     ("sf_session_is_logged_in", _int, [_ptr]),
@@ -253,6 +255,7 @@ _PROTOTYPES: List[Tuple[str, Any, List[Any]]] = [
     ("sf_session_refresh_now", _int, [_ptr, TOKEN_FN, _ptr]),
     ("sf_session_authorize", _int, [_ptr, _str, _str, AUTHORIZE_FN, _ptr]),
     ("sf_session_unauthorized", _int, [_ptr, _str, _str, _str, _int, _str, AUTHORIZE_FN, _ptr]),
+    ("sf_session_unauthorized_dpop", _int, [_ptr, _str, _str, _str, _int, _str, _str, AUTHORIZE_FN, _ptr]),
     ("sf_sign_in_options_init", None, [ctypes.c_void_p]),
     ("sf_session_sign_in_device", _int, [_ptr, ctypes.c_void_p, _P(SignInObserver), _P(_u64)]),
     ("sf_session_sign_in_browser", _int, [_ptr, ctypes.c_void_p, _P(SignInObserver), _P(_u64)]),
@@ -321,6 +324,8 @@ EXPOSED: Dict[str, str] = {
     "sf_subscription_close": "Subscription.close",
     "sf_session_sign_in": "Runtime.sign_in",
     "sf_session_sign_in_replacing_store": "Runtime.sign_in",
+    "sf_session_sign_in_dpop": "Runtime.sign_in",
+    "sf_session_unauthorized_dpop": "Runtime.unauthorized",
     "sf_session_logout": "Runtime.logout",
     "sf_session_reconfigure": "Runtime.reconfigure",
     "sf_session_is_logged_in": "Runtime.is_logged_in",

@@ -23,7 +23,7 @@ from ._asyncio import (AsyncTokenEntry, Channel, EventPush, FlowIterator, StateP
 from ._callbacks import (AUTHORIZE_THUNK, COMPLETE_THUNK, DONE_THUNK, ERROR_THUNK, EVENT_THUNK, PROMPT_THUNK,
                          REFRESH_THUNK, CANCEL_THUNK, LOG_THUNK, RELEASE_THUNK, STATE_THUNK, STATUS_THUNK, TOKEN_THUNK,
                          CallbackErrorHandler, Entry, ErrorSink, drop, inside_callback, keep)
-from ._types import (Authorization, Event, LogLevel, Profile, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription,
+from ._types import (Authorization, DPoP, Event, LogLevel, Profile, SignInPrompt, State, StoreKeySource, StoreStatus, Subscription,
                      TokenInfo)
 from .errors import ErrorCode, SessionFlowError, check, code_of
 
@@ -376,6 +376,7 @@ class Runtime:
         on_callback_error: Optional[CallbackErrorHandler] = None,
         log: Optional[Callable[[LogLevel, str], None]] = None,
         log_level: Union[LogLevel, int] = LogLevel.INFO,
+        dpop: Union[DPoP, int] = DPoP.OFF,
     ) -> None:
         """Creates the runtime (sf_runtime_create); every argument is an sf_options field,
         None keeping the library's default:
@@ -404,6 +405,10 @@ class Runtime:
             log_level (LogLevel) or above; from whichever thread logs, one at a time, never
             after destroy() returned; never a token. None: standard error, warnings and above.
             An exception it raises goes through the callback-error policy.
+        dpop (DPoP): sender-constrained tokens (DPoP, RFC 9449) for the built-in client's
+            sign-ins: OFF (bearer), REQUIRED, IF_SUPPORTED (when the issuer lists ES256).
+            authorize() then answers `Authorization: DPoP` and a `DPoP` proof header; the
+            adapters add whatever headers it gives, unchanged.
         """
         if refresh_cancel is not None and refresher is None:
             raise ValueError("refresh_cancel needs a refresher: it cancels the refresher's requests")
@@ -441,6 +446,7 @@ class Runtime:
             options.log = LOG_THUNK
             options.log_userdata = self._log_key
         options.log_level = int(log_level)
+        options.dpop = int(dpop)
         refresher_key: Optional[int] = None
         if refresher is not None or on_refresher_released is not None:
             refresher_key = keep(_RefresherEntry(self._sink, refresher, refresh_cancel, on_refresher_released))
@@ -622,13 +628,21 @@ class Runtime:
 
     @_api
     def sign_in(self, access: str, refresh: Optional[str], expires_in: int, member: Optional[str] = None,
-                replacing_store: bool = False) -> None:
+                replacing_store: bool = False, dpop_key: Optional[str] = None) -> None:
         """Signs in (sf_session_sign_in; expires_in in seconds). While the store cannot be read
         (store_status UNAVAILABLE since the start) this raises StoreError (SF_ESTORE) unless
         replacing_store (sf_session_sign_in_replacing_store): the host's choice to replace it.
-        Waits for the loop: from a coroutine, await asyncio.to_thread(runtime.sign_in, ...)."""
+        dpop_key (sf_session_sign_in_dpop; not with replacing_store): the DPoP key the tokens
+        are bound to, base64url of a P-256 private key's 32 bytes, for a host that signed in
+        with DPoP itself. Waits for the loop: from a coroutine, await
+        asyncio.to_thread(runtime.sign_in, ...)."""
         tokens = _tokens(access, refresh, expires_in, member)
-        if replacing_store:
+        if dpop_key is not None:
+            if replacing_store:
+                raise ValueError("dpop_key and replacing_store: sf_session_sign_in_dpop does not replace a store")
+            check(int(_ffi.lib.sf_session_sign_in_dpop(self._pointer, ctypes.byref(tokens), _c_text(dpop_key, "dpop_key"))),
+                  "sf_session_sign_in_dpop")
+        elif replacing_store:
             check(int(_ffi.lib.sf_session_sign_in_replacing_store(self._pointer, ctypes.byref(tokens))),
                   "sf_session_sign_in_replacing_store")
         else:
@@ -839,7 +853,7 @@ class Runtime:
 
     @_api
     def unauthorized(self, authorization: Authorization, status: int, www_authenticate: Optional[str] = None,
-                     timeout: float = 10.0) -> Authorization:
+                     timeout: float = 10.0, dpop_nonce: Optional[str] = None) -> Authorization:
         """sf_session_unauthorized, waited for: the request sent with `authorization` got HTTP
         `status` (401, or 403) with `www_authenticate` (the WWW-Authenticate header, or None): the
         authorization to retry with, once. On 401 the session refreshes only if the refused token
@@ -847,12 +861,18 @@ class Runtime:
         Raises UnauthorizedError at once for a 403 (a new token would not help:
         insufficient_scope or a plain refusal), AuthError when the refresh finds the session dead
         (state SESSION_EXPIRED: do not retry), UnauthorizedError when the token of a refresh made
-        for this refusal was refused again, InvalidArgumentError for another status; as authorize()."""
+        for this refusal was refused again, InvalidArgumentError for another status; as authorize().
+        dpop_nonce: the answer's DPoP-Nonce header (sf_session_unauthorized_dpop): a DPoP session's
+        use_dpop_nonce refusal is then answered with a proof carrying it, nothing refreshed."""
         self._not_on_loop_thread("unauthorized", "unauthorized_async()")
         args = _refusal(authorization, status, www_authenticate)
         entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url)
         key = keep(entry)
-        code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
+        if dpop_nonce is not None:
+            code = int(_ffi.lib.sf_session_unauthorized_dpop(self._pointer, *args, _c_text(dpop_nonce, "dpop_nonce"),
+                                                             AUTHORIZE_THUNK, key))
+        else:
+            code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
         return entry.wait(key, code, timeout)
 
     async def authorize_async(self, method: str, url: str) -> Authorization:
@@ -866,7 +886,8 @@ class Runtime:
         return await entry.wait_async(key, code)
 
     async def unauthorized_async(self, authorization: Authorization, status: int,
-                                 www_authenticate: Optional[str] = None) -> Authorization:
+                                 www_authenticate: Optional[str] = None,
+                                 dpop_nonce: Optional[str] = None) -> Authorization:
         """`await runtime.unauthorized_async(...)`: unauthorized() without blocking the event loop
         (sf_session_unauthorized)."""
         self._sink.raise_pending()
@@ -874,7 +895,11 @@ class Runtime:
         entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url,
                                 asyncio.get_running_loop())
         key = keep(entry)
-        code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
+        if dpop_nonce is not None:
+            code = int(_ffi.lib.sf_session_unauthorized_dpop(self._pointer, *args, _c_text(dpop_nonce, "dpop_nonce"),
+                                                             AUTHORIZE_THUNK, key))
+        else:
+            code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
         return await entry.wait_async(key, code)
 
     # ---- sign-in flows

@@ -52,6 +52,14 @@ class LogLevel(enum.IntEnum):
     CRITICAL = 6
 
 
+class DPoP(enum.IntEnum):
+    """sf_options.dpop (SF_DPOP_*): sender-constrained tokens (RFC 9449) for sign-ins."""
+
+    OFF = 0
+    REQUIRED = 1
+    IF_SUPPORTED = 2
+
+
 class StoreKeySource(enum.IntEnum):
     """sf_options.store_key_source (SF_STORE_KEY_*)."""
 

@@ -64,7 +64,8 @@ class Auth(httpx.Auth):
         challenge = _refusal(response)
         if challenge is None:
             return
-        retry = self.runtime.unauthorized(authorization, response.status_code, challenge or None)
+        retry = self.runtime.unauthorized(authorization, response.status_code, challenge or None,
+                                          dpop_nonce=response.headers.get("DPoP-Nonce"))
         _apply(request, retry)
         yield request
 
@@ -75,6 +76,7 @@ class Auth(httpx.Auth):
         challenge = _refusal(response)
         if challenge is None:
             return
-        retry = await self.runtime.unauthorized_async(authorization, response.status_code, challenge or None)
+        retry = await self.runtime.unauthorized_async(authorization, response.status_code, challenge or None,
+                                                      dpop_nonce=response.headers.get("DPoP-Nonce"))
         _apply(request, retry)
         yield request

@@ -65,7 +65,8 @@ class Auth(requests.auth.AuthBase):
             retry.hooks = {**retry.hooks, "response": others}
             if not _rewound(retry):
                 return response
-            answer = self.runtime.unauthorized(authorization, response.status_code, challenge)
+            answer = self.runtime.unauthorized(authorization, response.status_code, challenge,
+                                               dpop_nonce=response.headers.get("DPoP-Nonce"))
             _apply(retry, answer)
             response.content  # read the refusal, so that its connection goes back to the pool
             response.close()

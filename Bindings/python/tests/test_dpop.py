@@ -1,0 +1,100 @@
+"""DPoP (RFC 9449) from Python: Runtime(dpop=...) makes the built-in client's sign-ins
+sender-constrained; authorize() then gives `Authorization: DPoP` and a `DPoP` proof, and the
+adapters (sessionflow.httpx.Auth, sessionflow.requests.Auth) send them unchanged. The test
+server checks every proof (joserfc) and counts them (/__dpop/stats)."""
+import pytest
+
+import sessionflow as sf
+from helpers import CLIENT, call, wait_for
+
+httpx = pytest.importorskip("httpx")
+requests = pytest.importorskip("requests")
+import sessionflow.httpx  # noqa: E402  (after the importorskip: it imports httpx)
+import sessionflow.requests  # noqa: E402
+
+
+def dpop_stats(server, endpoint):
+    return call(f"{server}/__dpop/stats")["endpoints"].get(endpoint, {"valid": 0, "invalid": 0, "absent": 0})
+
+
+def test_the_dpop_option_is_checked():
+    with pytest.raises(sf.InvalidArgumentError):
+        sf.Runtime(token_endpoint="http://127.0.0.1:9/oauth/token", client_id=CLIENT, dpop=7)
+    with sf.Runtime(token_endpoint="http://127.0.0.1:9/oauth/token", client_id=CLIENT, dpop=sf.DPoP.REQUIRED):
+        pass
+
+
+def test_a_dpop_device_sign_in_and_the_adapters_carry_valid_proofs(server):
+    call(f"{server}/__device/config", {"reset": "1", "interval": "1", "expires_in": "60"})
+    call(f"{server}/__dpop/config", {"reset": "1"})
+    resource = f"{server}/api/resource"
+    with sf.Runtime(issuer=server, client_id=CLIENT, dpop=sf.DPoP.IF_SUPPORTED) as runtime:
+        prompts = []
+        sign_in = runtime.sign_in_device(on_prompt=prompts.append)
+        assert wait_for(lambda: prompts)
+        assert call(f"{server}/__device/approve", {"user_code": prompts[0].user_code})["ok"]
+        sign_in.wait(20)
+        assert sign_in.result == 0, sign_in.message
+        authorization = runtime.authorize("GET", resource)
+        assert authorization.scheme == "DPoP"
+        assert [name for name, _ in authorization.headers] == ["Authorization", "DPoP"]
+        assert authorization.value.startswith("DPoP ")
+        # The adapters add what authorize() gives: both headers, a new proof each request.
+        assert httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)).json()["scheme"] == "DPoP"
+        assert requests.get(resource, auth=sessionflow.requests.Auth(runtime)).json()["scheme"] == "DPoP"
+        # A refresh carries a proof too, and the session goes on with DPoP tokens.
+        runtime.refresh_now()
+        assert httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)).status_code == 200
+    token, resources = dpop_stats(server, "token"), dpop_stats(server, "resource")
+    # Every token-endpoint request (the polls, the refresh) and every resource request carried
+    # a valid proof.
+    assert token["invalid"] == 0 and token["absent"] == 0 and token["valid"] >= 2, token
+    assert resources == {"valid": 3, "invalid": 0, "absent": 0, "nonce_demanded": 0}, resources
+
+
+def test_a_host_that_signed_in_with_dpop_hands_its_key_over(server):
+    """sign_in(dpop_key=...): the refresh proves the key (the server binds the new tokens to
+    it), authorize() answers DPoP; a bad key is refused before anything is signed in."""
+    import base64
+    import os
+    answer = call(f"{server}/oauth/token", {"grant_type": "password", "username": "alice",
+                                            "password": "correct horse", "client_id": CLIENT})
+    key = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
+        with pytest.raises(sf.InvalidArgumentError):
+            runtime.sign_in(answer["access_token"], answer["refresh_token"], 0, dpop_key="A" * 43)
+        assert runtime.state == sf.State.LOGGED_OUT
+        runtime.sign_in(answer["access_token"], answer["refresh_token"], 0, member="alice", dpop_key=key)
+        authorization = runtime.authorize("GET", f"{server}/api/resource")  # refreshes first (expires_in 0)
+        assert authorization.scheme == "DPoP"
+        assert requests.get(f"{server}/api/resource", auth=sessionflow.requests.Auth(runtime)).status_code == 200
+
+
+def test_a_resource_nonce_costs_each_adapter_one_retry_and_no_refresh(server):
+    """The resource demands a nonce (use_dpop_nonce, DPoP-Nonce): each adapter retries once with
+    a proof carrying it (sf_session_unauthorized_dpop), nothing is refreshed; a server that
+    demands a new one every time ends in one refusal, never a loop."""
+    call(f"{server}/__dpop/config", {"reset": "1"})
+    resource = f"{server}/api/resource"
+    answer = call(f"{server}/oauth/token", {"grant_type": "password", "username": "alice",
+                                            "password": "correct horse", "client_id": CLIENT})
+    import base64
+    import os
+    key = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
+        runtime.sign_in(answer["access_token"], answer["refresh_token"], 3600, member="alice", dpop_key=key)
+        runtime.refresh_now()  # binds the tokens to the key (the refresh carries a proof)
+        refreshes = call(f"{server}/__stats")["refresh_grants"]
+        for get in (lambda: httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)),
+                    lambda: requests.get(resource, auth=sessionflow.requests.Auth(runtime))):
+            call(f"{server}/__dpop/config", {"nonce_resource": "on", "new_nonce": "1"})
+            before = call(f"{server}/__resource/stats")["requests"]
+            assert get().status_code == 200
+            assert call(f"{server}/__resource/stats")["requests"] - before == 2  # refused once, then accepted
+        assert call(f"{server}/__stats")["refresh_grants"] == refreshes
+        call(f"{server}/__dpop/config", {"nonce_resource": "always"})
+        before = call(f"{server}/__resource/stats")["requests"]
+        # One retry (as for any refusal), then the adapter hands back the server's refusal.
+        assert httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)).status_code == 401
+        assert call(f"{server}/__resource/stats")["requests"] - before == 2
+        assert call(f"{server}/__stats")["refresh_grants"] == refreshes
