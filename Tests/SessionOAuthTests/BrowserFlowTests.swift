@@ -171,7 +171,7 @@ struct BrowserFlowTests {
         let error = await #expect(throws: SessionError.self) { try await signIn.value }
         #expect(error?.code == .signInExpired)
         let elapsed = ContinuousClock.now - started
-        #expect(elapsed >= .seconds(2) && elapsed < .seconds(10))
+        #expect(elapsed >= .seconds(2) && elapsed < .seconds(20))  // the upper bound: a hang guard
         #expect(!BrowserFlowTests.listens(port) && BrowserFlowTests.canBind(port))
         #expect(session.manager.state.value == .loggedOut)
         await session.stop()
