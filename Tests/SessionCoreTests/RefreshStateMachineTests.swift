@@ -473,6 +473,15 @@ struct RefreshStateMachineTests {
         s.checkConsistency("sent after the wait")
     }
 
+    @Test func aCallerToldTheRefreshIsBackingOffIsToldWhy() {
+        // (RefreshLeaseTests under load: a caller arriving after the attempt gave up on another
+        // process's lease learnt only "backing off", not that another process was refreshing.)
+        var s = State.backingOff.make()  // the attempt failed with "down"
+        s.run(s.machine.tokenRequested(.unauthorized(Self.a1), waiter: 7, now: s.now))
+        guard case .failure(let error)? = s.answers.last?.result else { Issue.record("not refused: \(s.answers)"); return }
+        #expect(error.message == "the refresh is backing off after a failure: down", "\(error.message)")
+    }
+
     @Test func endingTheSessionCancelsTheRequestInFlight() {
         var s = State.refreshing.make()
         let attempt = s.machine.attemptInFlight!

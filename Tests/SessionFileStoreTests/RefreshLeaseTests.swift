@@ -198,8 +198,9 @@ struct RefreshLeaseTests {
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
         ) { configuration in
-            // Long enough that the restore's attempt is still waiting when the test asks (a
-            // loaded machine can take a second to get there).
+            // Long enough that the restore's attempt is usually still waiting when the test asks;
+            // if it gave up first (a loaded machine), the caller is told the refresh is backing off
+            // and why — the same words.
             configuration.policy.timeout = .seconds(3)
         }
         var failure: SessionError?
@@ -252,8 +253,9 @@ struct RefreshLeaseTests {
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
         ) { configuration in
-            // Long enough that the restore's attempt is still waiting when the test asks (a
-            // loaded machine can take a second to get there).
+            // Long enough that the restore's attempt is usually still waiting when the test asks;
+            // if it gave up first (a loaded machine), the caller is told the refresh is backing off
+            // and why — the same words.
             configuration.policy.timeout = .seconds(3)
         }
         try await Task.sleep(for: .milliseconds(300))

@@ -1,4 +1,4 @@
-// One file on purpose (707 lines, 150 of them comments): the phase, the tokens, the generation
+// One file on purpose (735 lines, 155 of them comments): the phase, the tokens, the generation
 // and the failure count are `private(set)`, so only the event functions in this file can move
 // the machine. Splitting it across files would open its state to the whole module.
 
@@ -131,6 +131,9 @@ struct RefreshStateMachine<Waiter> {
     /// A lost answer (`AuthorityError.isAnswerLost`) was retried at once; until new tokens
     /// arrive, another lost answer waits for the backoff like any transient failure.
     private var lostAnswerRetried = false
+    /// What the last transient failure said (no secret: the authority's words, already
+    /// scrubbed): a caller told the refresh is backing off is told why, too.
+    private var lastTransientFailure: String?
 
     init(policy: RefreshPolicy, usesRefreshLock: Bool) {
         self.policy = policy
@@ -208,6 +211,7 @@ struct RefreshStateMachine<Waiter> {
         consecutiveFailures = 0
         tokenFromUnauthorizedRefresh = nil
         lostAnswerRetried = false
+        lastTransientFailure = nil
         if !keepTokens { live = nil }
         phase = live == nil ? .inactive : .idle(proactiveDue: nil)
         return (abandoned, actions)
@@ -535,6 +539,7 @@ struct RefreshStateMachine<Waiter> {
 
         case .failure(let error) where error.kind == .transient:
             consecutiveFailures += 1
+            lastTransientFailure = error.message
             let delay = policy.backoffDelay(
                 failures: consecutiveFailures, retryAfter: error.retryAfter, unitRandom: unitRandom)
             phase = .backingOff(due: now + delay)
@@ -575,7 +580,8 @@ struct RefreshStateMachine<Waiter> {
     }
 
     private func backingOffError(due: Duration, now: Duration) -> SessionError {
-        SessionError(.transient, "the refresh is backing off after a failure", retryAfter: due - now)
+        let why = lastTransientFailure.map { ": \($0)" } ?? ""
+        return SessionError(.transient, "the refresh is backing off after a failure\(why)", retryAfter: due - now)
     }
 
     /// Starts the one refresh (the caller made sure none is in flight).
@@ -695,6 +701,7 @@ struct RefreshStateMachine<Waiter> {
         live = session
         consecutiveFailures = 0
         lostAnswerRetried = false
+        lastTransientFailure = nil
         tokenFromUnauthorizedRefresh = reason == .unauthorized ? grant.accessToken : nil
         var actions: [Action] = []
         if let member = grant.memberID { actions.append(.setMemberID(member)) }
