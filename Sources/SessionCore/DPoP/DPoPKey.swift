@@ -102,7 +102,8 @@ public struct DPoPKey: Sendable, Hashable, CustomStringConvertible {
         var claims = #"{"jti":""# + Self.newJTI() + #"","htm":"# + Self.jsonString(method)
             + #","htu":"# + Self.jsonString(Self.targetURI(url)) + #","iat":"# + String(issuedAt)
         if let accessToken {
-            let hash = accessToken.withUnsafeBytes { SHA256.hash(data: $0) }
+            // Not swift-crypto's SHA256: it leaves the token's bytes in a freed context.
+            let hash = accessToken.withUnsafeBytes { ScrubbedSHA256.hash($0) }
             claims += #","ath":""# + Base64URL.encode(hash) + "\""
         }
         if let nonce { claims += #","nonce":""# + nonce + "\"" }
