@@ -413,17 +413,28 @@ static size_t on_body(char *data, size_t size, size_t count, void *userdata) {
     return length;
 }
 
+/* If `data` is the header line `name` ("name:", lower case), its value without the blanks and
+ * line end around it: returns 1 and sets *value / *value_length; else 0. */
+static int header_value(const char *data, size_t length, const char *name, size_t name_length,
+                        const char **value, size_t *value_length) {
+    if (length <= name_length || strncasecmp(data, name, name_length) != 0) return 0;
+    const char *at = data + name_length;
+    size_t left = length - name_length;
+    while (left && (*at == ' ' || *at == '\t')) at++, left--;
+    while (left && (at[left - 1] == '\r' || at[left - 1] == '\n' || at[left - 1] == ' ' || at[left - 1] == '\t'))
+        left--;
+    *value = at;
+    *value_length = left;
+    return 1;
+}
+
 /* The DPoP-Nonce header's value (RFC 9449 §8), trimmed; reset by a new status line. */
 static void take_dpop_nonce(lh_request *request, const char *data, size_t length) {
     static const char name[] = "dpop-nonce:";
     if (length >= 5 && strncmp(data, "HTTP/", 5) == 0) request->has_dpop_nonce = 0;
-    if (length <= sizeof name - 1 || strncasecmp(data, name, sizeof name - 1) != 0) return;
-    const char *value = data + sizeof name - 1;
-    size_t value_length = length - (sizeof name - 1);
-    while (value_length && (*value == ' ' || *value == '\t')) value++, value_length--;
-    while (value_length && (value[value_length - 1] == '\r' || value[value_length - 1] == '\n' ||
-                            value[value_length - 1] == ' ' || value[value_length - 1] == '\t'))
-        value_length--;
+    const char *value;
+    size_t value_length;
+    if (!header_value(data, length, name, sizeof name - 1, &value, &value_length)) return;
     if (value_length == 0 || value_length >= sizeof request->dpop_nonce) return;
     memcpy(request->dpop_nonce, value, value_length);
     request->dpop_nonce[value_length] = 0;
@@ -448,13 +459,9 @@ static size_t on_header(char *data, size_t size, size_t count, void *userdata) {
             }
         }
     }
-    if (length > sizeof name - 1 && strncasecmp(data, name, sizeof name - 1) == 0) {
-        const char *value = data + sizeof name - 1;
-        size_t value_length = length - (sizeof name - 1);
-        while (value_length && (*value == ' ' || *value == '\t')) value++, value_length--;
-        while (value_length && (value[value_length - 1] == '\r' || value[value_length - 1] == '\n' ||
-                                value[value_length - 1] == ' ' || value[value_length - 1] == '\t'))
-            value_length--;
+    const char *value;
+    size_t value_length;
+    if (header_value(data, length, name, sizeof name - 1, &value, &value_length)) {
         if (value_length < sizeof request->retry_after) {
             memcpy(request->retry_after, value, value_length);
             request->retry_after[value_length] = 0;
