@@ -12,8 +12,10 @@
 #      they run with LD_LIBRARY_PATH, or carry their own rpath); then the packages
 #      (scripts/package.sh: three .debs, a manylinux wheel, a release archive) installed,
 #      used with no Swift toolchain in reach and removed (scripts/check-packages.sh)
-#   4. the benchmark's smoke run (with Node.js's EventEmitter as a peer: its rows must be measured)
-#   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback)
+#   4. the benchmark's smoke run, the tools' debug build (with Node.js's EventEmitter as a peer:
+#      every row must be measured)
+#   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback;
+#      --soak runs it longer, and under ThreadSanitizer), and the fuzzers, 15 s each
 #   6. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
 #      ThreadSanitizer (each sanitizer with its own scratch path)
 #   7. a consumer package that depends on SessionCore only: resolves without the tools'
@@ -36,6 +38,11 @@ quick=0
 case "${1:-}" in
 "") ;;
 --quick) quick=1 ;;
+--soak)
+    # The optional soak tier: the soak for SECONDS (default 600), then under ThreadSanitizer.
+    shift
+    exec bash scripts/soak.sh "$@"
+    ;;
 --stress)
     # The optional stress tier (issue 29, point 10): rotation, lease, store-fault and OAuth
     # suites, 50 rounds beside two busy loops per core (scripts/stress.sh ROUNDS BURNERS).
@@ -43,11 +50,13 @@ case "${1:-}" in
     exec bash scripts/stress.sh "$@"
     ;;
 *)
-    echo "usage: bash scripts/test.sh [--quick | --stress [ROUNDS [BURNERS]]]" >&2
+    echo "usage: bash scripts/test.sh [--quick | --stress [ROUNDS [BURNERS]] | --soak [SECONDS]]" >&2
     exit 64
     ;;
 esac
 started=$SECONDS
+# Each stage's header says when it started (CI has a time limit: this shows where it goes).
+stage() { echo "== $* [$(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s]"; }
 
 # The C and Python hosts' tools.
 command -v gcc >/dev/null 2>&1 || apt_install gcc
@@ -93,13 +102,13 @@ unset DBUS_SESSION_BUS_ADDRESS
 
 strict=(-Xswiftc -warnings-as-errors)
 
-echo "== the C reference (docs/c-api.md) is what the header says"
+stage "the C reference (docs/c-api.md) is what the header says"
 python3 scripts/c-api-doc.py --check
 
-echo "== the test server's DPoP checks (RFC 9449), with proofs made by joserfc"
+stage "the test server's DPoP checks (RFC 9449), with proofs made by joserfc"
 python3 -m pytest -q Tests/Fixtures/test_dpop_server.py
 
-echo "== swift test"
+stage "swift test"
 swift build --build-tests "${strict[@]}"
 # The tools (debug): the probe the multi-process tests spawn, the soak, and every other tool
 # (so that none rots). The quick tier builds the probe only.
@@ -111,7 +120,7 @@ fi
 export SESSIONFLOW_PROBE="$PWD/Tools/.build/debug/session-probe"
 swift test --skip-build
 if [ "$quick" -eq 1 ]; then
-    echo "== C suite and examples (the debug library)"
+    stage "C suite and examples (the debug library)"
     bash Bindings/run-tests.sh plain
     echo "quick tier passed in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s" \
         "(the whole suite: bash scripts/test.sh)"
@@ -120,7 +129,7 @@ fi
 # Measurements (loop lateness while the store blocks) run alone, not beside forty suites.
 SESSIONFLOW_MEASURE=1 swift test --skip-build --filter "StoreWorkerTests"
 
-echo "== the library as shipped: installed into a temporary prefix"
+stage "the library as shipped: installed into a temporary prefix"
 prefix=$(mktemp -d)
 stage=$(mktemp -d)
 trap 'rm -rf "$prefix" "$stage"' EXIT
@@ -130,7 +139,7 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 version=$(pkg-config --modversion sessionflow)
 soname=$(readelf -d "$libdir/libsessionflow.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 
-echo "== the command-line tool as installed: runs without the toolchain's libraries, has its manual page"
+stage "the command-line tool as installed: runs without the toolchain's libraries, has its manual page"
 installed_version=$(env -u LD_LIBRARY_PATH "$prefix/bin/watch-session" --version)
 if [ "$installed_version" != "watch-session $version" ]; then
     echo "installed watch-session --version says '$installed_version', the header $version" >&2
@@ -146,14 +155,14 @@ if ldd "$prefix/bin/watch-session" | grep -q 'libswiftCore'; then
 fi
 echo "watch-session $installed_version installed with its manual page ($(wc -l <"$page") lines)"
 
-echo "== library checks: size, debug info, dependencies, SONAME, exports"
+stage "library checks: size, debug info, dependencies, SONAME, exports"
 # The verdict is applied at the end: the passes below still run (and report) when the
 # library is, say, over its size budget.
 library_check=0
 bash scripts/check-library.sh "$libdir" --unstripped .build-release-static/release/libsessionflow.so ||
     library_check=$?
 
-echo "== a packager's staged install (DESTDIR, --prefix, --libdir)"
+stage "a packager's staged install (DESTDIR, --prefix, --libdir)"
 multiarch=$(gcc -dumpmachine)
 DESTDIR="$stage" bash Bindings/install.sh --prefix /usr --libdir "/usr/lib/$multiarch" >/dev/null
 staged="$stage/usr/lib/$multiarch"
@@ -171,15 +180,15 @@ if ! grep -qxF 'prefix=/usr' "$pc" || ! grep -qxF "libdir=\${prefix}/lib/$multia
 fi
 echo "DESTDIR install: files under $stage/usr as expected, sessionflow.pc names /usr"
 
-echo "== C suite and examples (the installed library, through pkg-config)"
+stage "C suite and examples (the installed library, through pkg-config)"
 bash Bindings/run-tests.sh installed
 
-echo "== Python package (the installed library; its wheel test bundles it into a fresh venv)"
+stage "Python package (the installed library; its wheel test bundles it into a fresh venv)"
 SESSIONFLOW_LIB="$libdir/$soname" python3 -m pytest -q Bindings/python/tests
 SESSIONFLOW_LIB="$libdir/$soname" python3 -m mypy --config-file Bindings/python/pyproject.toml \
     Bindings/python/src/sessionflow
 
-echo "== installed library through pkg-config"
+stage "installed library through pkg-config"
 # The .pc file has no rpath: hosts of a non-system prefix run with LD_LIBRARY_PATH, or link
 # their own rpath. Either way they load the library by its SONAME.
 cc Bindings/examples/owned_host.c $(pkg-config --cflags --libs sessionflow) -o "$prefix/owned_host"
@@ -201,21 +210,22 @@ LD_LIBRARY_PATH="$libdir" "$prefix/borrowed_host" >/dev/null
 env -u LD_LIBRARY_PATH "$prefix/owned_host_rpath" >/dev/null
 echo "pkg-config hosts: 3 passed, 0 failed"
 
-echo "== the packages: three .debs, the manylinux wheel, the archive, installed and used without the toolchain"
+stage "the packages: three .debs, the manylinux wheel, the archive, installed and used without the toolchain"
 # scripts/package.sh builds them from the release builds installed above (the same scratch
 # paths and flags: nothing is compiled again); scripts/check-packages.sh installs and removes
 # the .debs (lintian first), the wheel (a fresh venv, the system's libuv and libcurl hidden)
 # and the archive (a temporary prefix, PKG_CONFIG_PATH only).
 bash scripts/check-packages.sh
 
-echo "== benchmark smoke run (tiny sizes, release; figures not judged, but every one must be measured)"
-swift build -c release --package-path Tools --product loopflow-allocs "${strict[@]}"
-swift build -c release --package-path Tools --product loopflow-bench "${strict[@]}"
+stage "benchmark smoke run (tiny sizes, the debug tools; figures not judged, but every one must be measured)"
+# The tools' debug build above has the benchmark and its allocation counter: a release build of
+# its own would compile the whole library once more for figures nobody judges here
+# (bash scripts/bench.sh is the release benchmark).
 # The C fan-out goes through the debug build's libsessionflow.so (the C suite used the
 # installed one; this build is a no-op after the one above).
 swift build --product sessionflow "${strict[@]}"
 # The cli rows time the debug watch-session (built by the suite's build above).
-bench=(Tools/.build/release/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/debug/libsessionflow.so"
+bench=(Tools/.build/debug/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/debug/libsessionflow.so"
     --node "$(command -v node)" --node-script "$PWD/Tools/node/eventemitter-bench.js"
     --watch-session "$PWD/.build/debug/watch-session")
 "${bench[@]}"
@@ -231,36 +241,32 @@ if len(node) != 8:
     sys.exit(f"benchmark json: {len(node)} Node.js rows, 8 expected: " + ", ".join(row["name"] for row in node))
 print(f"benchmark json: {len(rows)} rows ({len(node)} of Node.js), every one measured")'
 
-echo "== soak (short: 30 s; the full run is --seconds 600)"
+stage "soak (short: 30 s; the full run is --seconds 600)"
 Tools/.build/debug/session-soak --seconds 30
 
-echo "== fuzzing (short)"
+stage "fuzzing (short)"
 bash scripts/fuzz.sh 15
 
-echo "== swift test under ThreadSanitizer"
+stage "swift test under ThreadSanitizer"
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan
-# The probe and the soak under TSan too (the tools package, a scratch path of its own).
-swift build --package-path Tools --sanitize=thread --scratch-path .build-tsan-tools --product session-probe
-swift build --package-path Tools --sanitize=thread --scratch-path .build-tsan-tools --product session-soak
-SESSIONFLOW_PROBE="$PWD/.build-tsan-tools/debug/session-probe" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-    swift test --skip-build --sanitize=thread --scratch-path .build-tsan
+# The multi-process tests spawn the debug probe: what TSan checks is this process's threads.
+# The soak under TSan (a build of the tools package of its own) is the soak tier's:
+# bash scripts/test.sh --soak.
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" swift test --skip-build --sanitize=thread --scratch-path .build-tsan
 
-echo "== soak under ThreadSanitizer (20 s)"
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" .build-tsan-tools/debug/session-soak --seconds 20
-
-echo "== C suite under AddressSanitizer"
+stage "C suite under AddressSanitizer"
 bash Bindings/run-tests.sh asan
-echo "== C suite under ThreadSanitizer"
+stage "C suite under ThreadSanitizer"
 bash Bindings/run-tests.sh tsan
 
-echo "== a package that depends on SessionCore only"
+stage "a package that depends on SessionCore only"
 bash scripts/check-consumer.sh
 
-echo "== the DocC catalogs of LoopFlow and SessionCore (warnings are errors)"
+stage "the DocC catalogs of LoopFlow and SessionCore (warnings are errors)"
 bash scripts/docs.sh
 
 if [ "$library_check" -ne 0 ]; then
-    echo "== the library checks failed (see \"library checks\" above): the other passes finished" >&2
+    stage "the library checks failed (see \"library checks\" above): the other passes finished" >&2
     exit "$library_check"
 fi
-echo "== all test passes finished"
+stage "all test passes finished"

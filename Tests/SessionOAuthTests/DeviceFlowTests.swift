@@ -134,12 +134,18 @@ struct DeviceFlowTests {
         #expect(session.manager.state.value == .loggedIn)
         let log = try await server.deviceLog()
         let issued = try #require(log.device.first)
-        try #require(log.polls.count == 2, "polls: \(log.polls.map { $0 - issued })")
+        // (A loaded machine may approve only after the second poll: a third is then the one
+        // that succeeds. The gaps are what the flow decided; the upper bounds are hang guards.)
+        try #require(log.polls.count >= 2, "polls: \(log.polls.map { $0 - issued })")
         let first = log.polls[0] - issued
         let second = log.polls[1] - log.polls[0]
-        #expect(first >= 0.95 && first < 5, "first poll after \(first) s")
+        #expect(first >= 0.95 && first < 30, "first poll after \(first) s")
         #expect(second >= 5.95, "the poll after slow_down came \(second) s later (interval 1 s + 5 s)")
-        #expect(second < 15)
+        #expect(second < 60)
+        if log.polls.count > 2 {
+            // Once slowed down, the interval stays 6 s: the third poll is not sooner.
+            #expect(log.polls[2] - log.polls[1] >= 5.95, "polls: \(log.polls.map { $0 - issued })")
+        }
         await session.stop()
     }
 
