@@ -92,10 +92,11 @@ let package = Package(
 )
 
 // Fuzz targets (libFuzzer; Fuzz/README.md, scripts/fuzz.sh). Each is one file that is not
-// main.swift, with `@_cdecl("LLVMFuzzerTestOneInput")` and no top-level code: built with
-// `--sanitize=fuzzer` SwiftPM compiles it as a library and libFuzzer's `main` runs it; in a
-// plain build the lone file is the entry point, so the executable still links (and does
-// nothing). They reach the parsers through `@_spi(Fuzzing)` (not public API).
+// main.swift, with `@_cdecl("LLVMFuzzerTestOneInput")` and, under `#if !FUZZING`, one line of
+// top-level code: built with `--sanitize=fuzzer -Xswiftc -DFUZZING` SwiftPM compiles it as a
+// library and libFuzzer's `main` runs it; in a plain build the lone file is the entry point and
+// replays the inputs it is given (FuzzReplay). They reach the parsers through `@_spi(Fuzzing)`
+// (not public API).
 package.products += [
     .executable(name: "fuzz-token-response", targets: ["FuzzTokenResponse"]),
     .executable(name: "fuzz-store-decoder", targets: ["FuzzStoreDecoder"]),
@@ -103,11 +104,13 @@ package.products += [
     .executable(name: "fuzz-loopback-request", targets: ["FuzzLoopbackRequest"]),
 ]
 package.targets += [
+    .target(name: "FuzzReplay"),
     .executableTarget(
         name: "FuzzTokenResponse",
         dependencies: [
             .product(name: "SessionOAuth", package: "SessionFlow"),
             .product(name: "SessionCore", package: "SessionFlow"),
+            "FuzzReplay",
         ]
     ),
     .executableTarget(
@@ -115,11 +118,12 @@ package.targets += [
         dependencies: [
             .product(name: "SessionOAuth", package: "SessionFlow"),
             .product(name: "SessionCore", package: "SessionFlow"),
+            "FuzzReplay",
         ]
     ),
     .executableTarget(
         name: "FuzzLoopbackRequest",
-        dependencies: [.product(name: "SessionOAuth", package: "SessionFlow")]
+        dependencies: [.product(name: "SessionOAuth", package: "SessionFlow"), "FuzzReplay"]
     ),
     .executableTarget(
         name: "FuzzStoreDecoder",
@@ -127,6 +131,7 @@ package.targets += [
             .product(name: "SessionFileStore", package: "SessionFlow"),
             .product(name: "SessionCore", package: "SessionFlow"),
             .product(name: "Crypto", package: "swift-crypto"),
+            "FuzzReplay",
         ]
     ),
 ]

@@ -10,15 +10,16 @@ source "$(dirname "$0")/setup.sh"
 # Build output to stderr: stdout carries only the report (so --json stays parseable).
 # libsessionflow.so for the C fan-out comes from the root package's release build; watch-session
 # for the cli rows (token vs --version, stripped size) is built as Bindings/install.sh installs
-# it: release, the Swift runtime linked in statically, in install.sh's scratch path.
+# it: release, the Swift runtime linked in statically, in install.sh's scratch path and flags.
 swift build -c release --product sessionflow >&2
-swift build -c release --product watch-session --scratch-path .build-release-cli -Xswiftc -static-stdlib >&2
+swift build -c release --product watch-session --scratch-path .build-release-static -Xswiftc -static-stdlib \
+    -Xswiftc -use-ld=lld -Xlinker -z -Xlinker now >&2
 swift build -c release --package-path Tools --product loopflow-allocs >&2
 swift build -c release --package-path Tools --product loopflow-bench >&2
 # loopflow-bench takes the first --sessionflow-lib (--node-script) it is given: one in ARGS wins.
 bench() {
     Tools/.build/release/loopflow-bench "$@" --sessionflow-lib "$PWD/.build/release/libsessionflow.so" \
-        --node-script "$PWD/Tools/node/eventemitter-bench.js" --watch-session "$PWD/.build-release-cli/release/watch-session"
+        --node-script "$PWD/Tools/node/eventemitter-bench.js" --watch-session "$PWD/.build-release-static/release/watch-session"
 }
 # --runs N: the whole table N times (JSON each), then per row the median and the runs that met
 # the target (scripts/bench-runs.py).

@@ -4,8 +4,9 @@
 # that the catalogs cannot rot). Output: .build/docs/LoopFlow.doccarchive and
 # .build/docs/SessionCore.doccarchive (open with `docc preview`, or serve a static copy:
 # `bash scripts/docs.sh --static` transforms them for static hosting).
-# The symbol graphs come from a build of their own (scratch path .build-docs), so the normal
-# debug build keeps its flags.
+# The symbol graphs are extracted (swift-symbolgraph-extract, public symbols) from the modules of
+# the normal debug build, with the test command's flags: after the test command, nothing is
+# compiled again (a build with symbol-graph flags of its own would compile everything once more).
 # Usage: bash scripts/docs.sh [--static]
 source "$(dirname "$0")/setup.sh"
 
@@ -23,17 +24,26 @@ docc=$(command -v docc || true)
 if [ -z "$docc" ]; then
     docc="$(dirname "$(readlink -f "$(command -v swift)")")/docc"
 fi
-# (Kept between runs: a build with nothing to compile writes no graph, and the ones there are
-# then still the sources'.)
-graphs="$PWD/.build-docs/symbol-graphs"
-mkdir -p "$graphs" .build/docs
-swift build --scratch-path .build-docs --target SessionCore \
-    -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc "$graphs" \
-    -Xswiftc -symbol-graph-minimum-access-level -Xswiftc public
+swift build --target SessionCore -Xswiftc -warnings-as-errors
+bin=$(swift build --show-bin-path)
+graphs="$PWD/.build/docs/symbol-graphs"
+rm -rf "$graphs"
+mkdir -p "$graphs"
+extract=(-target "$(uname -m)-unknown-linux-gnu" -I "$bin/Modules" -minimum-access-level public
+    -output-dir "$graphs")
+# The C modules the Swift ones import: SwiftPM's generated module maps and the package's own.
+for map in "$bin"/*.build/module.modulemap Sources/*/module.modulemap; do
+    [ -f "$map" ] && extract+=(-Xcc -fmodule-map-file="$PWD/${map#"$PWD"/}")
+done
+for include in Sources/*/include; do extract+=(-Xcc -I"$PWD/$include"); done
+extractor=$(dirname "$(readlink -f "$(command -v swift)")")/swift-symbolgraph-extract
+for module in LoopFlow SessionCore; do
+    "$extractor" -module-name "$module" "${extract[@]}"
+done
 
 for module in LoopFlow SessionCore; do
     # Only the module's own graphs (and its extensions of others'), not its dependencies'.
-    own="$PWD/.build-docs/graphs-$module"
+    own="$PWD/.build/docs/graphs-$module"
     rm -rf "$own"
     mkdir -p "$own"
     cp "$graphs/$module.symbols.json" "$own/"

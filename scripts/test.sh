@@ -15,11 +15,12 @@
 #   4. the benchmark's smoke run, the tools' debug build (with Node.js's EventEmitter as a peer:
 #      every row must be measured)
 #   5. a 30-second soak (8 threads, a flaky authority, the contract checked on every callback;
-#      --soak runs it longer, and under ThreadSanitizer), and the fuzzers, 15 s each
+#      --soak runs it longer, and under ThreadSanitizer), and the fuzz targets' corpora replayed
+#      through their properties (--fuzz runs libFuzzer under AddressSanitizer)
 #   6. the Swift tests under ThreadSanitizer, the C suite under AddressSanitizer and
 #      ThreadSanitizer (each sanitizer with its own scratch path)
 #   7. a consumer package that depends on SessionCore only: resolves without the tools'
-#      dependencies, and builds
+#      dependencies, and plans its build without our flags (scripts/check-consumer.sh)
 #   8. the documentation: docs/c-api.md up to date with the header (scripts/c-api-doc.py,
 #      first), watch-session and its man page installed (install.sh --cli: swift-argument-
 #      parser's manual plugin), the DocC catalogs of LoopFlow and SessionCore (scripts/docs.sh,
@@ -38,6 +39,11 @@ quick=0
 case "${1:-}" in
 "") ;;
 --quick) quick=1 ;;
+--fuzz)
+    # The optional fuzz tier: each libFuzzer target SECONDS (default 60) under AddressSanitizer.
+    shift
+    exec bash scripts/fuzz.sh "$@"
+    ;;
 --soak)
     # The optional soak tier: the soak for SECONDS (default 600), then under ThreadSanitizer.
     shift
@@ -50,7 +56,7 @@ case "${1:-}" in
     exec bash scripts/stress.sh "$@"
     ;;
 *)
-    echo "usage: bash scripts/test.sh [--quick | --stress [ROUNDS [BURNERS]] | --soak [SECONDS]]" >&2
+    echo "usage: bash scripts/test.sh [--quick | --stress [ROUNDS [BURNERS]] | --soak [SECONDS] | --fuzz [SECONDS]]" >&2
     exit 64
     ;;
 esac
@@ -244,8 +250,19 @@ print(f"benchmark json: {len(rows)} rows ({len(node)} of Node.js), every one mea
 stage "soak (short: 30 s; the full run is --seconds 600)"
 Tools/.build/debug/session-soak --seconds 30
 
-stage "fuzzing (short)"
-bash scripts/fuzz.sh 15
+stage "the fuzz targets replay their corpora (the tools' debug build; --fuzz runs libFuzzer)"
+# Each seed and each input fuzzing kept (Fuzz/corpus) through the target's properties, once.
+# The fuzzing itself (libFuzzer + AddressSanitizer, a build of its own) is the fuzz tier's:
+# bash scripts/test.sh --fuzz [SECONDS].
+for target in token-response store-decoder error-text loopback-request; do
+    if ! SWIFT_BACKTRACE=enable=no "Tools/.build/debug/fuzz-$target" "Fuzz/corpus/$target"; then
+        for input in Fuzz/corpus/"$target"/*; do
+            SWIFT_BACKTRACE=enable=no "Tools/.build/debug/fuzz-$target" "$input" >/dev/null 2>&1 ||
+                echo "fuzz-$target: a property is broken on $input" >&2
+        done
+        exit 1
+    fi
+done
 
 stage "swift test under ThreadSanitizer"
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan

@@ -27,6 +27,7 @@
 
 import SessionCore
 @_spi(Fuzzing) import SessionOAuth
+import FuzzReplay
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzErrorText(_ start: UnsafeRawPointer?, _ count: Int) -> CInt {
@@ -127,3 +128,8 @@ private func encode(_ secret: String, _ form: UInt8) -> String {
         }.joined()
     }
 }
+
+#if !FUZZING
+// A plain build: the inputs named on the command line, once each (Tools/Sources/FuzzReplay).
+replay(fuzzErrorText)
+#endif

@@ -20,6 +20,7 @@
 //     escaping, with no raw '<', '>', '"' or '\''.
 
 @_spi(Fuzzing) import SessionOAuth
+import FuzzReplay
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzLoopbackRequest(_ start: UnsafeRawPointer?, _ count: Int) -> CInt {
@@ -49,3 +50,8 @@ public func fuzzLoopbackRequest(_ start: UnsafeRawPointer?, _ count: Int) -> CIn
     }
     return 0
 }
+
+#if !FUZZING
+// A plain build: the inputs named on the command line, once each (Tools/Sources/FuzzReplay).
+replay(fuzzLoopbackRequest)
+#endif

@@ -31,6 +31,7 @@ import Crypto
 import Foundation
 import SessionCore
 @_spi(Fuzzing) import SessionFileStore
+import FuzzReplay
 
 enum FuzzStore {
     /// The fixed 256-bit key of the fuzz target and its seed corpus.
@@ -138,3 +139,8 @@ private func emit(_ input: [UInt8], to directory: String) {
         fatalError("cannot write \(url.path): \(error)")
     }
 }
+
+#if !FUZZING
+// A plain build: the inputs named on the command line, once each (Tools/Sources/FuzzReplay).
+replay(fuzzStoreDecoder)
+#endif

@@ -28,6 +28,7 @@
 import Foundation
 import SessionCore
 @_spi(Fuzzing) import SessionOAuth
+import FuzzReplay
 
 enum FuzzInput {
     /// The refresh token the "request" carried: never to appear in an error.
@@ -95,3 +96,8 @@ private func checkRedacted(_ error: AuthorityError, _ answer: HTTPAnswer, _ pars
         "property violated: \(parser) leaked the redacted secret (HTTP \(answer.status), "
             + "body \(echoed ? "contains" : "escapes") it): \(error.kind) code=\(error.code ?? "nil")")
 }
+
+#if !FUZZING
+// A plain build: the inputs named on the command line, once each (Tools/Sources/FuzzReplay).
+replay(fuzzTokenResponse)
+#endif
