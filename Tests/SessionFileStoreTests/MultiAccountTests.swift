@@ -1,7 +1,7 @@
 import Crypto
 import Foundation
 import LoopFlow
-import SessionCore
+@testable import SessionCore
 import SessionFlowTestSupport
 import Testing
 
@@ -67,11 +67,14 @@ struct MultiAccountTests {
         ])
         #expect(s.manager.memberID == "bob")
         #expect(try await s.manager.freshAccessToken().reveal() == "bob-a")
+        // The valid-token path (no hop to the loop) answers the active account's token only.
+        #expect(s.manager.freshTokenWithoutWaiting()?.reveal() == "bob-a")
         #expect(s.store.readAccounts() == .present(StoredAccounts(keys: ["alice", "bob"], active: "bob")))
 
         try await s.manager.switchAccount(to: "alice")
         #expect(s.manager.state.value == .loggedIn)
         #expect(s.manager.memberID == "alice")
+        #expect(s.manager.freshTokenWithoutWaiting()?.reveal() == "alice-a")
         #expect(try await s.manager.freshAccessToken().reveal() == "alice-a")
         #expect(s.manager.accounts.map(\.isActive) == [true, false])
         #expect(s.events.withLockedValue { $0 }.contains(.accountSwitched(account: "alice")))

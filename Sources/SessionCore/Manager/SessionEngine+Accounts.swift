@@ -6,6 +6,11 @@ final class SessionOutput: Sendable {
     let state: MutableStateFlow<SessionState>
     let events: MutableSharedFlow<SessionEvent>
     let storeStatus: MutableStateFlow<StoreStatus>
+    /// The token a `.fresh` request would be answered with at once, and until when: written by
+    /// the session publishing here with each snapshot, read with one lock from any thread by
+    /// `SessionManager.freshAccessToken()` (the valid-token path: no look-up of the active
+    /// session, no second lock).
+    let fresh = LockedBox(FreshToken())
 
     init(
         loop: EventLoop, configuration: SessionConfiguration, state: SessionState, storeStatus: StoreStatus
@@ -25,6 +30,19 @@ final class SessionOutput: Sendable {
         state.finish()
         events.finish()
         storeStatus.finish()
+    }
+}
+
+/// `SessionOutput.fresh`: a copy of the publishing session's snapshot's `freshToken` and
+/// `freshUntil` (the same `Secret`, not a copy of its bytes).
+struct FreshToken {
+    var token: Secret?
+    var until: Duration?
+
+    /// The token, if `now` (the loop clock) is before `until`.
+    func answer(at now: Duration) -> Secret? {
+        guard let until, now < until else { return nil }
+        return token
     }
 }
 
@@ -88,6 +106,8 @@ extension SessionEngine {
         }
         surface.storeStatus.value = output.storeStatus.value
         surface.state.value = machine.state
+        let published = self.published
+        surface.fresh.withLockedValue { $0 = FreshToken(token: published.freshToken, until: published.freshUntil) }
         output = surface
     }
 
@@ -96,6 +116,7 @@ extension SessionEngine {
     func detach() throws(SessionError) {
         loop.assertInEventLoop()
         isActive = false
+        output.fresh.withLockedValue { $0 = FreshToken() }  // the next active session's, once attached
         output = try SessionOutput(
             loop: loop, configuration: configuration, state: machine.state, storeStatus: output.storeStatus.value)
         if let accountStore, let key = accountKey {

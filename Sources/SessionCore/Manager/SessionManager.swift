@@ -249,10 +249,19 @@ public final class SessionManager: Sendable {
     /// Concurrent callers share one refresh and all get its result or its error.
     ///
     /// A token that is valid and not due for a refresh is answered without a hop to the loop
-    /// (the session's last published snapshot says so); any other request goes to the loop.
+    /// (the active session's last published snapshot says so: one lock, `SessionOutput.fresh`);
+    /// any other request goes to the loop.
     public func freshAccessToken() async throws(SessionError) -> Secret {
-        if let token = engine.freshTokenWithoutWaiting() { return token }
+        if let token = freshTokenWithoutWaiting() { return token }
         return try await awaitToken { engine, completion in engine.freshAccessToken(completion) }
+    }
+
+    /// Any thread: the active session's token if `freshAccessToken()` would answer it at once
+    /// (valid, not due for a refresh, none in flight, the session open); else nil.
+    @inline(__always)
+    func freshTokenWithoutWaiting() -> Secret? {
+        let now = loop.now
+        return surface.fresh.withLockedValue { $0.answer(at: now) }
     }
 
     /// The same, answered on the loop thread (usable from inside a flow callback).
