@@ -29,7 +29,7 @@
 # Package.swift, which would force them on every package that depends on it.
 # The benchmark, soak, probe and fuzzers are the tools package Tools/ (scratch path
 # Tools/.build; the sanitizer builds have their own).
-# Usage: bash scripts/test.sh            the whole suite (what CI runs; about 22 minutes)
+# Usage: bash scripts/test.sh            the whole suite (what CI runs; about 25 minutes)
 #        bash scripts/test.sh --quick    a newcomer's check: the Swift tests (with the probe they
 #                                        spawn) and the C suite + C examples against the debug
 #                                        library; no sanitizers, benchmark, soak or install

@@ -4,10 +4,11 @@
 //
 // Build and run (see Fuzz/README.md and scripts/fuzz.sh):
 //   swift build --package-path Tools --product fuzz-error-text --sanitize=fuzzer --sanitize=address \
-//       -Xswiftc -sanitize=fuzzer,address --scratch-path .build-fuzz
+//       -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING --scratch-path .build-fuzz
 //   .build-fuzz/debug/fuzz-error-text -dict=Fuzz/error-text.dict CORPUS_COPY
 //
-// One file, not named main.swift, and no top-level code (see FuzzTokenResponse.swift for why).
+// One file, not named main.swift, its only top-level code under `#if !FUZZING` (see
+// FuzzTokenResponse.swift for why).
 //
 // Input layout:
 //   byte 0        how the first secret is planted in the middle of the text (value % 8):

@@ -5,10 +5,11 @@
 //
 // Build and run (see Fuzz/README.md and scripts/fuzz.sh):
 //   swift build --package-path Tools --product fuzz-loopback-request --sanitize=fuzzer --sanitize=address \
-//       -Xswiftc -sanitize=fuzzer,address --scratch-path .build-fuzz
+//       -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING --scratch-path .build-fuzz
 //   .build-fuzz/debug/fuzz-loopback-request CORPUS_COPY
 //
-// One file, not named main.swift, and no top-level code (see FuzzTokenResponse.swift for why).
+// One file, not named main.swift, its only top-level code under `#if !FUZZING` (see
+// FuzzTokenResponse.swift for why).
 //
 // Input: the bytes a connection sent, as they are (the head, up to the listener's 8 KiB).
 //

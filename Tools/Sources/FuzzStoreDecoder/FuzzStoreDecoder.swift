@@ -3,12 +3,13 @@
 //
 // Build and run (see Fuzz/README.md and scripts/fuzz.sh):
 //   swift build --package-path Tools --product fuzz-store-decoder --sanitize=fuzzer --sanitize=address \
-//       -Xswiftc -sanitize=fuzzer,address --scratch-path .build-fuzz
+//       -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING --scratch-path .build-fuzz
 //   .build-fuzz/debug/fuzz-store-decoder CORPUS_COPY
 //
-// One file, not named main.swift, and no top-level code: under `--sanitize=fuzzer` SwiftPM
-// compiles it with -parse-as-library and libFuzzer's `main` runs; in a plain build SwiftPM
-// treats the lone file as the entry point, so the executable links (and does nothing).
+// One file, not named main.swift, its only top-level code under `#if !FUZZING`: built with
+// `--sanitize=fuzzer -Xswiftc -DFUZZING` SwiftPM compiles it with -parse-as-library and
+// libFuzzer's `main` runs; in a plain build SwiftPM treats the lone file as the entry point,
+// which replays the inputs named on the command line (FuzzReplay).
 //
 // Byte 0 picks the mode (mod 4); the rest is the payload:
 //   0 raw       the payload is a store file: decode it with the fixed key and with none
