@@ -92,10 +92,10 @@ let package = Package(
 )
 
 // Fuzz targets (libFuzzer; Fuzz/README.md, scripts/fuzz.sh). Each is one file that is not
-// main.swift, with `@_cdecl("LLVMFuzzerTestOneInput")` and, under `#if !FUZZING`, one line of
-// top-level code: built with `--sanitize=fuzzer -Xswiftc -DFUZZING` SwiftPM compiles it as a
-// library and libFuzzer's `main` runs it; in a plain build the lone file is the entry point and
-// replays the inputs it is given (FuzzReplay). They reach the parsers through `@_spi(Fuzzing)`
+// main.swift, with `@_cdecl("LLVMFuzzerTestOneInput")` and one global, initialized by
+// `replay(...)`: built with `--sanitize=fuzzer` SwiftPM compiles it as a library (the global
+// never runs) and libFuzzer's `main` runs it; in a plain build the lone file is the entry point
+// and replays the inputs it is given (FuzzReplay). They reach the parsers through `@_spi(Fuzzing)`
 // (not public API).
 package.products += [
     .executable(name: "fuzz-token-response", targets: ["FuzzTokenResponse"]),

@@ -12,7 +12,7 @@ seconds=${1:-60}
 # the frontend only the last -sanitize= it sees, so Swift code would get ASan and no coverage
 # (libFuzzer: "no interesting inputs ... Is the code instrumented?"). The combined
 # -Xswiftc flag comes last and instruments every Swift module with both.
-build=(swift build --package-path Tools --sanitize=fuzzer --sanitize=address -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING
+build=(swift build --package-path Tools --sanitize=fuzzer --sanitize=address -Xswiftc -sanitize=fuzzer,address
     --scratch-path .build-fuzz)
 for product in fuzz-token-response fuzz-store-decoder fuzz-error-text fuzz-loopback-request; do
     "${build[@]}" --product "$product"

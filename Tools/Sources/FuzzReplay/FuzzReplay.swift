@@ -1,8 +1,9 @@
-// The fuzz targets' replay: in a plain build (no libFuzzer, no -DFUZZING) each target's file
-// ends with `replay(<its LLVMFuzzerTestOneInput>)`, so the executable runs the inputs it is
-// given through the target once and checks the same properties (a violation traps). The test
-// command replays Fuzz/corpus this way with the tools' debug build; scripts/fuzz.sh builds the
-// targets with -DFUZZING and libFuzzer, and fuzzes.
+// The fuzz targets' replay: each target's file ends with a global initialized by
+// `replay(<its LLVMFuzzerTestOneInput>)`, which a plain build's entry point runs: the executable
+// runs the inputs it is given through the target once and checks the same properties (a
+// violation traps). The test command replays Fuzz/corpus this way with the tools' debug build;
+// scripts/fuzz.sh builds the targets with libFuzzer (-parse-as-library: the global never runs)
+// and fuzzes.
 
 import Foundation
 

@@ -3,13 +3,13 @@
 //
 // Build and run (see Fuzz/README.md and scripts/fuzz.sh):
 //   swift build --package-path Tools --product fuzz-store-decoder --sanitize=fuzzer --sanitize=address \
-//       -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING --scratch-path .build-fuzz
+//       -Xswiftc -sanitize=fuzzer,address --scratch-path .build-fuzz
 //   .build-fuzz/debug/fuzz-store-decoder CORPUS_COPY
 //
-// One file, not named main.swift, its only top-level code under `#if !FUZZING`: built with
-// `--sanitize=fuzzer -Xswiftc -DFUZZING` SwiftPM compiles it with -parse-as-library and
-// libFuzzer's `main` runs; in a plain build SwiftPM treats the lone file as the entry point,
-// which replays the inputs named on the command line (FuzzReplay).
+// One file, not named main.swift, and no top-level code but one global: under
+// `--sanitize=fuzzer` SwiftPM compiles it with -parse-as-library and libFuzzer's `main` runs; in
+// a plain build SwiftPM treats the lone file as the entry point, which initializes that global:
+// it replays the inputs named on the command line (FuzzReplay).
 //
 // Byte 0 picks the mode (mod 4); the rest is the payload:
 //   0 raw       the payload is a store file: decode it with the fixed key and with none
@@ -141,7 +141,7 @@ private func emit(_ input: [UInt8], to directory: String) {
     }
 }
 
-#if !FUZZING
-// A plain build: the inputs named on the command line, once each (Tools/Sources/FuzzReplay).
-replay(fuzzStoreDecoder)
-#endif
+// A plain build: the entry point runs this global's initializer, which replays the inputs named
+// on the command line (Tools/Sources/FuzzReplay). The fuzzer's build (-parse-as-library) has no
+// top-level code: this is a lazy global nobody reads, so it never runs there.
+let replayed: Never = replay(fuzzStoreDecoder)
