@@ -1,3 +1,4 @@
+import Foundation
 import SessionFlowTestSupport
 import Testing
 
@@ -69,6 +70,68 @@ struct ThrowingValuesTests {
             let seen = try await consumer.value
             #expect(seen.count <= 1)
             #expect(await eventually { flow.subscriptionCount.value == 0 })
+        }
+    }
+
+    /// Whether `task` ends within `limit`, without awaiting it past that (a deadlocked task is
+    /// left behind: awaiting it would hang the suite).
+    static func ends<T: Sendable, F: Error>(_ task: Task<T, F>, within limit: Duration) async -> Bool {
+        let answer = LockedBox<CheckedContinuation<Bool, Never>?>(nil)
+        return await withCheckedContinuation { continuation in
+            answer.withLockedValue { $0 = continuation }
+            Task { _ = try? await task.value; answer.withLockedValue { $0.take() }?.resume(returning: true) }
+            Task {
+                try? await Task.sleep(for: limit)
+                answer.withLockedValue { $0.take() }?.resume(returning: false)
+            }
+        }
+    }
+
+    /// Found under CI-like load: cancelling the consuming task while the loop thread hands it
+    /// an element deadlocked both threads — the cancellation handler closed the subscription
+    /// and waited for the loop's walk, under the task's status lock; the loop, inside that
+    /// walk, resumed the task's continuation and needed that lock. Elements stream without a
+    /// pause and each round cancels a consumer that is receiving them, so the two meet.
+    @Test func cancellingAConsumerTheLoopIsHandingAnElementNeverDeadlocks() async throws {
+        let loop = try EventLoop(name: "cancel-race")
+        let flow = try MutableSharedFlow<Int>(on: loop, replay: 0, bufferCapacity: 64, overflow: .dropOldest)
+        let streaming = Flag()
+        streaming.set()
+        let producer = Thread {
+            var next = 0
+            while streaming.isSet {
+                flow.emit(next)
+                next &+= 1
+                if next % 64 == 0 { usleep(50) }
+            }
+        }
+        producer.start()
+        var deadlocked = false
+        for round in 0..<300 where !deadlocked {
+            let received = Counter()
+            let consumer = Task {
+                var seen = 0
+                for await _ in flow.values {
+                    seen += 1
+                    received.increment()
+                }
+                return seen
+            }
+            // A hang guard only: elements stream continuously.
+            #expect(await eventually(timeout: .seconds(20)) { received.current >= 1 }, "round \(round): no element")
+            // Cancelled from a thread of its own: a deadlocked canceller (the bug) then blocks
+            // that thread, not one of the test's, and the guard below still runs.
+            Thread { consumer.cancel() }.start()
+            if await !Self.ends(consumer, within: .seconds(20)) {
+                Issue.record("round \(round): the cancelled consumer never ended (deadlock with the loop thread)")
+                deadlocked = true
+            }
+        }
+        streaming.set(false)
+        // A deadlocked loop cannot be shut down: it is left behind, as the consumer is.
+        if !deadlocked {
+            #expect(await eventually { flow.subscriptionCount.value == 0 })
+            _ = try? loop.shutdown()
         }
     }
 

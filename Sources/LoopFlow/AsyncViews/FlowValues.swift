@@ -170,7 +170,10 @@ public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
         waiter?.resume(returning: nil)
     }
 
-    /// Cancelled or abandoned: stop now and close the subscription.
+    /// Cancelled or abandoned: stop now and close the subscription — without waiting for a
+    /// callback the loop may be in: this runs in the task's cancellation handler, under the
+    /// task's status lock, and that callback may be resuming this task's continuation, which
+    /// takes the same lock. (Nothing needs the wait: a late `push` or `finish` sees `done`.)
     func cancel() {
         lock.lock()
         done = true
@@ -182,7 +185,7 @@ public final class AsyncViewBuffer<Element: Sendable>: @unchecked Sendable {
         self.subscription = nil
         lock.unlock()
         waiter?.resume(returning: nil)
-        subscription?.close()
+        subscription?.closeWithoutWaiting()
     }
 
     /// `next()`, then the terminal error once the elements are drained (never after a

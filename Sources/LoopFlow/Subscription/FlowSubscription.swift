@@ -78,6 +78,16 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
         }
         return closed
     }
+
+    /// `close()` without its wait: the loop skips this subscriber from its next callback on,
+    /// but a callback already running may still be finishing when this returns. For closers
+    /// that must not block on the loop: a task's cancellation handler runs under that task's
+    /// status lock, which the loop thread needs to resume the task's continuation from inside
+    /// a callback (`AsyncViewBuffer.cancel`; waiting there deadlocked both threads).
+    @discardableResult
+    func closeWithoutWaiting() -> Bool {
+        core.close(entry: entry, slot: slot, id: id, onLoop: core.loop.inEventLoop)
+    }
 }
 
 /// The optional callbacks of a subscriber, in one box made only when one of them is given:
