@@ -106,8 +106,8 @@ extension SessionEngine {
         }
         surface.storeStatus.value = output.storeStatus.value
         surface.state.value = machine.state
-        let published = self.published
-        surface.fresh.withLockedValue { $0 = FreshToken(token: published.freshToken, until: published.freshUntil) }
+        let fresh = published.fresh
+        surface.fresh.withLockedValue { $0 = fresh }
         output = surface
     }
 

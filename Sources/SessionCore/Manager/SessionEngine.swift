@@ -37,6 +37,8 @@ final class SessionEngine: @unchecked Sendable {
         /// request must go to the loop). `SessionManager.freshAccessToken()`'s fast path.
         var freshToken: Secret?
         var freshUntil: Duration?
+        /// The two above, as the manager's surface keeps them (`SessionOutput.fresh`).
+        var fresh: FreshToken { FreshToken(token: freshToken, until: freshUntil) }
 
         /// Signed out, knowingly: its record was read (a session whose record is still being
         /// read, or cannot be read yet, is loggedOut without being signed out).
@@ -51,10 +53,7 @@ final class SessionEngine: @unchecked Sendable {
     /// at once (valid, not due for a refresh, none in flight, the session open); else nil.
     func freshTokenWithoutWaiting() -> Secret? {
         let now = loop.now
-        return snapshot.withLockedValue { snapshot in
-            guard let until = snapshot.freshUntil, now < until else { return nil }
-            return snapshot.freshToken
-        }
+        return snapshot.withLockedValue { $0.fresh.answer(at: now) }
     }
 
     typealias Refresh = RefreshStateMachine<TokenCompletion>
