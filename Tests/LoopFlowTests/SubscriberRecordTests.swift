@@ -203,6 +203,73 @@ struct SubscriberRecordTests {
         }
     }
 
+    /// Records are 32 bytes, two to a cache line; a C subscriber's invoker and the optional
+    /// terminal and release callbacks live in side records, made only for a page that needs
+    /// them; a record recycled from a C subscriber with extras serves a plain Swift one.
+    @Test func recordsAre32BytesAndOnlyPagesThatNeedThemGetSideRecords() async throws {
+        let record: @convention(c) (Int, UnsafeMutableRawPointer?) -> Void = { value, userdata in
+            Unmanaged<Recorder<Int>>.fromOpaque(userdata!).takeUnretainedValue().append(value)
+        }
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            // Page 0 (slots 0–15): plain Swift subscribers, no side records.
+            var plain: [FlowSubscription] = []
+            for _ in 0..<16 { plain.append(try state.subscribe(onState: { _ in })) }
+            #expect(plain.map(\.slot) == Array(0..<16))
+            for index in 1..<16 {
+                #expect(state.core.recordLayout(of: Int32(index)).address
+                    - state.core.recordLayout(of: Int32(index - 1)).address == 32)
+            }
+            #expect(Int(bitPattern: state.core.recordLayout(of: 0).address) % 64 == 0)
+            #expect(!state.core.recordLayout(of: 0).hasSidePage)
+
+            // Page 1: a C subscriber with a release callback, a Swift one with terminal and
+            // release callbacks, a plain Swift one.
+            weak var weakInvoker: ForeignCallback<Int>?
+            let cSeen = Recorder<Int>()
+            let withExtrasSeen = Recorder<Int>()
+            let plainSeen = Recorder<Int>()
+            let events = Recorder<String>()
+            let (cHandle, withExtras, plainHandle) = try {
+                let invoker = ForeignCallback<Int> { value, function, userdata in
+                    unsafeBitCast(function, to: (@convention(c) (Int, UnsafeMutableRawPointer?) -> Void).self)(
+                        value, userdata)
+                }
+                weakInvoker = invoker
+                return (
+                    try state.subscribe(
+                        foreign: invoker, function: unsafeBitCast(record, to: UnsafeRawPointer.self),
+                        userdata: Unmanaged.passUnretained(cSeen).toOpaque(),
+                        onRelease: { events.append("c released") }),
+                    try state.subscribe(
+                        onState: { withExtrasSeen.append($0) }, onComplete: { events.append("completed") },
+                        onRelease: { events.append("swift released") }),
+                    try state.subscribe(onState: { plainSeen.append($0) }))
+            }()
+            #expect([cHandle.slot, withExtras.slot, plainHandle.slot] == [16, 17, 18])
+            #expect(state.core.recordLayout(of: 16).hasSidePage)
+            #expect(!state.core.recordLayout(of: 0).hasSidePage)
+            state.value = 1
+            #expect(await eventually { cSeen.last == 1 && withExtrasSeen.last == 1 && plainSeen.last == 1 })
+
+            // The C subscriber's record, recycled for a plain Swift subscriber: called through
+            // its closure, and the old invoker and release callback are gone for good.
+            #expect(cHandle.close())
+            #expect(await eventually { events.all == ["c released"] && weakInvoker == nil })
+            let recycledSeen = Recorder<Int>()
+            let recycled = try state.subscribe(onState: { recycledSeen.append($0) })
+            #expect(recycled.slot == 16)
+            state.value = 2
+            #expect(await eventually { recycledSeen.last == 2 && plainSeen.last == 2 && withExtrasSeen.last == 2 })
+            #expect(cSeen.last == 1 && !cSeen.all.contains(2))
+
+            // Completion: only the subscriber that has an onComplete is told; the releases follow.
+            #expect(state.finish())
+            #expect(await eventually { events.all == ["c released", "completed", "swift released"] })
+            for handle in plain + [recycled, withExtras, plainHandle] { #expect(handle.isClosed) }
+        }
+    }
+
     @Test func anOpenSubscriptionWhoseHandleAndFlowAreGoneIsCompletedAtTeardown() async throws {
         let loop = try EventLoop(name: "records")
         let log = Recorder<String>()

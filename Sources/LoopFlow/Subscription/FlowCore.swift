@@ -157,13 +157,18 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// Slots handed out so far: every record in use is below (tests: recycling).
     var recordHighWater: Int32 { lock.withLock { pool.highWater } }
 
+    /// Where the record of `slot` is and whether its page has side records (tests: the layout).
+    func recordLayout(of slot: Int32) -> (address: UnsafeMutableRawPointer, hasSidePage: Bool) {
+        lock.withLock { (table.entry(slot).raw, table.hasSidePage(for: slot)) }
+    }
+
     /// Subscriptions admitted and neither closed nor completed (the shutdown report).
     func openSubscriptionCount() -> Int {
         lock.withLock {
             var open = 0
-            table.forEach(below: pool.highWater, prefetching: false) { entry in
+            table.forEach(below: pool.highWater) { entry, _ in
                 let tag = entry.tag.pointee.load(ordering: .acquiring)
-                if tag >> 2 != 0 && tag & SubscriberEntry.closedBit == 0 { open += 1 }
+                if tag >> SubscriberEntry.idShift != 0 && tag & SubscriberEntry.closedBit == 0 { open += 1 }
             }
             return open
         }
@@ -221,11 +226,18 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         table.makePage(for: slot)
         let entry = table.entry(slot)
         entry.cursor = 0
-        entry.extras = extras
-        entry.foreign = foreign
         entry.word0 = words.0
         entry.word1 = words.1
-        entry.tag.pointee.store(id << 2, ordering: .releasing)
+        var tag = id << SubscriberEntry.idShift
+        if foreign != nil || extras != nil {
+            table.makeSidePage(for: slot)
+            let side = table.side(slot)
+            side.foreign = foreign
+            side.extras = extras
+            if foreign != nil { tag |= SubscriberEntry.foreignBit }
+            if extras != nil { tag |= SubscriberEntry.extrasBit }
+        }
+        entry.tag.pointee.store(tag, ordering: .releasing)
         prepareLocked(entry, id)
         arrivals.append(slot)
         let post = claimDeliveryLocked()
@@ -289,7 +301,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let tag = entry.tag
         var current = tag.pointee.load(ordering: .sequentiallyConsistent)
         while true {
-            guard current >> 2 == id, current & SubscriberEntry.closedBit == 0 else { return false }
+            guard current >> SubscriberEntry.idShift == id, current & SubscriberEntry.closedBit == 0 else { return false }
             let (exchanged, original) = tag.pointee.compareExchange(
                 expected: current, desired: current | SubscriberEntry.closedBit, ordering: .sequentiallyConsistent)
             if exchanged { break }
@@ -383,18 +395,16 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// Calls `body` with every registered, open record, in slot order, checking each one's
     /// tag just before (a callback may close others). Inside a walk only.
     @inline(__always)
-    func forEachLive(_ body: (SubscriberEntry) -> Void) {
-        table.forEach(below: walkLimit) { entry in
-            if entry.isLive { body(entry) }
-        }
+    func forEachLive(_ body: (WalkedEntry) -> Void) {
+        table.forEachLive(below: walkLimit, body)
     }
 
     /// The records the delivery under way registered, still open.
     @inline(__always)
-    func forEachNewcomer(_ body: (SubscriberEntry) -> Void) {
+    func forEachNewcomer(_ body: (WalkedEntry) -> Void) {
         for slot in newcomers {
-            let entry = table.entry(slot)
-            if entry.isLive { body(entry) }
+            let tag = table.entry(slot).tag.pointee.load(ordering: .sequentiallyConsistent)
+            if SubscriberEntry.isLive(tag) { body(table.walked(slot, tag: tag)) }
         }
     }
 
@@ -404,12 +414,10 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     @discardableResult
     private func terminateAll(with error: (any Error)?) -> Int {
         var terminated = 0
-        var slot: Int32 = 0
-        table.forEach(below: walkLimit) { entry in
-            defer { slot += 1 }
+        table.forEach(below: walkLimit) { entry, slot in
             let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
             guard tag & SubscriberEntry.registeredBit != 0 else { return }
-            if terminate(entry, with: error) { terminated += 1 }
+            if terminate(entry, slot: slot, with: error) { terminated += 1 }
             release(entry, slot: slot)
         }
         terminatedTotal += terminated
@@ -418,7 +426,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     /// Delivers the terminal callback (error if given, else complete) unless the
     /// subscription is already closed. Returns whether it delivered.
-    private func terminate(_ entry: SubscriberEntry, with error: (any Error)?) -> Bool {
+    private func terminate(_ entry: SubscriberEntry, slot: Int32, with error: (any Error)?) -> Bool {
         var current = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
         while true {
             guard current & SubscriberEntry.closedBit == 0 else { return false }
@@ -427,7 +435,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             if exchanged { break }
             current = original
         }
-        if let extras = entry.extras {
+        if current & SubscriberEntry.extrasBit != 0, let extras = table.side(slot).extras {
             Unmanaged<SubscriberExtras>.fromOpaque(extras)._withUnsafeGuaranteedRef { extras in
                 if let error {
                     extras.onError?(error)
@@ -443,11 +451,18 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// callback that captured its own handle must not keep the flow's core alive), marks
     /// the record free, runs `onRelease`, and queues the slot for the pool (`returnFreed`).
     private func release(_ entry: SubscriberEntry, slot: Int32) {
-        let extras = entry.extras
-        let foreign = entry.foreign
+        // The flags hold while the record is held (a closer only sets `closed`).
+        let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
+        var extras: UnsafeRawPointer?
+        var foreign: UnsafeRawPointer?
+        if tag & (SubscriberEntry.extrasBit | SubscriberEntry.foreignBit) != 0 {
+            let side = table.side(slot)
+            extras = side.extras
+            foreign = side.foreign
+            side.extras = nil
+            side.foreign = nil
+        }
         let context = entry.word1
-        entry.extras = nil
-        entry.foreign = nil
         entry.word0 = nil
         entry.word1 = nil
         // Releasing is enough: the record is handed out again only through the lock, and a
@@ -524,7 +539,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
         // Released already (at registration, or by a terminal walk), or not yet registered
         // (its registration releases it).
-        guard tag >> 2 == closed.id, tag & SubscriberEntry.registeredBit != 0 else { return }
+        guard tag >> SubscriberEntry.idShift == closed.id, tag & SubscriberEntry.registeredBit != 0 else { return }
         release(entry, slot: closed.slot)
     }
 

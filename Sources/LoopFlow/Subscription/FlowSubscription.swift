@@ -38,7 +38,7 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
     /// The first of `idBlock` fresh ids (ids are never reused, so a recycled record never
     /// matches an old handle). A flow hands them out under its own lock: one atomic add per
     /// block instead of one per subscribe. Wrapping: a checked add compiles to a
-    /// compare-and-swap loop; 2^62 ids do not wrap.
+    /// compare-and-swap loop; the 2^60 ids a tag holds do not run out.
     static func reserveIDs() -> UInt64 { nextID.wrappingAdd(idBlock, ordering: .relaxed).oldValue }
 
     init(core: FlowCore, entry: SubscriberEntry, slot: Int32, id: UInt64) {
@@ -58,7 +58,7 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
     /// Whether `close()` was called or a terminal callback was delivered.
     public var isClosed: Bool {
         let tag = entry.tag.pointee.load(ordering: .acquiring)
-        return tag >> 2 != id || tag & SubscriberEntry.closedBit != 0
+        return tag >> SubscriberEntry.idShift != id || tag & SubscriberEntry.closedBit != 0
     }
 
     /// Ends the subscription. Returns `true` if this call closed it, `false` if it was
@@ -156,7 +156,7 @@ public final class ForeignCallback<Value>: Sendable {
     }
 }
 
-/// A Swift subscriber's value closure as a record holds it (two words at offset 32), made
+/// A Swift subscriber's value closure as a record holds it (two words at offset 16), made
 /// through this one-field struct so that no reabstraction thunk is allocated: a bit cast of
 /// the closure itself, in this generic code, goes through its most general form.
 struct ValueCallback<Value> {
@@ -220,8 +220,10 @@ struct BorrowedValueCallback<Value>: ~Copyable {
 /// `ForeignCallback`, or its Swift closure in place. The caller checked just before that
 /// the record is live (`forEachLive`, `forEachNewcomer`, `isOpen`).
 @inline(__always)
-func callSubscriber<Value>(_ entry: SubscriberEntry, _ value: Value) {
-    if let foreign = entry.foreign {
+func callSubscriber<Value>(_ walked: WalkedEntry, _ value: Value) {
+    let entry = walked.entry
+    if walked.tag & SubscriberEntry.foreignBit != 0 {
+        let foreign = walked.side.foreign.unsafelyUnwrapped
         let function = entry.word0.unsafelyUnwrapped
         let userdata = UnsafeMutableRawPointer(mutating: entry.word1)
         Unmanaged<ForeignCallback<Value>>.fromOpaque(foreign)._withUnsafeGuaranteedRef { invoker in
@@ -232,7 +234,7 @@ func callSubscriber<Value>(_ entry: SubscriberEntry, _ value: Value) {
             }
         }
     } else {
-        invoke((entry.raw + 32).assumingMemoryBound(to: BorrowedValueCallback<Value>.self).pointee, value)
+        invoke((entry.raw + 16).assumingMemoryBound(to: BorrowedValueCallback<Value>.self).pointee, value)
     }
 }
 

@@ -1,28 +1,40 @@
 import CLibUV
 import Synchronization
 
-/// One subscriber's record in a flow's `SubscriberTable`: 48 bytes of raw memory at an
+/// One subscriber's record in a flow's `SubscriberTable`: 32 bytes of raw memory at an
 /// address that never changes while the flow's core lives (handles point at it).
 ///
 /// | offset | field | |
 /// |---|---|---|
-/// | 0 | `tag`, atomic | `id << 2 \| registered (2) \| closed (1)`; 1 when free |
-/// | 8 | `cursor` | StateFlow: the broadcast epoch it last saw; SharedFlow: its first live sequence |
-/// | 16 | `extras` | `Unmanaged<SubscriberExtras>`, retained, or nil |
-/// | 24 | `foreign` | `Unmanaged<ForeignCallback<Value>>`, retained, for a C subscriber; nil otherwise |
-/// | 32, 40 | callback | a Swift subscriber's value closure (function, context; the context retained), or a C subscriber's function pointer and userdata |
+/// | 0 | `tag`, atomic | `id << 4 \| foreign (8) \| extras (4) \| registered (2) \| closed (1)`; 1 when free |
+/// | 8 | `cursor` | SharedFlow: its first live sequence (StateFlow: unused) |
+/// | 16, 24 | callback | a Swift subscriber's value closure (function, context; the context retained), or a C subscriber's function pointer and userdata |
+///
+/// What most subscribers do not have lives in the record's *side record* (`SubscriberSide`,
+/// 16 bytes in a parallel page made only when a record of that page first needs one): a C
+/// subscriber's `ForeignCallback` (`foreign` set in the tag) and the optional terminal and
+/// release callbacks (`extras`). A walk streams the 32-byte records — two to a cache line —
+/// and reads a side record only for a record whose tag names it.
 ///
 /// The tag is the only field touched off the loop thread after admission: a closer
 /// compares its id and sets `closed` with one compare-and-swap, so a handle whose record was
 /// recycled for a newer subscription finds another id there and closes nothing. The other
-/// fields are written under the flow's lock at admission (before the loop may read them:
-/// the arrival reaches the loop through the same lock) and afterwards only on the loop
-/// thread.
+/// fields (and the side record, and the `foreign`/`extras` bits, which never change while
+/// the record is held) are written under the flow's lock at admission (before the loop may
+/// read them: the arrival reaches the loop through the same lock) and afterwards only on the
+/// loop thread.
 struct SubscriberEntry: @unchecked Sendable {
-    static let stride = 48
+    static let stride = 32
     static let closedBit: UInt64 = 1
     static let registeredBit: UInt64 = 2
-    /// The tag of a free record: closed, unregistered, no id (ids start at 1).
+    /// The record has a side record with a `SubscriberExtras`.
+    static let extrasBit: UInt64 = 4
+    /// A C subscriber: its side record holds the `ForeignCallback`, its callback words are a
+    /// function pointer and userdata.
+    static let foreignBit: UInt64 = 8
+    /// The id sits above the four flag bits (ids start at 1; 2^60 of them do not run out).
+    static let idShift: UInt64 = 4
+    /// The tag of a free record: closed, unregistered, no id.
     static let freeTag: UInt64 = closedBit
 
     let raw: UnsafeMutableRawPointer
@@ -38,29 +50,17 @@ struct SubscriberEntry: @unchecked Sendable {
         nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 8, as: UInt64.self) }
     }
 
+    /// The callback's two words (see the table above).
     @inline(__always)
-    var extras: UnsafeRawPointer? {
+    var word0: UnsafeRawPointer? {
         get { raw.load(fromByteOffset: 16, as: UnsafeRawPointer?.self) }
         nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 16, as: UnsafeRawPointer?.self) }
     }
 
     @inline(__always)
-    var foreign: UnsafeRawPointer? {
+    var word1: UnsafeRawPointer? {
         get { raw.load(fromByteOffset: 24, as: UnsafeRawPointer?.self) }
         nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 24, as: UnsafeRawPointer?.self) }
-    }
-
-    /// The callback's two words (see the table above).
-    @inline(__always)
-    var word0: UnsafeRawPointer? {
-        get { raw.load(fromByteOffset: 32, as: UnsafeRawPointer?.self) }
-        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 32, as: UnsafeRawPointer?.self) }
-    }
-
-    @inline(__always)
-    var word1: UnsafeRawPointer? {
-        get { raw.load(fromByteOffset: 40, as: UnsafeRawPointer?.self) }
-        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 40, as: UnsafeRawPointer?.self) }
     }
 
     /// Loop thread, inside a walk: whether the next callback may run. A sequentially
@@ -71,39 +71,89 @@ struct SubscriberEntry: @unchecked Sendable {
 
     /// Registered and open: a walk calls it.
     @inline(__always)
-    var isLive: Bool {
-        tag.pointee.load(ordering: .sequentiallyConsistent) & (Self.closedBit | Self.registeredBit) == Self.registeredBit
-    }
+    var isLive: Bool { Self.isLive(tag.pointee.load(ordering: .sequentiallyConsistent)) }
+
+    @inline(__always)
+    static func isLive(_ tag: UInt64) -> Bool { tag & (closedBit | registeredBit) == registeredBit }
 
     /// The id of the subscription holding the record now (0 when free).
-    var id: UInt64 { tag.pointee.load(ordering: .acquiring) >> 2 }
+    var id: UInt64 { tag.pointee.load(ordering: .acquiring) >> Self.idShift }
+}
+
+/// A record's side record (see `SubscriberEntry`): 16 bytes, read only when the record's tag
+/// has `foreign` or `extras`.
+///
+/// | offset | field |
+/// |---|---|
+/// | 0 | `foreign`: `Unmanaged<ForeignCallback<Value>>`, retained, for a C subscriber |
+/// | 8 | `extras`: `Unmanaged<SubscriberExtras>`, retained |
+struct SubscriberSide {
+    static let stride = 16
+
+    let raw: UnsafeMutableRawPointer
+
+    @inline(__always) init(_ raw: UnsafeMutableRawPointer) { self.raw = raw }
+
+    @inline(__always)
+    var foreign: UnsafeRawPointer? {
+        get { raw.load(fromByteOffset: 0, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 0, as: UnsafeRawPointer?.self) }
+    }
+
+    @inline(__always)
+    var extras: UnsafeRawPointer? {
+        get { raw.load(fromByteOffset: 8, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 8, as: UnsafeRawPointer?.self) }
+    }
+}
+
+/// A live record as a walk hands it over: the record, its tag as the walk read it (the
+/// `foreign`/`extras` bits hold while it is live), and where its side record is — the page's
+/// entry in the side directory, read only once the tag (an acquiring load, after the
+/// admission's releasing store) says there is one.
+struct WalkedEntry {
+    let entry: SubscriberEntry
+    let tag: UInt64
+    let sidePage: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    let index: Int
+
+    /// Only when `tag` has `foreign` or `extras`.
+    @inline(__always)
+    var side: SubscriberSide { SubscriberSide(sidePage.pointee.unsafelyUnwrapped + index * SubscriberSide.stride) }
+
+    @inline(__always) var isOpen: Bool { entry.isOpen }
+    @inline(__always) var cursor: UInt64 { entry.cursor }
+    var id: UInt64 { entry.id }
 }
 
 /// A flow's subscriber records, in pages that never move (page p holds 16·2^p records, so
-/// 28 pages cover every `Int32` slot and the page directory has a fixed size). Immutable as
-/// a value (only the memory it points to changes), so the loop thread reads it without the
-/// lock while other threads take slots (`SlotPool`) under it.
+/// 28 pages cover every `Int32` slot and the page directory has a fixed size), and their side
+/// records in parallel pages made on first need. Immutable as a value (only the memory it
+/// points to changes), so the loop thread reads it without the lock while other threads take
+/// slots (`SlotPool`) under it.
 ///
-/// A page's pointer is written once, under the flow's lock, before any slot on it is
-/// handed out, and never changes: the loop reads it for slots it was handed through the lock.
+/// A page's pointer (record or side) is written once, under the flow's lock, before any slot
+/// on it is handed out (for a side page: before the record that needs it is published), and
+/// never changes: the loop reads it for slots it was handed through the lock.
 struct SubscriberPages: @unchecked Sendable {
     static let firstPageSlots = 16
     static let maxPages = 28
     static let prefetchDistance = 8
 
+    /// `maxPages` record pages, then `maxPages` side pages.
     private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
 
     init() {
-        directory = .allocate(capacity: Self.maxPages)
-        directory.initialize(repeating: nil, count: Self.maxPages)
+        directory = .allocate(capacity: 2 * Self.maxPages)
+        directory.initialize(repeating: nil, count: 2 * Self.maxPages)
     }
 
     /// Frees the pages (the owner released every record still in use first).
     func deallocate() {
-        for page in 0..<Self.maxPages {
+        for page in 0..<2 * Self.maxPages {
             directory[page]?.deallocate()
         }
-        directory.deinitialize(count: Self.maxPages)
+        directory.deinitialize(count: 2 * Self.maxPages)
         directory.deallocate()
     }
 
@@ -123,6 +173,23 @@ struct SubscriberPages: @unchecked Sendable {
         return SubscriberEntry(directory[page].unsafelyUnwrapped + offset * SubscriberEntry.stride)
     }
 
+    /// The side record of `slot`: only once its page has side records (`makeSidePage`), and
+    /// off the lock only for a record whose tag says it has one.
+    @inline(__always)
+    func side(_ slot: Int32) -> SubscriberSide {
+        let (page, offset) = Self.page(of: slot)
+        return SubscriberSide(directory[Self.maxPages + page].unsafelyUnwrapped + offset * SubscriberSide.stride)
+    }
+
+    /// The record of `slot` as a walk hands it over, with `tag` as just read.
+    @inline(__always)
+    func walked(_ slot: Int32, tag: UInt64) -> WalkedEntry {
+        let (page, offset) = Self.page(of: slot)
+        return WalkedEntry(
+            entry: SubscriberEntry(directory[page].unsafelyUnwrapped + offset * SubscriberEntry.stride),
+            tag: tag, sidePage: directory + Self.maxPages + page, index: offset)
+    }
+
     /// Makes the page of `slot` if it does not exist yet (its records free). Under the lock.
     @inline(__always)
     func makePage(for slot: Int32) {
@@ -130,9 +197,24 @@ struct SubscriberPages: @unchecked Sendable {
         if directory[page] == nil { makePage(page) }
     }
 
+    /// Makes the side page of `slot` if it does not exist yet (zeroed). Under the lock, before
+    /// the record that needs it is published.
+    @inline(__always)
+    func makeSidePage(for slot: Int32) {
+        let (page, _) = Self.page(of: slot)
+        guard directory[Self.maxPages + page] == nil else { return }
+        let bytes = Self.slots(inPage: page) * SubscriberSide.stride
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: bytes, alignment: 16)
+        memory.initializeMemory(as: UInt8.self, repeating: 0, count: bytes)
+        directory[Self.maxPages + page] = memory
+    }
+
+    /// Whether the page of `slot` has side records (tests: only pages that need them do).
+    func hasSidePage(for slot: Int32) -> Bool { directory[Self.maxPages + Self.page(of: slot).page] != nil }
+
     private func makePage(_ page: Int) {
         let count = Self.slots(inPage: page)
-        let memory = UnsafeMutableRawPointer.allocate(byteCount: count * SubscriberEntry.stride, alignment: 16)
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: count * SubscriberEntry.stride, alignment: 64)
         for index in 0..<count {
             (memory + index * SubscriberEntry.stride)
                 .bindMemory(to: Atomic<UInt64>.self, capacity: 1)
@@ -142,13 +224,8 @@ struct SubscriberPages: @unchecked Sendable {
     }
 
     /// Calls `body` with each record below `limit` (a `SlotPool.highWater` the caller read
-    /// under the lock), in slot order. The caller checks each record's tag.
-    ///
-    /// `prefetching` (the loop's walks only): also asks for the callback context of the record
-    /// `prefetchDistance` ahead, when that record is live — a live record's callback words
-    /// change only on the loop thread, so reading them here races with nothing.
-    @inline(__always)
-    func forEach(below limit: Int32, prefetching: Bool = true, _ body: (SubscriberEntry) -> Void) {
+    /// under the lock), in slot order, and its slot. The caller checks each record's tag.
+    func forEach(below limit: Int32, _ body: (SubscriberEntry, Int32) -> Void) {
         var first = 0
         var page = 0
         let limit = Int(limit)
@@ -156,13 +233,41 @@ struct SubscriberPages: @unchecked Sendable {
             let count = min(Self.slots(inPage: page), limit - first)
             let base = directory[page].unsafelyUnwrapped
             for index in 0..<count {
+                body(SubscriberEntry(base + index * SubscriberEntry.stride), Int32(first + index))
+            }
+            first += Self.slots(inPage: page)
+            page += 1
+        }
+    }
+
+    /// The loop's walk: calls `body` with each live record below `limit` (a
+    /// `SlotPool.highWater` read under the lock), in slot order, checking each one's tag just
+    /// before (a callback may close others).
+    ///
+    /// Also asks for the callback context of the record `prefetchDistance` ahead, when that
+    /// record is live — a live record's callback words change only on the loop thread, so
+    /// reading them here races with nothing.
+    @inline(__always)
+    func forEachLive(below limit: Int32, _ body: (WalkedEntry) -> Void) {
+        var first = 0
+        var page = 0
+        let limit = Int(limit)
+        while first < limit {
+            let count = min(Self.slots(inPage: page), limit - first)
+            let base = directory[page].unsafelyUnwrapped
+            let sidePage = directory + Self.maxPages + page
+            for index in 0..<count {
                 // What the callback `prefetchDistance` records ahead will read first: its
                 // closure context or userdata (the records themselves stream in order).
-                if prefetching && index + Self.prefetchDistance < count {
+                if index + Self.prefetchDistance < count {
                     let ahead = SubscriberEntry(base + (index + Self.prefetchDistance) * SubscriberEntry.stride)
                     if ahead.isLive { sf_prefetch(ahead.word1) }
                 }
-                body(SubscriberEntry(base + index * SubscriberEntry.stride))
+                let entry = SubscriberEntry(base + index * SubscriberEntry.stride)
+                let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
+                if SubscriberEntry.isLive(tag) {
+                    body(WalkedEntry(entry: entry, tag: tag, sidePage: sidePage, index: index))
+                }
             }
             first += Self.slots(inPage: page)
             page += 1
