@@ -115,18 +115,21 @@ extension FileCredentialStore: AccountCredentialStore {
                 try withWriteLock(in: directory) { () throws(StoreFailure) in
                     try checkLockFiles(in: directory)
                     var document = Document()
+                    var loaded: LoadedKeys?
                     var damaged = false
                     do throws(StoreFailure) {
-                        document = try load(in: directory) ?? Document()
+                        let found = try loadKeepingKeys(in: directory)
+                        document = found?.document ?? Document()
+                        loaded = found?.keys
                     } catch {
                         guard case .damaged = error else { throw error }
                         damaged = true  // moved aside: start afresh
                     }
                     guard body(&document) || (clearing && damaged) else { return }
                     if clearing {
-                        try saveRotatingKey(document, in: directory)
+                        try saveRotatingKey(document, in: directory, loaded: loaded)
                     } else {
-                        try save(document, in: directory)
+                        try save(document, in: directory, loaded: loaded)
                     }
                     if clearing && document.accounts.isEmpty {
                         // Nothing of any session is left: neither are copies of its files.

@@ -28,13 +28,26 @@ extension FileCredentialStore {
         }
     }
 
+    /// Where the key ring of a loaded file is, and the ring as read: under the write lock no
+    /// one else changes either, so a change hands them from its load to its `save` and reads
+    /// the file and the ring once.
+    struct LoadedKeys {
+        let home: KeyHome
+        let ring: [SymmetricKey]
+    }
+
     /// The document, nil when there is no file. A damaged file is moved aside first.
+    func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
+        try loadKeepingKeys(in: directory)?.document
+    }
+
+    /// `load`, and the keys it used (nil when the file had no header to say where they are).
     ///
     /// The header says which source's key sealed the file (`keyHome`): a source that cannot be
     /// reached, or another than configured, is unavailable. A key id the ring lacks is damage —
     /// unless the file changed meanwhile (another process rotated the key between our read of
     /// the file and of the ring): then it is read again.
-    func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
+    func loadKeepingKeys(in directory: TrustedDirectory) throws(StoreFailure) -> (document: Document, keys: LoadedKeys?)? {
         var attempts = 0
         while true {
             let bytes: [UInt8]
@@ -44,9 +57,11 @@ extension FileCredentialStore {
             case .read(let content): bytes = content
             }
             var keys: [SymmetricKey] = []
+            var loaded: LoadedKeys?
             if let header = StoreHeader(bytes) {
                 let home = try keyHome(for: header, in: directory)
                 keys = try loadRing(home, in: directory)
+                loaded = LoadedKeys(home: home, ring: keys)
                 // The Secret Service answers "no such item" for a locked keyring too (it cannot
                 // prompt): never take that for a lost key, which would move the store aside.
                 if keys.isEmpty, case .secretService = home {
@@ -58,7 +73,7 @@ extension FileCredentialStore {
                 if header.version == 1, case .wrapped(let kek) = home { keys.append(kek) }
             }
             do {
-                return try Self.decode(bytes, name: name, keys: keys)
+                return (try Self.decode(bytes, name: name, keys: keys), loaded)
             } catch let failure as StoreDecodeFailure where failure.kind == .unknownKey && attempts < 3 {
                 attempts += 1
                 if case .read(let now) = FileIO.readAll(name, in: directory), now != bytes { continue }
@@ -71,10 +86,10 @@ extension FileCredentialStore {
         }
     }
 
-    /// Like `load`, but a damaged file counts as nothing to change.
-    func loadForChange(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
+    /// Like `loadKeepingKeys`, but a damaged file counts as nothing to change.
+    func loadForChange(in directory: TrustedDirectory) throws(StoreFailure) -> (document: Document, keys: LoadedKeys?)? {
         do {
-            return try load(in: directory)
+            return try loadKeepingKeys(in: directory)
         } catch .damaged {
             return nil
         }
@@ -83,9 +98,17 @@ extension FileCredentialStore {
     /// Seals `document` with the newest key of the store's ring (made if there is none) and
     /// replaces the file. Older keys still in the ring are left from a rotation that was cut
     /// short (`saveRotatingKey`): the file no longer needs them, so they are dropped now.
-    func save(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
-        let home = try keyHome(for: currentHeader(in: directory), in: directory)
-        let keys = try ringCreatingKey(home, in: directory)
+    /// `loaded`: the keys this change's load used, under the same write lock (else both are
+    /// read again).
+    func save(_ document: Document, in directory: TrustedDirectory, loaded: LoadedKeys? = nil) throws(StoreFailure) {
+        let home: KeyHome
+        if let loaded { home = loaded.home } else { home = try currentKeyHome(in: directory) }
+        let keys: [SymmetricKey]
+        if let loaded, !loaded.ring.isEmpty {
+            keys = loaded.ring
+        } else {
+            keys = try ringCreatingKey(home, in: directory)
+        }
         try seal(document, with: keys[0], home, in: directory)
         if keys.count > 1 { try storeRing([keys[0]], home, create: false, in: directory) }
     }
@@ -98,13 +121,24 @@ extension FileCredentialStore {
     ///   3. the ring becomes {new} — the old keys are gone, and with them every copy of the
     ///      file sealed before (a backup, a file moved aside, a snapshot).
     /// Cut short after 1 or 2, the next change of the store finishes it (`save`).
-    func saveRotatingKey(_ document: Document, in directory: TrustedDirectory) throws(StoreFailure) {
-        let home = try keyHome(for: currentHeader(in: directory), in: directory)
-        let old = try loadRing(home, in: directory)
+    func saveRotatingKey(_ document: Document, in directory: TrustedDirectory, loaded: LoadedKeys? = nil) throws(StoreFailure) {
+        let home: KeyHome
+        let old: [SymmetricKey]
+        if let loaded {
+            (home, old) = (loaded.home, loaded.ring)
+        } else {
+            home = try currentKeyHome(in: directory)
+            old = try loadRing(home, in: directory)
+        }
         let fresh = SymmetricKey(size: .bits256)
         try storeRing([fresh] + old, home, create: false, in: directory)
         try seal(document, with: fresh, home, in: directory)
         try storeRing([fresh], home, create: false, in: directory)
+    }
+
+    /// Where the keys of the store file as it is now are (read from its header).
+    private func currentKeyHome(in directory: TrustedDirectory) throws(StoreFailure) -> KeyHome {
+        try keyHome(for: currentHeader(in: directory), in: directory)
     }
 
     fileprivate func seal(_ document: Document, with key: SymmetricKey, _ home: KeyHome, in directory: TrustedDirectory) throws(StoreFailure) {

@@ -229,11 +229,12 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                 try withWriteLock(in: directory) { () throws(StoreFailure) in
                     try checkLockFiles(in: directory)
                     FileIO.removeOrphanedTemporaries(of: [name, keyName], in: directory)
-                    var document = try loadForChange(in: directory) ?? Document()
+                    let loaded = try loadForChange(in: directory)
+                    var document = loaded?.document ?? Document()
                     let account = session.memberID ?? Self.defaultAccount
                     document.accounts[account] = Record(session, keepingProfileOf: document.accounts[account])
                     document.active = account
-                    try save(document, in: directory)
+                    try save(document, in: directory, loaded: loaded?.keys)
                 }
             } catch {
                 throw error.storeError
@@ -247,12 +248,13 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                 guard let directory = try openDirectory(create: false) else { return }
                 try withWriteLock(in: directory) { () throws(StoreFailure) in
                     try checkLockFiles(in: directory)
-                    guard var document = try loadForChange(in: directory) else { return }
+                    guard let loaded = try loadForChange(in: directory) else { return }
+                    var document = loaded.document
                     if let active = document.active {
                         document.accounts.removeValue(forKey: active)
                     }
                     document.active = nil
-                    try saveRotatingKey(document, in: directory)
+                    try saveRotatingKey(document, in: directory, loaded: loaded.keys)
                 }
             } catch {
                 throw error.storeError
@@ -278,9 +280,12 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                 guard let directory = try openDirectory(create: false) else { return false }
                 return try withWriteLock(in: directory) { () throws(StoreFailure) -> Bool in
                     try checkLockFiles(in: directory)
-                    guard var document = try load(in: directory), document.accounts[account] != nil else { return false }
+                    guard let loaded = try loadKeepingKeys(in: directory), loaded.document.accounts[account] != nil else {
+                        return false
+                    }
+                    var document = loaded.document
                     document.active = account
-                    try save(document, in: directory)
+                    try save(document, in: directory, loaded: loaded.keys)
                     return true
                 }
             } catch {

@@ -149,9 +149,10 @@ public enum SecretJSON {
     }
 
     static func nonce() -> String {
-        var bytes = [UInt8](repeating: 0, count: 12)
+        // Two 64-bit draws (one getrandom each), not one per byte.
         var generator = SystemRandomNumberGenerator()
-        for index in bytes.indices { bytes[index] = generator.next() }
+        let words: [UInt64] = [generator.next(), generator.next()]
+        let bytes = words.flatMap { word in (0..<8).map { UInt8(truncatingIfNeeded: word >> ($0 * 8)) } }.prefix(12)
         return bytes.map { byte in
             let hex = Array("0123456789abcdef".utf8)
             return String(decoding: [hex[Int(byte >> 4)], hex[Int(byte & 0xF)]], as: UTF8.self)
