@@ -61,6 +61,8 @@ extension SessionEngine {
                 guard let directory, !closed, storeWatch == nil else { return }
                 do throws(LoopFlowError) {
                     storeWatch = try loop.watchDirectoryNow(directory) { [weak self] in self?.storeChanged() }
+                } catch where error.code == .loopShutDown {
+                    // The host is shutting the loop down: there is nothing left to watch for.
                 } catch {
                     logger.warning("cannot watch the shared store; other processes' changes will be seen at the next refresh",
                         metadata: ["error": "\(error.message)"])

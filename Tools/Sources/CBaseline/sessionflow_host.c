@@ -235,14 +235,14 @@ static void first_state(sf_session_state state, void *userdata) {
     atomic_store_explicit((_Atomic uint64_t *)userdata, bl_now_ns(), memory_order_release);
 }
 
-int bl_sf_startup(const char *path, const char *store_directory, int sign_in_first, double *ns, char *error,
-                  size_t length) {
+int bl_sf_startup(const char *path, const char *store_directory, int sign_in_first, int secret_service, double *ns,
+                  char *error, size_t length) {
     host_api api;
     if (load(path, &api, error, length) != 0) return -1;
     sf_options options;
     api.options_init(&options);
     options.store_directory = store_directory;
-    options.store_key_source = SF_STORE_KEY_FILE;
+    options.store_key_source = secret_service ? SF_STORE_KEY_SECRET_SERVICE : SF_STORE_KEY_FILE;
     options.start_manually = 1;
     if (sign_in_first) {
         /* The stored session the measured start finds. */

@@ -86,7 +86,7 @@ func validTokenRows(library: String, calls: Int) async throws -> [Row] {
 
 /// sf_runtime_create → first on_state, the median of `runs`, with and without a stored
 /// session (key file store).
-func startupRows(library: String, runs: Int) -> [Row] {
+func startupRows(library: String, runs: Int, executable: String) -> [Row] {
     var rows: [Row] = []
     var floors: [Double] = []
     for _ in 0..<runs { floors.append(bl_uv_startup_ns() / 1e6) }
@@ -99,7 +99,7 @@ func startupRows(library: String, runs: Int) -> [Row] {
             defer { removeTree(directory) }
             var value = 0.0
             var error = [CChar](repeating: 0, count: 256)
-            if bl_sf_startup(library, directory, stored ? 1 : 0, &value, &error, error.count) == 0 {
+            if bl_sf_startup(library, directory, stored ? 1 : 0, 0, &value, &error, error.count) == 0 {
                 times.append(value / 1e6)
             } else {
                 failure = string(fromC: error)
@@ -110,7 +110,83 @@ func startupRows(library: String, runs: Int) -> [Row] {
             ours: times.isEmpty ? .nan : median(times), floor: floor, unit: "ms",
             target: stored ? .atMost(5) : nil, baseline: "uv_loop_init + thread + async", note: times.isEmpty ? failure : nil))
     }
+    rows.append(secretServiceStartupRow(library: library, runs: runs, floor: floor, executable: executable))
     return rows
+}
+
+/// The start-up with a stored session whose key is in the Secret Service: a gnome-keyring-daemon
+/// of its own (a fresh keyring in a temporary HOME, unlocked) on a private session bus
+/// (dbus-run-session), never the desktop's; the runs in a process of this executable
+/// (`--startup-host`) inside that session. The floor is the one measured in this process.
+func secretServiceStartupRow(library: String, runs: Int, floor: Double, executable: String) -> Row {
+    let name = "start-up, sf_runtime_create → first on_state, stored session (Secret Service)"
+    func absent(_ why: String) -> Row {
+        Row(name: name, ours: .nan, floor: floor, unit: "ms", baseline: "uv_loop_init + thread + async", note: why)
+    }
+    for tool in ["dbus-run-session", "dbus-send", "gnome-keyring-daemon"] where !onPath(tool) {
+        return absent("no \(tool) (Debian: apt-get install dbus gnome-keyring libsecret-1-0)")
+    }
+    let directory = temporaryDirectory("sessionflow-bench-keyring")
+    defer { removeTree(directory) }
+    let script = directory + "/session.sh"
+    let text = """
+        printf pw | gnome-keyring-daemon --unlock --components=secrets --foreground >/dev/null 2>&1 &
+        daemon=$!
+        tries=0
+        until dbus-send --session --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \\
+            org.freedesktop.DBus.NameHasOwner string:org.freedesktop.secrets 2>/dev/null | grep -q 'boolean true'; do
+            tries=$((tries + 1))
+            if [ $tries -gt 400 ]; then echo "FAIL gnome-keyring-daemon never registered"; kill $daemon; exit 1; fi
+            sleep 0.05
+        done
+        "$1" --startup-host "$2" "$3" "$4"
+        status=$?
+        kill -9 $daemon
+        wait $daemon 2>/dev/null
+        exit $status
+
+        """
+    guard let file = fopen(script, "w") else { return absent("cannot write \(script)") }
+    fputs(text, file)
+    fclose(file)
+    mkdir(directory + "/home", 0o700)
+    let command = "env -u DBUS_SESSION_BUS_ADDRESS -u XDG_RUNTIME_DIR -u DISPLAY -u WAYLAND_DISPLAY "
+        + "HOME='\(directory)/home' XDG_DATA_HOME='\(directory)/home/data' "
+        + "dbus-run-session -- /bin/sh '\(script)' '\(executable)' '\(library)' '\(directory)' \(runs) 2>&1"
+    guard let pipe = popen(command, "r") else { return absent("popen failed") }
+    var output = ""
+    var buffer = [CChar](repeating: 0, count: 512)
+    while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
+    pclose(pipe)
+    let lines = output.split(separator: "\n")
+    let times = lines.filter { $0.hasPrefix("STARTUP ") }.compactMap { Double($0.dropFirst(8)) }
+    guard times.count == runs else {
+        let why = lines.first { $0.hasPrefix("FAIL") }.map(String.init) ?? "the Secret Service host printed: \(output.prefix(200))"
+        return absent(why)
+    }
+    return Row(name: name, ours: median(times), floor: floor, unit: "ms", baseline: "uv_loop_init + thread + async")
+}
+
+/// `--startup-host LIBRARY DIRECTORY RUNS`, inside the private session bus: each run a store of
+/// its own in DIRECTORY, its key in the Secret Service; prints "STARTUP <ms>" per run.
+func startupHost(library: String, directory: String, runs: Int) -> Int32 {
+    for run in 0..<runs {
+        let store = directory + "/store-\(run)"
+        var value = 0.0
+        var error = [CChar](repeating: 0, count: 256)
+        guard bl_sf_startup(library, store, 1, 1, &value, &error, error.count) == 0 else {
+            print("FAIL \(string(fromC: error))")
+            return 1
+        }
+        print("STARTUP \(value / 1e6)")
+    }
+    return 0
+}
+
+/// Whether `tool` is an executable on PATH.
+func onPath(_ tool: String) -> Bool {
+    let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin"
+    return path.split(separator: ":").contains { access("\($0)/\(tool)", X_OK) == 0 }
 }
 
 /// The idle host against the idle floor: two processes of this executable (`--idle-host`),

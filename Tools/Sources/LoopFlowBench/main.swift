@@ -35,6 +35,11 @@ let arguments = CommandLine.arguments
 if arguments.count == 5, arguments[1] == "--idle-host", let seconds = Double(arguments[4]) {
     exit(bl_idle_host(arguments[2] == "-" ? nil : arguments[2], arguments[3], seconds))
 }
+// The Secret Service start-up, inside a private session bus (HostCosts.swift):
+// --startup-host LIBRARY DIRECTORY RUNS.
+if arguments.count == 5, arguments[1] == "--startup-host", let runs = Int(arguments[4]) {
+    exit(startupHost(library: arguments[2], directory: arguments[3], runs: runs))
+}
 let smoke = arguments.contains("--smoke")
 let json = arguments.contains("--json")
 let peers = !arguments.contains("--no-peers")
@@ -225,7 +230,7 @@ if only.contains("token") {
 
 if only.contains("startup") {
     note("start-up…")
-    rows += startupRows(library: sessionFlowLibrary, runs: smoke ? 3 : 21)
+    rows += startupRows(library: sessionFlowLibrary, runs: smoke ? 3 : 21, executable: directory + "/loopflow-bench")
 }
 
 if only.contains("store") {

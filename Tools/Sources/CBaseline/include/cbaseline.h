@@ -44,10 +44,12 @@ int bl_sf_fresh_token(const char *path, int threads, int calls, double *ns_per_c
 /* Its floor: the same with a request posted to a libuv loop (mutex-protected queue +
  * uv_async_send) and answered there by waking the caller (a semaphore, as ours waits). */
 double bl_async_roundtrip_ns(int threads, int calls);
-/* sf_runtime_create (key file store in `store_directory`, start_manually) -> first on_state,
- * with a stored session when `sign_in_first` (written by a runtime before). */
-int bl_sf_startup(const char *path, const char *store_directory, int sign_in_first, double *ns, char *error,
-                  size_t length);
+/* sf_runtime_create (store in `store_directory`, start_manually) -> first on_state, with a
+ * stored session when `sign_in_first` (written by a runtime before); the store's key in a key
+ * file, or in the Secret Service when `secret_service` (the process must have a session bus
+ * with one: the bench runs those in a process of its own under dbus-run-session). */
+int bl_sf_startup(const char *path, const char *store_directory, int sign_in_first, int secret_service, double *ns,
+                  char *error, size_t length);
 /* Its floor: uv_loop_init + a thread running the loop + one uv_async_send answered. */
 double bl_uv_startup_ns(void);
 /* The idle host, in a process of its own (it exits): libcurl loaded and initialized; with
