@@ -62,6 +62,9 @@ public final class EventLoop: @unchecked Sendable {
     let resources: LoopResources
     /// The timers' backend (libuv or a `ManualClock`), kept with the other resources.
     var timers: any TimerBackend { resources.timers }
+    /// The clock is the system's (`CLOCK_BOOTTIME`, as `UVTimerBackend` reads it), not a
+    /// `ManualClock`: `now` reads it directly instead of through the backend.
+    @usableFromInline let onSystemClock: Bool
     /// Threads that `close()` a subscription while the loop calls its flow's subscribers
     /// wait here for that walk to end.
     let walkGate = WalkGate()
@@ -158,7 +161,9 @@ public final class EventLoop: @unchecked Sendable {
         self.logger = logger
         self.wakeHandle = .allocate(capacity: 1)
         self.jobs = JobQueue(wakeHandle: wakeHandle, boundedLimit: boundedJobLimit)
-        self.resources = LoopResources(timers: clock.makeBackend())
+        let timers = clock.makeBackend()
+        self.resources = LoopResources(timers: timers)
+        self.onSystemClock = timers is UVTimerBackend
         let rc = uv_async_init(uvLoop, wakeHandle, eventLoopWakeCallback)
         guard rc == 0 else {
             // deinit (which runs for a throwing init once every property is set) frees
@@ -353,7 +358,15 @@ public final class EventLoop: @unchecked Sendable {
     // MARK: - Time
 
     /// Monotonic time of this loop's clock (virtual with a `ManualClock`).
-    public var now: Duration { timers.currentTime() }
+    @inlinable
+    public var now: Duration {
+        guard onSystemClock else { return manualNow }
+        var now = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &now)
+        return Duration(secondsComponent: Int64(now.tv_sec), attosecondsComponent: Int64(now.tv_nsec) * 1_000_000_000)
+    }
+
+    @usableFromInline var manualNow: Duration { timers.currentTime() }
 
     /// Schedules `body` on the loop thread after `delay`, then every `interval` if given.
     ///

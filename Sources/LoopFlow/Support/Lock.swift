@@ -11,7 +11,7 @@ import Musl
 /// The lock is never held while user code runs (contract rule 1).
 @usableFromInline
 package final class Lock: @unchecked Sendable {
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    @usableFromInline let mutex: UnsafeMutablePointer<pthread_mutex_t>
 
     package init() {
         mutex = .allocate(capacity: 1)
@@ -27,13 +27,13 @@ package final class Lock: @unchecked Sendable {
         mutex.deallocate()
     }
 
-    @inline(__always) @usableFromInline
+    @inlinable
     package func lock() {
         let rc = pthread_mutex_lock(mutex)
         precondition(rc == 0, "pthread_mutex_lock failed: \(rc)")
     }
 
-    @inline(__always) @usableFromInline
+    @inlinable
     package func unlock() {
         let rc = pthread_mutex_unlock(mutex)
         precondition(rc == 0, "pthread_mutex_unlock failed: \(rc)")
@@ -78,13 +78,15 @@ package final class Condition: @unchecked Sendable {
 }
 
 /// A value that is only ever reached through its lock (swift-nio's `NIOLockedValueBox` shape).
+/// Inlinable, so that another module's use is specialized for its value and closure (a session's
+/// valid-token path is one lock on one).
 package final class LockedBox<Value>: @unchecked Sendable {
-    private let lock = Lock()
-    private var value: Value
+    @usableFromInline let lock = Lock()
+    @usableFromInline var value: Value
 
     package init(_ value: Value) { self.value = value }
 
-    @inline(__always)
+    @inlinable
     package func withLockedValue<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
         lock.lock()
         defer { lock.unlock() }
