@@ -171,15 +171,17 @@ extension SharedFlow: DeliverySource {
             core.forEachNewcomer { newcomer in
                 guard let backlog = deliveringBacklogs[newcomer.id] else { return }
                 for event in backlog.events where newcomer.isOpen {
-                    callSubscriber(newcomer, event)
+                    withValueAddress(event) { callSubscriber(newcomer, event, at: $0) }
                 }
             }
             deliveringBacklogs.removeAll()
         }
         for item in delivering {
-            core.forEachLive { subscriber in
-                if item.sequence >= subscriber.cursor {
-                    callSubscriber(subscriber, item.event)
+            withValueAddress(item.event) { address in
+                core.forEachLive { subscriber in
+                    if item.sequence >= subscriber.cursor {
+                        callSubscriber(subscriber, item.event, at: address)
+                    }
                 }
             }
         }

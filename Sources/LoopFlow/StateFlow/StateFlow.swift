@@ -106,14 +106,18 @@ extension StateFlow: DeliverySource {
             // Records are not released during a walk (arrivals register before it, releases
             // happen in retire jobs), so they are walked in place, read-only: a walk over a
             // million records writes none of their cache lines.
-            core.forEachLive { subscriber in
-                callSubscriber(subscriber, value)
+            withValueAddress(value) { address in
+                core.forEachLive { subscriber in
+                    callSubscriber(subscriber, value, at: address)
+                }
             }
         } else {
             // The value everyone already has: only newcomers get it (each is a newcomer in
             // exactly one delivery, so none of them has it yet).
-            core.forEachNewcomer { subscriber in
-                callSubscriber(subscriber, value)
+            withValueAddress(value) { address in
+                core.forEachNewcomer { subscriber in
+                    callSubscriber(subscriber, value, at: address)
+                }
             }
         }
     }

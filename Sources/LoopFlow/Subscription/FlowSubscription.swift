@@ -219,8 +219,12 @@ struct BorrowedValueCallback<Value>: ~Copyable {
 /// Calls one registered subscriber with `value`: its C function through the flow's
 /// `ForeignCallback`, or its Swift closure in place. The caller checked just before that
 /// the record is live (`forEachLive`, `forEachNewcomer`, `isOpen`).
+///
+/// `address`: where `value` is for the whole walk (`withValueAddress`), which a by-pointer C
+/// callback gets — taken once per walk, not once per callback (in this unspecialized code a
+/// `withUnsafePointer` per callback was a generic call and a copy of the value).
 @inline(__always)
-func callSubscriber<Value>(_ walked: WalkedEntry, _ value: Value) {
+func callSubscriber<Value>(_ walked: WalkedEntry, _ value: Value, at address: UnsafeRawPointer) {
     let entry = walked.entry
     if walked.tag & SubscriberEntry.foreignBit != 0 {
         let foreign = walked.side.foreign.unsafelyUnwrapped
@@ -228,7 +232,7 @@ func callSubscriber<Value>(_ walked: WalkedEntry, _ value: Value) {
         let userdata = UnsafeMutableRawPointer(mutating: entry.word1)
         Unmanaged<ForeignCallback<Value>>.fromOpaque(foreign)._withUnsafeGuaranteedRef { invoker in
             if let pointerCall = invoker.pointerCall {
-                withUnsafePointer(to: value) { pointerCall(UnsafeRawPointer($0), function, userdata) }
+                pointerCall(address, function, userdata)
             } else {
                 invoker.call(value, function, userdata)
             }
@@ -236,6 +240,12 @@ func callSubscriber<Value>(_ walked: WalkedEntry, _ value: Value) {
     } else {
         invoke((entry.raw + 16).assumingMemoryBound(to: BorrowedValueCallback<Value>.self).pointee, value)
     }
+}
+
+/// Runs `body` with the address of `value`, valid for the call (a walk's `callSubscriber` calls).
+@inline(__always)
+func withValueAddress<Value>(_ value: Value, _ body: (UnsafeRawPointer) -> Void) {
+    withUnsafePointer(to: value) { body(UnsafeRawPointer($0)) }
 }
 
 @inline(__always)
