@@ -363,7 +363,8 @@ public final class EventLoop: @unchecked Sendable {
         guard onSystemClock else { return manualNow }
         var now = timespec()
         clock_gettime(CLOCK_BOOTTIME, &now)
-        return Duration(secondsComponent: Int64(now.tv_sec), attosecondsComponent: Int64(now.tv_nsec) * 1_000_000_000)
+        // Nanoseconds in an Int64 last 292 years of uptime.
+        return .nanoseconds(Int64(now.tv_sec) &* 1_000_000_000 &+ Int64(now.tv_nsec))
     }
 
     @usableFromInline var manualNow: Duration { timers.currentTime() }

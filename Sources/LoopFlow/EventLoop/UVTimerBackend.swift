@@ -21,7 +21,7 @@ final class UVTimerBackend: TimerBackend, @unchecked Sendable {
     func currentTime() -> Duration {
         var now = timespec()
         clock_gettime(CLOCK_BOOTTIME, &now)
-        return .seconds(Int64(now.tv_sec)) + .nanoseconds(Int64(now.tv_nsec))
+        return .nanoseconds(Int64(now.tv_sec) &* 1_000_000_000 &+ Int64(now.tv_nsec))
     }
 
     func start(_ timer: LoopTimer) {

@@ -10,7 +10,7 @@ final class SessionOutput: Sendable {
     /// the session publishing here with each snapshot, read with one lock from any thread by
     /// `SessionManager.freshAccessToken()` (the valid-token path: no look-up of the active
     /// session, no second lock).
-    let fresh = LockedBox(FreshToken())
+    let fresh = FreshTokenCell()
 
     init(
         loop: EventLoop, configuration: SessionConfiguration, state: SessionState, storeStatus: StoreStatus
@@ -33,8 +33,29 @@ final class SessionOutput: Sendable {
     }
 }
 
-/// `SessionOutput.fresh`: a copy of the publishing session's snapshot's `freshToken` and
-/// `freshUntil` (the same `Secret`, not a copy of its bytes).
+/// `SessionOutput.fresh`: a `FreshToken` behind a lock of its own. Not a `LockedBox`: the
+/// valid-token path is this one lock and a compare, and the generic box from another module
+/// was called unspecialized (a metadata look-up and a closure per token).
+final class FreshTokenCell: @unchecked Sendable {
+    private let lock = Lock()
+    private var fresh = FreshToken()
+
+    func store(_ fresh: FreshToken) {
+        lock.lock()
+        self.fresh = fresh
+        lock.unlock()
+    }
+
+    /// The token, if `now` (the loop clock) is before its until-when.
+    func answer(at now: Duration) -> Secret? {
+        lock.lock()
+        defer { lock.unlock() }
+        return fresh.answer(at: now)
+    }
+}
+
+/// A copy of the publishing session's snapshot's `freshToken` and `freshUntil` (the same
+/// `Secret`, not a copy of its bytes).
 struct FreshToken {
     var token: Secret?
     var until: Duration?
@@ -107,7 +128,7 @@ extension SessionEngine {
         surface.storeStatus.value = output.storeStatus.value
         surface.state.value = machine.state
         let fresh = published.fresh
-        surface.fresh.withLockedValue { $0 = fresh }
+        surface.fresh.store(fresh)
         output = surface
     }
 
@@ -116,7 +137,7 @@ extension SessionEngine {
     func detach() throws(SessionError) {
         loop.assertInEventLoop()
         isActive = false
-        output.fresh.withLockedValue { $0 = FreshToken() }  // the next active session's, once attached
+        output.fresh.store(FreshToken())  // the next active session's, once attached
         output = try SessionOutput(
             loop: loop, configuration: configuration, state: machine.state, storeStatus: output.storeStatus.value)
         if let accountStore, let key = accountKey {

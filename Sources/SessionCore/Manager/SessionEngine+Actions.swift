@@ -337,7 +337,7 @@ extension SessionEngine {
             profile: currentProfile, awaitingStore: storeMachine.awaitingInitialRead,
             freshToken: freshUntil == nil ? nil : live?.accessToken, freshUntil: freshUntil)
         snapshot.withLockedValue { $0 = current }
-        output.fresh.withLockedValue { $0 = current.fresh }
+        output.fresh.store(current.fresh)
     }
 
     func emit(_ event: SessionEvent) {

@@ -272,7 +272,7 @@ public final class SessionManager: Sendable {
     @usableFromInline
     func freshTokenWithoutWaiting() -> Secret? {
         let now = loop.now
-        return surface.fresh.withLockedValue { $0.answer(at: now) }
+        return surface.fresh.answer(at: now)
     }
 
     /// The same, answered on the loop thread (usable from inside a flow callback).
