@@ -276,6 +276,30 @@ struct BorrowedLoopTests {
 
 @Suite("ManualClock")
 struct ManualClockTests {
+    /// `nowNanoseconds` (the valid-token path's clock) is `now` in nanoseconds, on the system
+    /// clock (read directly) and on a manual one (through the backend); conversions clamp.
+    @Test func nowInNanosecondsIsNowOnEitherClock() async throws {
+        try await withLoop { loop in
+            let before = EventLoop.nanoseconds(loop.now)
+            let now = loop.nowNanoseconds
+            let after = EventLoop.nanoseconds(loop.now)
+            #expect(before <= now && now <= after)
+            var boot = timespec()
+            clock_gettime(CLOCK_BOOTTIME, &boot)
+            // The loop clock is CLOCK_BOOTTIME (suspended time counts toward expiry).
+            #expect(abs(Int64(boot.tv_sec) * 1_000_000_000 + Int64(boot.tv_nsec) - now) < 60_000_000_000)
+        }
+        let clock = ManualClock()
+        try await withLoop(clock: .manual(clock)) { loop in
+            #expect(loop.nowNanoseconds == 0)
+            await clock.advance(by: .seconds(90) + .nanoseconds(7))
+            #expect(loop.nowNanoseconds == 90_000_000_007)
+        }
+        #expect(EventLoop.nanoseconds(.seconds(Int64.max)) == .max)
+        #expect(EventLoop.nanoseconds(.seconds(Int64.min)) == .min)
+        #expect(EventLoop.nanoseconds(.milliseconds(-1500)) == -1_500_000_000)
+    }
+
     @Test func timersFireOnlyWhenTimeIsAdvancedInDeadlineOrder() async throws {
         let clock = ManualClock()
         try await withLoop(clock: .manual(clock)) { loop in

@@ -369,6 +369,26 @@ public final class EventLoop: @unchecked Sendable {
 
     @usableFromInline var manualNow: Duration { timers.currentTime() }
 
+    /// `now` in nanoseconds (what a hot path compares against a deadline it stored the same way).
+    @inlinable
+    package var nowNanoseconds: Int64 {
+        guard onSystemClock else { return Self.nanoseconds(manualNow) }
+        var now = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &now)
+        return Int64(now.tv_sec) &* 1_000_000_000 &+ Int64(now.tv_nsec)
+    }
+
+    /// `duration` in nanoseconds (clamped to `Int64`; below a nanosecond dropped).
+    @usableFromInline
+    package static func nanoseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return seconds < 0 ? .min : .max }
+        let (total, overflowAgain) = whole.addingReportingOverflow(attoseconds / 1_000_000_000)
+        if overflowAgain { return seconds < 0 ? .min : .max }
+        return total
+    }
+
     /// Schedules `body` on the loop thread after `delay`, then every `interval` if given.
     ///
     /// Cancel with `LoopTimer.cancel()`. Teardown cancels every timer.

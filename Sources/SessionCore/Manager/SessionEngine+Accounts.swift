@@ -36,21 +36,28 @@ final class SessionOutput: Sendable {
 /// `SessionOutput.fresh`: a `FreshToken` behind a lock of its own. Not a `LockedBox`: the
 /// valid-token path is this one lock and a compare, and the generic box from another module
 /// was called unspecialized (a metadata look-up and a closure per token).
+/// Its until-when is kept in the loop clock's nanoseconds (`EventLoop.nowNanoseconds`): the
+/// check is an integer compare.
 final class FreshTokenCell: @unchecked Sendable {
     private let lock = Lock()
-    private var fresh = FreshToken()
+    private var token: Secret?
+    /// `Int64.min`: no token is fresh.
+    private var until = Int64.min
 
     func store(_ fresh: FreshToken) {
+        let until = fresh.token == nil ? Int64.min : fresh.until.map(EventLoop.nanoseconds) ?? .min
         lock.lock()
-        self.fresh = fresh
+        token = fresh.token
+        self.until = until
         lock.unlock()
     }
 
-    /// The token, if `now` (the loop clock) is before its until-when.
-    func answer(at now: Duration) -> Secret? {
+    /// The token, if `now` (the loop clock's nanoseconds) is before its until-when.
+    @inline(__always)
+    func answer(atNanoseconds now: Int64) -> Secret? {
         lock.lock()
         defer { lock.unlock() }
-        return fresh.answer(at: now)
+        return now < until ? token : nil
     }
 }
 

@@ -30,6 +30,8 @@ public final class SessionManager: Sendable {
     /// The flows the active account's session publishes into (`state`, `events`,
     /// `storeStatus`): the first session's own, kept for the manager's whole life.
     let surface: SessionOutput
+    /// `surface.fresh`, read without a retain on the valid-token path (`surface` keeps it).
+    unowned(unsafe) let freshCell: FreshTokenCell
     /// A store of several accounts: one session per account (nil: one session).
     let accountStore: (any AccountCredentialStore)?
     /// Records the store's active account, one change after the other (nil: one session).
@@ -80,6 +82,7 @@ public final class SessionManager: Sendable {
         let first = try SessionEngine(
             loop: loop, authority: authority, store: store, configuration: configuration)
         self.surface = first.output
+        self.freshCell = first.output.fresh
         self.accountStore = store as? any AccountCredentialStore
         self.pointerWorker = accountStore.map { StoreWorker(store: $0, loop: loop) }
         self.sessions = LockedBox(Sessions(active: first))
@@ -271,8 +274,7 @@ public final class SessionManager: Sendable {
     /// (valid, not due for a refresh, none in flight, the session open); else nil.
     @usableFromInline
     func freshTokenWithoutWaiting() -> Secret? {
-        let now = loop.now
-        return surface.fresh.answer(at: now)
+        freshCell.answer(atNanoseconds: loop.nowNanoseconds)
     }
 
     /// The same, answered on the loop thread (usable from inside a flow callback).
