@@ -340,13 +340,16 @@ static long long context_switches(void) {
     return total;
 }
 
-static long long rss_kib(void) {
+/* A "<field>: <n> kB" line of /proc/self/status (VmRSS, RssAnon), KiB; -1 if absent. */
+static long long status_kib(const char *field) {
     FILE *status = fopen("/proc/self/status", "r");
     if (!status) return -1;
     char line[256];
     long long value = -1;
+    size_t length = strlen(field);
     while (fgets(line, sizeof line, status))
-        if (sscanf(line, "VmRSS: %lld", &value) == 1) break;
+        if (strncmp(line, field, length) == 0 && line[length] == ':' && sscanf(line + length + 1, "%lld", &value) == 1)
+            break;
     fclose(status);
     return value;
 }
@@ -429,8 +432,8 @@ int bl_idle_host(const char *path, const char *store_directory, double seconds) 
     long long after = context_switches();
     double cpu_after = cpu_ms();
     /* The reading itself: this thread's two wake-ups (nanosleep returns) are the floor's too. */
-    printf("IDLE %lld %.3f %lld %lld\n", after - switches, cpu_after - cpu, rss_kib(),
-           path ? mapped_rss_kib("libsessionflow") : 0);
+    printf("IDLE %lld %.3f %lld %lld %lld\n", after - switches, cpu_after - cpu, status_kib("VmRSS"),
+           path ? mapped_rss_kib("libsessionflow") : 0, status_kib("RssAnon"));
     fflush(stdout);
     _exit(0);
 }

@@ -199,7 +199,7 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
     }
     let oursPipe = start("'\(library)' '\(directory)'")
     let floorPipe = start("- -")
-    func read(_ pipe: UnsafeMutablePointer<FILE>?) -> (switches: Double, cpu: Double, rss: Double, library: Double)? {
+    func read(_ pipe: UnsafeMutablePointer<FILE>?) -> (switches: Double, cpu: Double, rss: Double, library: Double, anonymous: Double)? {
         guard let pipe else { return nil }
         var output = ""
         var buffer = [CChar](repeating: 0, count: 256)
@@ -207,8 +207,8 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
         pclose(pipe)
         guard let line = output.split(separator: "\n").first(where: { $0.hasPrefix("IDLE ") }) else { return nil }
         let fields = line.split(separator: " ").dropFirst().compactMap { Double($0) }
-        guard fields.count == 4 else { return nil }
-        return (fields[0], fields[1], fields[2], fields[3])
+        guard fields.count == 5 else { return nil }
+        return (fields[0], fields[1], fields[2], fields[3], fields[4])
     }
     let ours = read(oursPipe), floor = read(floorPipe)
     let perMinute = 60 / seconds
@@ -225,6 +225,11 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
         Row(name: "idle, RSS above a libuv + libcurl host", ours: ours.flatMap { o in floor.map { (o.rss - $0.rss) / 1024 } } ?? .nan,
             floor: .nan, unit: "MiB", target: .atMost(8), note: why),
         Row(name: "  … of which libsessionflow.so's mapped pages", ours: ours.map { $0.library / 1024 } ?? .nan,
+            floor: .nan, unit: "MiB", note: why),
+        // The rest of the RSS above is clean file pages (the library's code, the Swift runtime's
+        // and FoundationEssentials' that the floor does not touch): shared by every process that
+        // maps them, and dropped by the kernel under pressure. Anonymous memory is the session's own.
+        Row(name: "  … anonymous (private) memory above the floor", ours: ours.flatMap { o in floor.map { (o.anonymous - $0.anonymous) / 1024 } } ?? .nan,
             floor: .nan, unit: "MiB", note: why),
     ]
 }

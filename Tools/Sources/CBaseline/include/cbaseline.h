@@ -55,7 +55,7 @@ double bl_uv_startup_ns(void);
 /* The idle host, in a process of its own (it exits): libcurl loaded and initialized; with
  * `path`, a runtime signed in (1-hour token, key file store in `store_directory`), without, a
  * bare libuv loop with one 1-hour timer on a thread. After 1 s of settling it sleeps
- * `seconds` and prints "IDLE <context switches> <cpu ms> <rss KiB> <libsessionflow.so RSS KiB>". */
+ * `seconds` and prints "IDLE <context switches> <cpu ms> <rss KiB> <libsessionflow.so RSS KiB> <anonymous RSS KiB>". */
 int bl_idle_host(const char *path, const char *store_directory, double seconds);
 
 /* A token endpoint on 127.0.0.1 that answers every POST at once with a new token pair
