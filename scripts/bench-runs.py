@@ -7,20 +7,34 @@ import statistics
 import sys
 
 
+def keyed(run):
+    """The run's rows by key: an indented row ("  … from C through libsessionflow") is named by
+    the row above it that is not, so that the same sub-row of each size stays apart."""
+    parent = ""
+    for row in run:
+        name = row["name"]
+        if not name.startswith(" "):
+            parent = name
+            yield name, row
+        else:
+            yield parent + "\n" + name, row
+
+
 def main(paths):
-    runs = [json.load(open(path)) for path in paths]
+    runs = [list(keyed(json.load(open(path)))) for path in paths]
     names = []
     for run in runs:
-        for row in run:
-            if row["name"] not in names:
-                names.append(row["name"])
-    width = max(len(name) for name in names) + 2
+        for key, _ in run:
+            if key not in names:
+                names.append(key)
+    width = max(len(name.split("\n")[-1]) for name in names) + 2
     print(f"{len(runs)} runs of the whole table; per row: median value, median floor, median ratio, "
           "runs meeting the target")
     print("measure".ljust(width) + "value".ljust(14) + "floor".ljust(14) + "ratio".ljust(9) + "target")
     missed = 0
-    for name in names:
-        rows = [row for run in runs for row in run if row["name"] == name]
+    for key in names:
+        rows = [row for run in runs for other, row in run if other == key]
+        name = key.split("\n")[-1]
 
         def middle(key):
             values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]

@@ -235,7 +235,8 @@ bench=(Tools/.build/debug/loopflow-bench --smoke --sessionflow-lib "$PWD/.build/
     --node "$(command -v node)" --node-script "$PWD/Tools/node/eventemitter-bench.js"
     --watch-session "$PWD/.build/debug/watch-session")
 "${bench[@]}"
-"${bench[@]}" --json | python3 -c '
+smoke_json=$(mktemp)
+"${bench[@]}" --json | tee "$smoke_json" | python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
 missing = [row["name"] + (" (" + row["note"] + ")" if "note" in row else "") for row in rows if row["value"] is None]
@@ -246,6 +247,10 @@ node = [row for row in rows if row["name"].lstrip(" …").startswith("Node.js")]
 if len(node) != 8:
     sys.exit(f"benchmark json: {len(node)} Node.js rows, 8 expected: " + ", ".join(row["name"] for row in node))
 print(f"benchmark json: {len(rows)} rows ({len(node)} of Node.js), every one measured")'
+# The --runs aggregation keeps each size's sub-rows apart (one "… from C" per fan-out size).
+[ "$(python3 scripts/bench-runs.py "$smoke_json" "$smoke_json" | grep -c 'from C through libsessionflow')" -eq 2 ] ||
+    { echo "scripts/bench-runs.py merged the fan-out sizes' sub-rows" >&2; exit 1; }
+rm -f "$smoke_json"
 
 stage "soak (short: 30 s; the full run is --seconds 600)"
 Tools/.build/debug/session-soak --seconds 30

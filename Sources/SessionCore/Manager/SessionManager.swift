@@ -30,7 +30,8 @@ public final class SessionManager: Sendable {
     /// The flows the active account's session publishes into (`state`, `events`,
     /// `storeStatus`): the first session's own, kept for the manager's whole life.
     let surface: SessionOutput
-    /// `surface.fresh`, read without a retain on the valid-token path (`surface` keeps it).
+    /// `surface.fresh`, read without a retain on the valid-token path: `surface` keeps it (and
+    /// so must stay a `let` that nothing replaces).
     unowned(unsafe) let freshCell: FreshTokenCell
     /// A store of several accounts: one session per account (nil: one session).
     let accountStore: (any AccountCredentialStore)?
@@ -82,7 +83,7 @@ public final class SessionManager: Sendable {
         let first = try SessionEngine(
             loop: loop, authority: authority, store: store, configuration: configuration)
         self.surface = first.output
-        self.freshCell = first.output.fresh
+        self.freshCell = surface.fresh
         self.accountStore = store as? any AccountCredentialStore
         self.pointerWorker = accountStore.map { StoreWorker(store: $0, loop: loop) }
         self.sessions = LockedBox(Sessions(active: first))
