@@ -1,3 +1,5 @@
+/* One file (over 400 lines): the host-cost harnesses share the dlopen table, the clock and the
+ * floors they are compared with; each part is a section below. */
 #define _GNU_SOURCE
 #include "cbaseline.h"
 
