@@ -97,7 +97,7 @@ readelf -S -W "$file" | sed -n 's/^ *\[ *[0-9]*\] //p' | awk '$2 != "NOBITS" { p
 if [ "$size" -gt "$budget" ]; then
     fail "stripped size $(human "$size") is over the budget of $(human "$budget")"
 fi
-if readelf -S -W "$file" | grep -qE '\] (\.symtab|\.debug_[a-z_]+) '; then
+if readelf -S -W "$file" | grep -E '\] (\.symtab|\.debug_[a-z_]+) ' >/dev/null; then
     fail "not stripped: it has a .symtab or .debug_* section"
 fi
 

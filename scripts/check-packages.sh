@@ -170,7 +170,7 @@ for package in "${packages[@]}"; do
         fi
     done <"$work/$package.list"
 done
-if ldconfig -p | grep -q libsessionflow; then left+=("libsessionflow in the ldconfig cache"); fi
+if ldconfig -p | grep libsessionflow >/dev/null; then left+=("libsessionflow in the ldconfig cache"); fi
 if [ ${#left[@]} -gt 0 ]; then
     printf 'check-packages: left after dpkg -r: %s\n' "${left[@]}" >&2
     exit 1
@@ -223,7 +223,9 @@ PY
 # namespace of this command only.
 hidden=()
 for name in libuv.so.1 libcurl.so.4; do
-    real=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ { print $NF; exit }')
+    # awk reads to the end: a reader that quits early would kill ldconfig with SIGPIPE, and
+    # under pipefail the assignment would fail (exit 141) when that happens.
+    real=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ && !found { print $NF; found = 1 }')
     [ -n "$real" ] && hidden+=("$(readlink -f "$real")")
 done
 touch "$work/empty"

@@ -71,7 +71,7 @@ command -v g++ >/dev/null 2>&1 || apt_install g++
 # gnome-keyring-daemon on a private session bus (dbus-run-session, dbus-send); the store loads
 # libsecret at run time (dlopen), the library never links it.
 if ! command -v dbus-run-session >/dev/null 2>&1 || ! command -v dbus-send >/dev/null 2>&1 ||
-    ! command -v gnome-keyring-daemon >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libsecret-1\.so\.0'; then
+    ! command -v gnome-keyring-daemon >/dev/null 2>&1 || ! ldconfig -p | grep 'libsecret-1\.so\.0' >/dev/null; then
     apt_install dbus dbus-bin gnome-keyring libsecret-1-0
 fi
 # A self-signed certificate for the TLS verification test.
