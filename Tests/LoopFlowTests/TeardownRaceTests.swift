@@ -140,7 +140,7 @@ struct TeardownRaceTests {
             state.finish()
             let result = LockedBox<Int?>(nil)
             Thread { result.withLockedValue { $0 = state.update { $0 + 1 } } }.start()
-            #expect(await eventually(timeout: .seconds(5)) { result.withLockedValue { $0 } != nil })
+            #expect(await eventually(timeout: .seconds(20)) { result.withLockedValue { $0 } != nil })
             #expect(result.withLockedValue { $0 } == 5)
             #expect(!state.compareAndSet(expect: 5, update: 6))
         }

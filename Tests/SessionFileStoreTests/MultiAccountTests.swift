@@ -99,7 +99,7 @@ struct MultiAccountTests {
         try await s.manager.addAccount(account("bob"))
         let eventsBefore = s.events.withLockedValue { $0.count }
         #expect(await eventually(timeout: .seconds(15)) { authority.sent.contains("alice-r") })
-        #expect(await eventually(timeout: .seconds(5)) { record(s.store, "alice")?.refreshToken?.reveal() == "alice-r+" })
+        #expect(await eventually(timeout: .seconds(20)) { record(s.store, "alice")?.refreshToken?.reveal() == "alice-r+" })
         // Bob (active) saw nothing of it: no refresh of his, no event, same token.
         #expect(!authority.sent.contains("bob-r"))
         #expect(!s.events.withLockedValue { $0.dropFirst(eventsBefore) }.contains { if case .tokenRefreshed = $0 { true } else { false } })
@@ -189,7 +189,7 @@ struct MultiAccountTests {
         #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice"])  // nothing landed
         _ = FileIO.injectedWriteErrors.withLockedValue { $0.removeValue(forKey: tmp.store) }
         // The owed clear lands with the session's own write: alice's tokens are gone.
-        #expect(await eventually(timeout: .seconds(5)) { (try? storedDocument(tmp.store).accounts.keys.sorted()) == ["bob"] })
+        #expect(await eventually(timeout: .seconds(20)) { (try? storedDocument(tmp.store).accounts.keys.sorted()) == ["bob"] })
         #expect(try storedDocument(tmp.store).active == "bob")
         await s.stop()
     }
@@ -204,7 +204,7 @@ struct MultiAccountTests {
         await first.stop()
 
         let again = try await session(tmp, authority)
-        #expect(await eventually(timeout: .seconds(5)) { again.manager.accounts.count == 2 })
+        #expect(await eventually(timeout: .seconds(20)) { again.manager.accounts.count == 2 })
         #expect(again.manager.state.value == .loggedIn)
         #expect(again.manager.memberID == "alice")
         #expect(again.manager.accounts == [
@@ -223,14 +223,14 @@ struct MultiAccountTests {
         try await a.manager.signIn(account("alice"))
         try await a.manager.addAccount(account("bob"))
         let b = try await session(tmp, authority)  // restores bob (active), alice in the background
-        #expect(await eventually(timeout: .seconds(5)) { b.manager.accounts.count == 2 })
+        #expect(await eventually(timeout: .seconds(20)) { b.manager.accounts.count == 2 })
         try await b.manager.logout(account: "alice")
-        #expect(await eventually(timeout: .seconds(5)) { a.manager.accounts.map(\.key) == ["bob"] })
+        #expect(await eventually(timeout: .seconds(20)) { a.manager.accounts.map(\.key) == ["bob"] })
         #expect(a.manager.memberID == "bob")
         #expect(a.manager.state.value == .loggedIn)
         // An account signed in elsewhere joins the list (in the background: bob stays active).
         try await b.manager.addAccount(account("carol"))
-        #expect(await eventually(timeout: .seconds(5)) { a.manager.accounts.map(\.key) == ["bob", "carol"] })
+        #expect(await eventually(timeout: .seconds(20)) { a.manager.accounts.map(\.key) == ["bob", "carol"] })
         #expect(a.manager.memberID == "bob")
         try await a.manager.switchAccount(to: "carol")
         #expect(try await a.manager.freshAccessToken().reveal() == "carol-a")

@@ -220,7 +220,7 @@ struct RefreshLeaseTests {
         }
         // The failed attempt's event is delivered on a later loop turn than the caller's error:
         // on a loaded machine it can still be on its way when the error arrives here.
-        _ = await eventually(timeout: .seconds(5)) { !refreshFailures().isEmpty }
+        _ = await eventually(timeout: .seconds(20)) { !refreshFailures().isEmpty }
         let reported = refreshFailures()
         #expect(!reported.isEmpty && reported.allSatisfy { $0.contains("pid \(holder.pid)") && !$0.contains("did not answer") }, "\(reported)")
         #expect(authority.refreshes == 0)
@@ -235,7 +235,7 @@ struct RefreshLeaseTests {
         #expect(adopted, "the stored tokens were not adopted: \(session.recordedEvents)")
         #expect(authority.refreshes == 0, "the waiter sent the refresh token the holder had rotated")
         // (Events arrive on a later loop turn than the token answer.)
-        #expect(await eventually(timeout: .seconds(5)) {
+        #expect(await eventually(timeout: .seconds(20)) {
             session.recordedEvents.contains { if case .tokenRefreshed(_, .sharedStore) = $0 { true } else { false } }
         }, "\(session.recordedEvents)")
         await session.stop()

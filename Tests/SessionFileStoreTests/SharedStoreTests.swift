@@ -72,21 +72,21 @@ struct SharedStoreTests {
         // sign-in in A shows up in B
         try await a.manager.signIn(SessionTokens(
             accessToken: Secret("a-access"), refreshToken: Secret("a-refresh"), expiresIn: .seconds(3600), memberID: "alice"))
-        #expect(await eventually(timeout: .seconds(1)) { b.manager.state.value == .loggedIn })
+        #expect(await eventually(timeout: .seconds(20)) { b.manager.state.value == .loggedIn })
         #expect(b.manager.memberID == "alice")
         // a refresh in A (forced by a 401) is adopted by B without a request of its own
         let fresh = try await a.manager.handleUnauthorized(token: Secret("a-access"))
         #expect(fresh.reveal() == "rotated-access-1")
-        #expect(await eventually(timeout: .seconds(1)) { (try? awaitToken(b.manager)) == "rotated-access-1" })
+        #expect(await eventually(timeout: .seconds(20)) { (try? awaitToken(b.manager)) == "rotated-access-1" })
         #expect(authority.refreshes == 1)
         // (the event is delivered on B's loop after the token is visible: wait for it)
-        #expect(await eventually(timeout: .seconds(1)) {
+        #expect(await eventually(timeout: .seconds(20)) {
             b.events.withLockedValue { $0 }.contains { if case .tokenRefreshed(_, .sharedStore) = $0 { true } else { false } }
         })
         // logout in A logs B out
         try await a.manager.logout()
-        #expect(await eventually(timeout: .seconds(1)) { b.manager.state.value == .loggedOut })
-        #expect(await eventually(timeout: .seconds(1)) { b.events.withLockedValue { $0 }.contains(.signedOut(reason: .otherProcess)) })
+        #expect(await eventually(timeout: .seconds(20)) { b.manager.state.value == .loggedOut })
+        #expect(await eventually(timeout: .seconds(20)) { b.events.withLockedValue { $0 }.contains(.signedOut(reason: .otherProcess)) })
         await a.stop()
         await b.stop()
     }

@@ -86,7 +86,7 @@ struct StoreFaultTests {
         #expect(message != nil, "store errors: \(observed.storeErrors)")
         #expect(message?.contains(directory) == true)
         try await observed.manager.signIn(tokens("bob", access: "bob-access", refresh: "bob-refresh"))
-        #expect(await eventually(timeout: .seconds(3)) { observed.storeErrors.filter { $0.contains("Read-only file system") }.count >= 2 })
+        #expect(await eventually(timeout: .seconds(20)) { observed.storeErrors.filter { $0.contains("Read-only file system") }.count >= 2 })
         // The session goes on in memory
         #expect(observed.manager.state.value == .loggedIn)
         #expect(observed.manager.memberID == "bob")
@@ -168,7 +168,7 @@ struct StoreFaultTests {
         let authority = GrantingAuthority()
         let observed = try await observedSession(store: FileCredentialStore(directory: directory), authority: authority)
         #expect(observed.manager.state.value == .loggedIn)
-        let refreshed = await eventually(timeout: .seconds(2)) { authority.refreshes > 0 }
+        let refreshed = await eventually(timeout: .seconds(20)) { authority.refreshes > 0 }
         #expect(refreshed, "the refresh never reached the authority")
         if refreshed {
             // the new tokens cannot be stored: reported, kept in memory
@@ -273,7 +273,7 @@ struct StoreFaultTests {
         #expect(observed.manager.state.value == .loggedIn)
         // The parent returns: the store is brought up to date (retried every 100 ms here)
         mkdir(parent, 0o755)
-        let caughtUp = await eventually(timeout: .seconds(3)) {
+        let caughtUp = await eventually(timeout: .seconds(20)) {
             summary(of: FileCredentialStore(directory: directory).read()) == "present bob bob-access"
         }
         #expect(caughtUp)
@@ -316,7 +316,7 @@ struct StoreFaultTests {
             // replacing it, and the file store still refuses to write over it.
             try await observed.manager.signIn(
                 tokens("bob", access: "bob-access", refresh: "bob-refresh"), replacingUnreadableStore: true)
-            #expect(await eventually(timeout: .seconds(3)) { observed.storeErrors.filter { $0.contains("Permission denied") }.count >= 2 })
+            #expect(await eventually(timeout: .seconds(20)) { observed.storeErrors.filter { $0.contains("Permission denied") }.count >= 2 })
             #expect(observed.manager.state.value == .loggedIn)
             await observed.stop()
             chmod(directory, 0o700)
@@ -384,7 +384,7 @@ struct StoreFaultTests {
         } else {
             _ = FileIO.injectedWriteErrors.withLockedValue { $0.removeValue(forKey: directory) }
         }
-        #expect(await eventually(timeout: .seconds(3)) { summary(of: FileCredentialStore(directory: directory).read()) == "present bob bob-access" })
+        #expect(await eventually(timeout: .seconds(20)) { summary(of: FileCredentialStore(directory: directory).read()) == "present bob bob-access" })
         await observed.stop()
         #expect(!observed.storeErrors.contains { $0.contains("bob-access") || $0.contains(sentinelAccess) })
     }
@@ -428,7 +428,7 @@ struct StoreFaultTests {
 
         let message = await observed.storeError(containing: "damaged")
         #expect(message != nil, "store errors: \(observed.storeErrors)")
-        #expect(await eventually(timeout: .seconds(3)) { summary(of: store.read()) == aliceStored }, "written again from memory")
+        #expect(await eventually(timeout: .seconds(20)) { summary(of: store.read()) == aliceStored }, "written again from memory")
         #expect(observed.manager.state.value == .loggedIn)
         await observed.stop()
         let aside = tmp.files().filter { $0.hasPrefix("session.sfstore.damaged-") }

@@ -85,7 +85,7 @@ struct StoreUnavailableTests {
 
         // The fault goes: the retry reads alice's session and restores it.
         #expect(chmod(file.keyPath, 0o600) == 0)
-        #expect(await eventually(timeout: .seconds(5)) { manager.state.value == .loggedIn })
+        #expect(await eventually(timeout: .seconds(20)) { manager.state.value == .loggedIn })
         #expect(manager.memberID == "alice")
         #expect(manager.storeStatus.value == .available)
         // Read, the store holds alice: a sign-in is an ordinary one again (log out first).
@@ -112,7 +112,7 @@ struct StoreUnavailableTests {
         defer { subscription.close() }
         try await manager.signIn(bob(), replacingUnreadableStore: true)
         #expect(manager.state.value == .loggedIn && manager.memberID == "bob")
-        #expect(await eventually(timeout: .seconds(5)) {
+        #expect(await eventually(timeout: .seconds(20)) {
             events.withLockedValue { $0 }.contains { if case .storeError = $0 { true } else { false } }
         })
         if case .unavailable = manager.storeStatus.value {} else {
@@ -121,13 +121,13 @@ struct StoreUnavailableTests {
         #expect(snapshot(tmp.store) == before, "written over a store that cannot be read")
 
         #expect(chmod(file.keyPath, 0o600) == 0)
-        #expect(await eventually(timeout: .seconds(5)) {
+        #expect(await eventually(timeout: .seconds(20)) {
             if case .present(let stored) = file.read() { stored.memberID == "bob" } else { false }
         })
         #expect(manager.state.value == .loggedIn && manager.memberID == "bob")
-        #expect(await eventually(timeout: .seconds(5)) { manager.storeStatus.value == .available })
+        #expect(await eventually(timeout: .seconds(20)) { manager.storeStatus.value == .available })
         // Alice's session was another account's: kept, and listed in the background.
-        #expect(await eventually(timeout: .seconds(5)) { manager.accounts.map(\.key) == ["alice", "bob"] })
+        #expect(await eventually(timeout: .seconds(20)) { manager.accounts.map(\.key) == ["alice", "bob"] })
         #expect(manager.accounts.first { $0.key == "alice" }?.isActive == false)
         await manager.close()
     }

@@ -185,7 +185,7 @@ struct StoreWorkerTests {
         let manager = try await loop.submit {
             try SessionManager(loop: loop, authority: authority, store: store, configuration: made)
         }
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { manager.storeStatus.value == .available })
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { manager.storeStatus.value == .available })
         #expect(manager.state.value == .loggedIn)
         await manager.storeWorkDone()
         host.measuring.withLockedValue { $0 = true }
@@ -386,7 +386,7 @@ struct StoreWorkerTests {
         }
         store.loop.withLockedValue { $0 = session.loop }
         // The restored session was due: it refreshed at start, under the lease.
-        #expect(await eventually(timeout: .seconds(5)) { authority.refreshes >= 1 })
+        #expect(await eventually(timeout: .seconds(20)) { authority.refreshes >= 1 })
         _ = try await session.manager.refreshNow()
         // The refresh's own write lands first (it is queued on the worker: written after the
         // change below, it would simply be the newer one and overwrite it).
@@ -395,7 +395,7 @@ struct StoreWorkerTests {
         try FileCredentialStore(directory: tmp.store).write(StoredSession(
             accessToken: Secret("elsewhere"), refreshToken: Secret("refresh-elsewhere"),
             accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice"))
-        #expect(await eventually(timeout: .seconds(5)) { (try? await session.manager.freshAccessToken()) == Secret("elsewhere") })
+        #expect(await eventually(timeout: .seconds(20)) { (try? await session.manager.freshAccessToken()) == Secret("elsewhere") })
         try await session.manager.logout()
         await session.manager.storeWorkDone()
         #expect(store.calls.withLockedValue { $0 } > 5)
@@ -444,7 +444,7 @@ struct StoreWorkerTests {
         defer { chmod(unreadable.keyPath, 0o600) }
         if getuid() != 0 {
             let blind = try await loop.submit { try SessionManager(loop: loop, authority: RotatingAuthority(), store: unreadable) }
-            #expect(await eventually(timeout: .seconds(5)) {
+            #expect(await eventually(timeout: .seconds(20)) {
                 if case .unavailable = blind.storeStatus.value { return true }
                 return false
             })

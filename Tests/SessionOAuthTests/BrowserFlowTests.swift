@@ -247,7 +247,7 @@ struct BrowserFlowTests {
         let port = try #require(await prompts.first()?.redirectURI.port)
         try loop.shutdown()
         // Answered (not left hanging), with shutDown, and the listener is gone.
-        #expect(await eventually(timeout: .seconds(5)) { outcome.withLockedValue { $0 != nil } })
+        #expect(await eventually(timeout: .seconds(20)) { outcome.withLockedValue { $0 != nil } })
         if case .failure(let error)? = outcome.withLockedValue({ $0 }) {
             #expect(error.code == .shutDown)
         } else {
@@ -358,7 +358,7 @@ struct BrowserFlowTests {
                 }
             }
         }
-        #expect(await eventually(timeout: .seconds(5)) { made.withLockedValue { $0 != nil } })
+        #expect(await eventually(timeout: .seconds(20)) { made.withLockedValue { $0 != nil } })
         let port = try #require(made.withLockedValue { $0?.port })
         // An ordinary request.
         #expect(try await LoopbackHTTP.perform(port: port, method: "GET", path: "/x?y=1").text == "ok")
@@ -390,7 +390,7 @@ struct BrowserFlowTests {
         #expect(try await LoopbackHTTP.perform(port: port, method: "GET", path: "/after-idle", timeout: .seconds(5)).text == "ok")
         #expect(seen.withLockedValue { $0 }.last == "GET /after-idle")
         try loop.execute { made.withLockedValue { $0?.close() } }
-        #expect(await eventually(timeout: .seconds(5)) { !BrowserFlowTests.listens(port) })
+        #expect(await eventually(timeout: .seconds(20)) { !BrowserFlowTests.listens(port) })
         try loop.execute { made.withLockedValue { $0 = nil } }
         try loop.shutdown()
     }
@@ -410,7 +410,7 @@ struct BrowserFlowTests {
                 }
             }
         }
-        #expect(await eventually(timeout: .seconds(5)) { made.withLockedValue { $0 != nil } })
+        #expect(await eventually(timeout: .seconds(20)) { made.withLockedValue { $0 != nil } })
         let port = try #require(made.withLockedValue { $0?.port })
         for _ in 0..<3 {
             let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)

@@ -374,10 +374,10 @@ struct SignInFlowManagerTests {
             }
             outcome.withLockedValue { $0 = result }
         }
-        #expect(await eventually(timeout: .seconds(5)) { outcome.withLockedValue { $0 != nil } })
+        #expect(await eventually(timeout: .seconds(20)) { outcome.withLockedValue { $0 != nil } })
         #expect(!flow.started)
         if flow.started { try flow.complete(.failure(SessionError(.transient, "unblock"))) }  // (a failing run ends)
-        #expect(await eventually(timeout: .seconds(5)) { outcome.withLockedValue { $0 != nil } })
+        #expect(await eventually(timeout: .seconds(20)) { outcome.withLockedValue { $0 != nil } })
         #expect(throws: SessionError(.cancelled, "the sign-in was cancelled")) { try outcome.withLockedValue { $0 }?.get() }
         await session.stop()
     }

@@ -86,11 +86,11 @@ struct DiscoveryTests {
         #expect(try await server.me(fresh) == 200)
         #expect(try await server.stats()["refresh_grants"] == 1)
         try session.manager.resume()
-        #expect(try await eventually(timeout: .seconds(5), every: .milliseconds(20)) {
+        #expect(try await eventually(timeout: .seconds(20), every: .milliseconds(20)) {
             try await server.stats()["introspections"] == 1
         })
         try await session.manager.logout()
-        #expect(try await eventually(timeout: .seconds(5), every: .milliseconds(20)) {
+        #expect(try await eventually(timeout: .seconds(20), every: .milliseconds(20)) {
             try await server.stats()["revocations"] == 1
         })
         await session.stop()

@@ -128,7 +128,7 @@ struct FaultMatrixTests {
             }
             #expect(error.code == .sessionExpired)
             #expect(session.manager.state.value == .sessionExpired)
-            #expect(await eventually(timeout: .seconds(2), every: .milliseconds(20)) { session.recordedEvents.contains { if case .sessionExpired = $0 { true } else { false } } })
+            #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { session.recordedEvents.contains { if case .sessionExpired = $0 { true } else { false } } })
             #expect(session.failures.isEmpty, "a terminal answer is not retried")
             let stored = session.store.session
             #expect(stored?.expired == true && stored?.accessToken == nil && stored?.refreshToken == nil)
@@ -140,7 +140,7 @@ struct FaultMatrixTests {
                 break
             }
             #expect(error.code == .configuration)
-            #expect(await eventually(timeout: .seconds(2), every: .milliseconds(20)) { session.failures.count == 1 })
+            #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { session.failures.count == 1 })
             #expect(session.failures.first?.retryIn == nil && session.failures.first?.error.kind == .configuration)
             // Nothing more is sent on its own: the client must be fixed first.
             try await Task.sleep(for: .seconds(1))
@@ -154,7 +154,7 @@ struct FaultMatrixTests {
                 break
             }
             #expect(token != tokens.accessToken)
-            #expect(await eventually(timeout: .seconds(2), every: .milliseconds(20)) { session.refreshes(reason: .onDemand) == 1 })
+            #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { session.refreshes(reason: .onDemand) == 1 })
             let refreshed = session.recordedEvents.compactMap { event -> Duration? in
                 if case .tokenRefreshed(let expiresIn, .onDemand) = event { expiresIn } else { nil }
             }

@@ -79,7 +79,7 @@ struct LoopTransportTests {
                 RefreshRequest(refreshToken: grant.refreshToken!, memberID: nil, reason: .onDemand),
                 completion: .standalone { result in hung.withLockedValue { $0 = (loop.inEventLoop, result) } })
         }
-        #expect(await eventually(timeout: .seconds(5)) { (try? await server.stats()["token_requests"]) ?? 0 >= 3 })
+        #expect(await eventually(timeout: .seconds(20)) { (try? await server.stats()["token_requests"]) ?? 0 >= 3 })
         #expect(hung.withLockedValue { $0 } == nil)
         host.finish()
         let ended = try #require(hung.withLockedValue { $0 })
@@ -105,10 +105,10 @@ struct LoopTransportTests {
             authority.refresh(
                 RefreshRequest(refreshToken: tokens.refreshToken!, memberID: nil, reason: .onDemand), completion: completion)
         }
-        #expect(await eventually(timeout: .seconds(5)) { completion.isCancellable })
-        #expect(await eventually(timeout: .seconds(5)) { (try? await server.stats()["token_requests"]) ?? 0 >= 2 })
+        #expect(await eventually(timeout: .seconds(20)) { completion.isCancellable })
+        #expect(await eventually(timeout: .seconds(20)) { (try? await server.stats()["token_requests"]) ?? 0 >= 2 })
         try await loop.submit { #expect(completion.requestCancellation()) }
-        #expect(await eventually(timeout: .seconds(5)) { result.withLockedValue { $0 } != nil })
+        #expect(await eventually(timeout: .seconds(20)) { result.withLockedValue { $0 } != nil })
         guard case .failure(let error)? = result.withLockedValue({ $0 }) else {
             Issue.record("a cancelled request answered tokens")
             return
@@ -133,11 +133,11 @@ struct LoopTransportTests {
                     RefreshRequest(refreshToken: tokens.refreshToken!, memberID: nil, reason: .onDemand),
                     completion: .standalone { answer in result.withLockedValue { $0 = answer } })
             }
-            #expect(await eventually(timeout: .seconds(5)) { (try? await server.stats()["token_requests"]) ?? 0 >= 2 })
+            #expect(await eventually(timeout: .seconds(20)) { (try? await server.stats()["token_requests"]) ?? 0 >= 2 })
         }
         // The authority is gone (only the loop job above held it, and it has run): its client
         // is closed on the loop and the hanging request ends as cancelled.
-        #expect(await eventually(timeout: .seconds(5)) { result.withLockedValue { $0 } != nil })
+        #expect(await eventually(timeout: .seconds(20)) { result.withLockedValue { $0 } != nil })
         guard case .failure(let error)? = result.withLockedValue({ $0 }) else {
             Issue.record("the request did not end as cancelled")
             return

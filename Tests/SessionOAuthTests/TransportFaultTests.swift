@@ -30,12 +30,12 @@ struct TransportFaultTests {
         // Introspection and revocation are not redirected either.
         try await server.fault("redirect:\(status)", endpoint: "introspect")
         try session.manager.resume()
-        #expect(await eventually(timeout: .seconds(5)) {
+        #expect(await eventually(timeout: .seconds(20)) {
             (try? await server.requests())?.contains { $0.path == "/oauth/introspect" } == true
         })
         try await server.fault("redirect:\(status)", endpoint: "revoke")
         try await session.manager.logout()
-        #expect(await eventually(timeout: .seconds(5)) {
+        #expect(await eventually(timeout: .seconds(20)) {
             (try? await server.requests())?.contains { $0.path == "/oauth/revoke" } == true
         })
         try await Task.sleep(for: .milliseconds(200))
@@ -89,7 +89,7 @@ struct TransportFaultTests {
         } else {
             #expect(error?.message.contains("larger than 1048576 bytes") == true, "\(error?.message ?? "")")
             // The transfer was stopped, not read to the end.
-            #expect(await eventually(timeout: .seconds(5)) { (try? await server.stats()["streams_aborted"]) == 1 })
+            #expect(await eventually(timeout: .seconds(20)) { (try? await server.stats()["streams_aborted"]) == 1 })
             let sent = try await server.stats()["stream_bytes_sent"] ?? 0
             #expect(sent < 64 << 20, "the server sent \(sent) bytes before the client stopped")
         }

@@ -137,7 +137,7 @@ struct WatchSessionHardeningTests {
         control.arguments = Array(asNobody.dropFirst()) + (asNobody.isEmpty ? [] : ["/bin/sleep"]) + ["20"]
         try control.run()
         defer { control.terminate() }
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { (try? readable(control.processIdentifier)) == true })
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { (try? readable(control.processIdentifier)) == true })
         // watch-session (the demo, as the same user; its temporary store in a directory that
         // user may write).
         let temporary = try privateDirectory(mode: 0o1777)

@@ -142,14 +142,14 @@ struct WatchSessionLiveTests {
         let collected = LockedText()
         out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
         try process.run()
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains("\"state\":\"loggedOut\"") })
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains("\"state\":\"loggedOut\"") })
         // Another process (this test) signs in through the store...
         try FileCredentialStore(directory: directory).write(storedSession())
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains("\"event\":\"signedIn\"") })
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains("\"event\":\"signedIn\"") })
         #expect(collected.text.contains("\"state\":\"loggedIn\""))
         // ...and logs out
         try FileCredentialStore(directory: directory).clear()
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains("otherProcess") })
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains("otherProcess") })
         // Ctrl-C: a clean exit with 130
         kill(process.processIdentifier, SIGINT)
         process.waitUntilExit()
@@ -174,12 +174,12 @@ struct WatchSessionLiveTests {
         out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
         try process.run()
         let bobActive = #"{"active":true,"key":"bob","state":"loggedIn"}"#
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains(bobActive) })
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains(bobActive) })
         #expect(collected.text.contains(#"{"active":false,"key":"alice","state":"loggedIn"}"#), "\(collected.text)")
         #expect(collected.text.contains("accountSwitched"))
         // Another process signs alice out: the list follows.
         try store.account("alice", isActive: false).clear()
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) {
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) {
             collected.text.contains(#""accounts":[\#(bobActive)]"#)
         })
         kill(process.processIdentifier, SIGINT)
@@ -226,7 +226,7 @@ struct WatchSessionLiveTests {
         func store(_ status: String) -> [[String: Any]] {
             lines().filter { $0["kind"] as? String == "store" && $0["status"] as? String == status }
         }
-        #expect(await eventually(timeout: .seconds(5), every: .milliseconds(20)) { !store("unavailable").isEmpty })
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { !store("unavailable").isEmpty })
         let reason = store("unavailable").first?["reason"] as? String ?? ""
         #expect(reason.contains(file.keyPath) && reason.contains("open to group or others"), "\(reason)")
         #expect(lines().contains { $0["kind"] as? String == "state" && $0["state"] as? String == "loggedOut" })
@@ -320,7 +320,7 @@ struct WatchSessionKeyTests {
         out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
         err.fileHandleForReading.readabilityHandler = { errors.append($0.availableData) }
         try process.run()
-        _ = await eventually(timeout: .seconds(5), every: .milliseconds(20)) { collected.text.contains(until) || !process.isRunning }
+        _ = await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains(until) || !process.isRunning }
         if process.isRunning { kill(process.processIdentifier, SIGINT) }
         process.waitUntilExit()
         return (process.terminationStatus, collected.text, errors.text)
