@@ -7,45 +7,68 @@ import FoundationEssentials
 import SessionCore
 
 extension FileCredentialStore {
-    /// What the file holds, once decrypted.
-    @_spi(Fuzzing) public struct Document: Codable {
+    /// What the file holds, once decrypted. Its JSON is written and read by hand
+    /// (`SecretJSON.Writer`, `SecretJSON.parse`): the tokens never pass through a `String`, and
+    /// a store write spent two thirds of its CPU time in Foundation's Codable for this small,
+    /// fixed schema. The member names are those Foundation's encoder wrote before (files
+    /// written then open, tested), a member it does not know is skipped, one it needs and
+    /// lacks, or of the wrong type, makes the file unreadable (`DecodingError`).
+    @_spi(Fuzzing) public struct Document {
         public var version = 2
         public var active: String?
         public var accounts: [String: Record] = [:]
 
         public init() {}
 
-        static let secretsKey = CodingUserInfoKey(rawValue: "sessionflow.secrets")!
-        static let placeholdersKey = CodingUserInfoKey(rawValue: "sessionflow.placeholders")!
         /// The members that hold tokens.
         static let secretMembers: Set<String> = ["accessToken", "refreshToken", "dpopKey"]
 
-        /// The document's JSON, in memory a secret owns: the tokens never pass through a
-        /// `String` (encoded as placeholders, then spliced in).
-        func plaintext() throws -> Secret {
-            let placeholders = SecretJSON.Placeholders()
-            let encoder = JSONEncoder()
-            encoder.userInfo[Self.placeholdersKey] = placeholders
-            return SecretJSON.splice(Array(try encoder.encode(self)), placeholders)
+        /// The document's JSON, written straight into memory a secret owns.
+        func plaintext() -> Secret {
+            let order = accounts.keys.sorted()
+            // The DPoP keys' text made once: the writer runs its body twice.
+            let dpopKeys = accounts.compactMapValues { $0.dpopKey?.encodedPrivateKey }
+            return SecretJSON.Writer.secret { json in
+                json.beginObject()
+                json.key("version")
+                json.integer(Int64(version))
+                if let active {
+                    json.key("active")
+                    json.string(active)
+                }
+                json.key("accounts")
+                json.beginObject()
+                for account in order {
+                    json.key(account)
+                    accounts[account]?.write(into: &json, dpopKey: dpopKeys[account])
+                }
+                json.endObject()
+                json.endObject()
+            }
         }
 
         /// The document in `plaintext` (which the caller zeroes), its tokens read into secrets.
         static func decode(plaintext: UnsafeRawBufferPointer) throws -> Document {
-            guard let redacted = SecretJSON.redact(plaintext, keys: secretMembers) else {
+            guard let json = SecretJSON.parse(plaintext, secretKeys: secretMembers) else {
                 throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "The given data was not valid JSON."))
             }
-            let decoder = JSONDecoder()
-            decoder.userInfo[secretsKey] = redacted
-            return try decoder.decode(Document.self, from: Data(redacted.json))
+            let members = try Members(json, "the document")
+            var document = Document()
+            guard let version = try members.integer("version") else { throw Members.corrupt("version", "missing") }
+            document.version = Int(version)
+            document.active = try members.string("active")
+            for (account, record) in try Members(members.required("accounts"), "accounts").all {
+                document.accounts[account] = try Record(reading: record)
+            }
+            return document
         }
     }
 
-    @_spi(Fuzzing) public struct Record: Codable {
+    @_spi(Fuzzing) public struct Record {
         /// The account this record is filed under (set when sealed, checked when opened: a
         /// record found under another account is damaged). Nil only in version-1 files.
         var account: String?
-        /// The tokens: never `String`s. Encoded as placeholders that `SecretJSON.splice` fills
-        /// in, decoded from the placeholders `SecretJSON.redact` left (see `plaintext(of:)`).
+        /// The tokens: never `String`s (see `Document`).
         var accessToken: Secret?
         var refreshToken: Secret?
         var expiresAtNanoseconds: Int64?
@@ -96,54 +119,134 @@ extension FileCredentialStore {
                 grantedScope: grantedScope, dpopKey: dpopKey)
         }
 
-        private enum CodingKeys: String, CodingKey {
-            case account, accessToken, refreshToken, expiresAtNanoseconds, memberID, externalUserID, expired, profile
-            case grantedScope, dpopKey
-        }
-
-        public init(from decoder: any Decoder) throws {
-            let container = try decoder.container(keyedBy: CodingKeys.self)
-            let secrets = decoder.userInfo[Document.secretsKey] as? SecretJSON.Redacted
-            func secret(_ key: CodingKeys) throws -> Secret? {
-                guard let text = try container.decodeIfPresent(String.self, forKey: key) else { return nil }
-                return secrets?.secret(for: text) ?? Secret(text)
+        init(reading value: SecretJSON.Value) throws {
+            let members = try Members(value, "a record")
+            account = try members.string("account")
+            accessToken = try members.secret("accessToken")
+            refreshToken = try members.secret("refreshToken")
+            expiresAtNanoseconds = try members.integer("expiresAtNanoseconds")
+            memberID = try members.string("memberID")
+            externalUserID = try members.string("externalUserID")
+            expired = try members.bool(members.required("expired"))
+            if let profile = try members.optional("profile") {
+                let fields = try Members(profile, "a profile")
+                let mode = try fields.string("dpop")
+                self.profile = SessionProfile(
+                    issuer: try fields.string(fields.required("issuer")),
+                    clientID: try fields.string(fields.required("clientID")),
+                    requestedScope: try fields.string("requestedScope"), grantedScope: try fields.string("grantedScope"),
+                    tokenEndpoint: try fields.string("tokenEndpoint"), revocationEndpoint: try fields.string("revocationEndpoint"),
+                    dpop: try mode.map { text in
+                        guard let mode = DPoPMode(rawValue: text) else { throw Members.corrupt("dpop", "not a DPoP mode") }
+                        return mode
+                    })
             }
-            account = try container.decodeIfPresent(String.self, forKey: .account)
-            accessToken = try secret(.accessToken)
-            refreshToken = try secret(.refreshToken)
-            expiresAtNanoseconds = try container.decodeIfPresent(Int64.self, forKey: .expiresAtNanoseconds)
-            memberID = try container.decodeIfPresent(String.self, forKey: .memberID)
-            externalUserID = try container.decodeIfPresent(String.self, forKey: .externalUserID)
-            expired = try container.decode(Bool.self, forKey: .expired)
-            profile = try container.decodeIfPresent(SessionProfile.self, forKey: .profile)
-            grantedScope = try container.decodeIfPresent(String.self, forKey: .grantedScope)
-            if let key = try secret(.dpopKey) {
+            grantedScope = try members.string("grantedScope")
+            if let key = try members.secret("dpopKey") {
                 do {
                     dpopKey = try DPoPKey(encodedPrivateKey: key)
                 } catch {
-                    throw DecodingError.dataCorruptedError(forKey: .dpopKey, in: container, debugDescription: "not a DPoP key")
+                    throw Members.corrupt("dpopKey", "not a DPoP key")
                 }
             }
         }
 
-        public func encode(to encoder: any Encoder) throws {
-            var container = encoder.container(keyedBy: CodingKeys.self)
-            let placeholders = encoder.userInfo[Document.placeholdersKey] as? SecretJSON.Placeholders
-            func put(_ secret: Secret?, _ key: CodingKeys) throws {
-                guard let secret else { return }
-                // Without placeholders (only a test or a fuzzer encodes so) the text itself.
-                try container.encode(placeholders?.placeholder(for: secret) ?? secret.reveal(), forKey: key)
+        /// The record's JSON object; `dpopKey` is `dpopKey`'s text (made once by the caller).
+        func write(into json: inout SecretJSON.Writer, dpopKey encodedKey: Secret?) {
+            json.beginObject()
+            if let account {
+                json.key("account")
+                json.string(account)
             }
-            try container.encodeIfPresent(account, forKey: .account)
-            try put(accessToken, .accessToken)
-            try put(refreshToken, .refreshToken)
-            try container.encodeIfPresent(expiresAtNanoseconds, forKey: .expiresAtNanoseconds)
-            try container.encodeIfPresent(memberID, forKey: .memberID)
-            try container.encodeIfPresent(externalUserID, forKey: .externalUserID)
-            try container.encode(expired, forKey: .expired)
-            try container.encodeIfPresent(profile, forKey: .profile)
-            try container.encodeIfPresent(grantedScope, forKey: .grantedScope)
-            try put(dpopKey?.encodedPrivateKey, .dpopKey)
+            if let accessToken {
+                json.key("accessToken")
+                json.secret(accessToken)
+            }
+            if let refreshToken {
+                json.key("refreshToken")
+                json.secret(refreshToken)
+            }
+            if let expiresAtNanoseconds {
+                json.key("expiresAtNanoseconds")
+                json.integer(expiresAtNanoseconds)
+            }
+            json.optional("memberID", memberID)
+            json.optional("externalUserID", externalUserID)
+            json.key("expired")
+            json.bool(expired)
+            if let profile {
+                json.key("profile")
+                json.beginObject()
+                json.key("issuer")
+                json.string(profile.issuer)
+                json.key("clientID")
+                json.string(profile.clientID)
+                json.optional("requestedScope", profile.requestedScope)
+                json.optional("grantedScope", profile.grantedScope)
+                json.optional("tokenEndpoint", profile.tokenEndpoint)
+                json.optional("revocationEndpoint", profile.revocationEndpoint)
+                json.optional("dpop", profile.dpop?.rawValue)
+                json.endObject()
+            }
+            json.optional("grantedScope", grantedScope)
+            if let encodedKey {
+                json.key("dpopKey")
+                json.secret(encodedKey)
+            }
+            json.endObject()
+        }
+    }
+
+    /// An object's members, read with the types the store document gives them. An absent
+    /// member and `null` are both "none"; anything else of the wrong type is damage.
+    struct Members {
+        let all: [String: SecretJSON.Value]
+
+        init(_ value: SecretJSON.Value, _ what: String) throws {
+            guard case .object(let members) = value else { throw Self.corrupt(what, "not an object") }
+            all = members
+        }
+
+        static func corrupt(_ member: String, _ problem: String) -> DecodingError {
+            .dataCorrupted(.init(codingPath: [], debugDescription: "\(member): \(problem)"))
+        }
+
+        func optional(_ key: String) throws -> SecretJSON.Value? {
+            switch all[key] {
+            case nil, .null?: nil
+            case let value?: value
+            }
+        }
+
+        func required(_ key: String) throws -> SecretJSON.Value {
+            guard let value = try optional(key) else { throw Self.corrupt(key, "missing") }
+            return value
+        }
+
+        func string(_ key: String) throws -> String? {
+            try optional(key).map { try string($0, key) }
+        }
+
+        func string(_ value: SecretJSON.Value, _ key: String = "a member") throws -> String {
+            guard case .string(let text) = value else { throw Self.corrupt(key, "not a string") }
+            return text
+        }
+
+        func secret(_ key: String) throws -> Secret? {
+            guard let value = try optional(key) else { return nil }
+            guard case .secret(let secret) = value else { throw Self.corrupt(key, "not a string") }
+            return secret
+        }
+
+        func integer(_ key: String) throws -> Int64? {
+            guard let value = try optional(key) else { return nil }
+            guard case .number(let text) = value, let number = Int64(text) else { throw Self.corrupt(key, "not an integer") }
+            return number
+        }
+
+        func bool(_ value: SecretJSON.Value) throws -> Bool {
+            guard case .bool(let flag) = value else { throw Self.corrupt("a member", "not a boolean") }
+            return flag
         }
     }
 
@@ -250,5 +353,14 @@ func describe(_ error: any Error) -> String {
     case is CryptoKitError: "authentication failed"
     case is DecodingError: "unreadable content"
     default: "\(type(of: error))"
+    }
+}
+
+extension SecretJSON.Writer {
+    /// `key` and its text when there is one; nothing when there is none.
+    mutating func optional(_ key: String, _ text: String?) {
+        guard let text else { return }
+        self.key(key)
+        string(text)
     }
 }

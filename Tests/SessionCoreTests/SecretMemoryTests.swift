@@ -80,21 +80,77 @@ struct SecretMemoryTests {
         #expect(redact(text) == nil)
     }
 
-    @Test func spliceWritesEachSecretEscapedIntoItsPlace() throws {
-        let placeholders = SecretJSON.Placeholders()
-        let one = placeholders.placeholder(for: Secret("t\"o\\k\u{1}en"))
-        let two = placeholders.placeholder(for: Secret("second"))
-        let template = try JSONSerialization.data(withJSONObject: ["a": one, "b": [two], "c": "sfsecret-not-ours"], options: [.sortedKeys])
-        let spliced = SecretJSON.splice(Array(template), placeholders)
-        let object = try spliced.withUnsafeBytes {
+    @Test func theWriterWritesEachSecretEscapedIntoItsPlaceInSecretMemory() throws {
+        let written = SecretJSON.Writer.secret { json in
+            json.beginObject()
+            json.key("a")
+            json.secret(Secret("t\"o\\k\u{1}en"))
+            json.key("b")
+            json.beginArray()
+            json.secret(Secret("second"))
+            json.integer(-42)
+            json.bool(true)
+            json.null()
+            json.endArray()
+            json.key("c\u{7f}")
+            json.string("é/\n")
+            json.key("d")
+            json.beginObject()
+            json.endObject()
+            json.endObject()
+        }
+        // In memory of its own, left out of core dumps, like every secret.
+        let flags = try written.withUnsafeBytes { try vmFlags(of: $0.baseAddress!) }
+        #expect(flags.contains("dd"), "VmFlags \(flags)")
+        let object = try written.withUnsafeBytes {
             try #require(try JSONSerialization.jsonObject(with: Data($0)) as? [String: Any])
         }
         #expect(object["a"] as? String == "t\"o\\k\u{1}en")
-        #expect(object["b"] as? [String] == ["second"])
-        #expect(object["c"] as? String == "sfsecret-not-ours")
-        // And back: redaction finds them again.
-        let back = try #require(spliced.withUnsafeBytes { SecretJSON.redact($0, keys: ["a", "b"]) })
-        #expect(back.secrets.count == 1)  // "b" holds an array, not a string
-        #expect(back.secrets.values.first?.reveal() == "t\"o\\k\u{1}en")
+        #expect((object["b"] as? [Any])?.count == 4)
+        #expect((object["b"] as? [Any])?.first as? String == "second")
+        #expect((object["b"] as? [Any])?[1] as? Int == -42)
+        #expect(object["c\u{7f}"] as? String == "é/\n")
+        #expect((object["d"] as? [String: Any])?.isEmpty == true)
+        // And back: parse finds the secrets again, at any depth, only as strings of secret members.
+        let back = try #require(written.withUnsafeBytes { SecretJSON.parse($0, secretKeys: ["a", "b"]) })
+        guard case .object(let members) = back, case .secret(let a)? = members["a"], case .array(let b)? = members["b"],
+            case .string(let c)? = members["c\u{7f}"]
+        else {
+            Issue.record("parsed as \(back)")
+            return
+        }
+        #expect(a.reveal() == "t\"o\\k\u{1}en")
+        #expect(c == "é/\n")
+        if case .string("second") = b.first {} else { Issue.record("an array element is not a secret member's value: \(b)") }
+    }
+
+    @Test func parseReadsEveryKindOfValueAndRefusesAMemberNamedTwice() throws {
+        let json = #"{"s":"x\u00e9\ud83d\ude00","n":-1.5e3,"t":true,"f":false,"z":null,"o":{"access_token":"deep"},"a":[]}"#
+        let value = try #require(Array(json.utf8).withUnsafeBytes { SecretJSON.parse($0, secretKeys: ["access_token"]) })
+        guard case .object(let members) = value else {
+            Issue.record("not an object: \(value)")
+            return
+        }
+        if case .string(let text)? = members["s"] { #expect(text == "xé😀") } else { Issue.record("s: \(String(describing: members["s"]))") }
+        if case .number(let text)? = members["n"] { #expect(text == "-1.5e3") } else { Issue.record("n") }
+        if case .bool(true)? = members["t"], case .bool(false)? = members["f"], case .null? = members["z"] {} else { Issue.record("t f z") }
+        if case .object(let inner)? = members["o"], case .secret(let deep)? = inner["access_token"] {
+            #expect(deep.reveal() == "deep")
+        } else {
+            Issue.record("o")
+        }
+        if case .array(let elements)? = members["a"] { #expect(elements.isEmpty) } else { Issue.record("a") }
+        #expect(Array(#"{"a":1,"a":2}"#.utf8).withUnsafeBytes { SecretJSON.parse($0, secretKeys: []) } == nil)
+        #expect(Array(#"{"t":"1","t":"2"}"#.utf8).withUnsafeBytes { SecretJSON.parse($0, secretKeys: ["t"]) } == nil)
+        // The bound on secrets holds for parse too.
+        #expect(Array(#"[{"t":"1"},{"t":"2"}]"#.utf8).withUnsafeBytes { SecretJSON.parse($0, secretKeys: ["t"], maximumSecrets: 1) } == nil)
+    }
+
+    @Test(arguments: [
+        "", "{", #"{"a":}"#, #"{"a":1,}"#, #"{"access_token":"x}"#, #"{"access_token":"\q"}"#, "[1,]", "01", "1.", "-",
+        #"{"a":1} x"#, "\"\u{01}\"", "tru", #"{"access_token":"\u12"}"#,
+    ])
+    func parseRefusesMalformedJSON(_ text: String) {
+        #expect(Array(text.utf8).withUnsafeBytes { SecretJSON.parse($0, secretKeys: ["access_token"]) } == nil)
     }
 }

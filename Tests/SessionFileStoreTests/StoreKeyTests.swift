@@ -193,7 +193,7 @@ struct StoreKeyTests {
         try store.write(session("bob"))
         let keys = Self.keys(inKeyFile: contents(store.keyPath))
         var document = try FileCredentialStore.decode(contents(store.path), name: "session.sfstore", keys: keys)
-        let plaintext = { (document: FileCredentialStore.Document) in try JSONEncoder().encode(document) }
+        let plaintext = { (document: FileCredentialStore.Document) in try FoundationWrittenDocument.json(document) }
         // Sealed as it is (each record under its own account), the file opens...
         overwrite(store.path, with: try FileCredentialStore.seal(plaintext(document), key: keys[0]))
         #expect(store.read() == .present(session("bob")))
@@ -314,7 +314,7 @@ struct StoreKeyTests {
         document.accounts["alice"] = FileCredentialStore.Record(session("alice"))
         document.active = "alice"
         let magic = Array("SFSTORE".utf8) + [1]
-        let box = try AES.GCM.seal(try JSONEncoder().encode(document), using: key, authenticating: magic)
+        let box = try AES.GCM.seal(try FoundationWrittenDocument.json(document), using: key, authenticating: magic)
         let create = { (path: String, bytes: [UInt8]) in
             FileManager.default.createFile(atPath: path, contents: Data(bytes), attributes: [.posixPermissions: 0o600])
         }

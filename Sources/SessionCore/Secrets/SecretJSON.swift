@@ -1,5 +1,5 @@
-// One file (over 400 lines): `redact` and `splice` share one private byte scanner and one escaping
-// rule, which must agree exactly (what one writes the other reads); apart, both would be
+// One file (over 400 lines): `redact` and `parse` share one private byte scanner, which must
+// read exactly what `Writer` (SecretJSONWriter.swift) writes; apart, its parts would be
 // visible to the whole module.
 
 #if canImport(Glibc)
@@ -15,8 +15,9 @@ import Musl
 /// - `redact` finds every string value of a member named in `keys` (at any depth),
 ///   decodes it straight into a `Secret`, and returns the JSON with each such value
 ///   replaced by a placeholder — ordinary JSON, holding no secret, for any decoder.
-/// - `splice` does the reverse for writing: JSON holding placeholders becomes bytes, in a
-///   `Secret`, with each secret JSON-escaped in its place.
+/// - `parse` reads the JSON into a `Value` tree whose secret members hold `Secret`s: a
+///   document of our own (the store's plaintext) read without a general decoder.
+/// - `Writer` (SecretJSONWriter.swift) writes JSON straight into a `Secret`'s memory.
 ///
 /// Placeholders carry a random nonce of the call (`sfsecret-<nonce>-<n>`), so text from
 /// elsewhere (a member id a server chose) can never be taken for one.
@@ -32,20 +33,6 @@ public enum SecretJSON {
         public func secret(for placeholder: String) -> Secret? { secrets[placeholder] }
     }
 
-    /// Placeholders for one encoding: `placeholder(for:)` hands out one per secret.
-    public final class Placeholders: @unchecked Sendable {
-        private let nonce = SecretJSON.nonce()
-        private(set) var secrets: [String: Secret] = [:]
-
-        public init() {}
-
-        public func placeholder(for secret: Secret) -> String {
-            let text = "sfsecret-\(nonce)-\(secrets.count)"
-            secrets[text] = secret
-            return text
-        }
-    }
-
     /// Replaces the string values of members named in `keys` (at any depth) with
     /// placeholders; nil if `json` is not one well-formed JSON value, or holds more than
     /// `maximumSecrets` of them.
@@ -58,94 +45,35 @@ public enum SecretJSON {
         _ json: UnsafeRawBufferPointer, keys: Set<String>, maximumSecrets: Int = .max
     ) -> Redacted? {
         var scanner = Scanner(input: json, keys: keys, nonce: nonce(), maximumSecrets: maximumSecrets)
-        guard scanner.document() else {
+        guard scanner.document() != nil else {
             scanner.discard()
             return nil
         }
         return Redacted(json: scanner.output, secrets: scanner.secrets)
     }
 
-    /// `json` (holding the placeholders of `placeholders`, as JSON strings) with each
-    /// placeholder string replaced by its secret, JSON-escaped, written into a `Secret`.
-    public static func splice(_ json: [UInt8], _ placeholders: Placeholders) -> Secret {
-        let secrets = placeholders.secrets
-        // Where each placeholder (with its quotes) occurs, in order.
-        var hits: [(range: Range<Int>, secret: Secret)] = []
-        if !secrets.isEmpty {
-            let prefix = Array("\"sfsecret-".utf8)
-            var index = 0
-            while index + prefix.count <= json.count {
-                if json[index] == UInt8(ascii: "\""), json[index..<index + prefix.count].elementsEqual(prefix),
-                    let close = json[(index + 1)...].firstIndex(of: UInt8(ascii: "\"")),
-                    let secret = secrets[String(decoding: json[(index + 1)..<close], as: UTF8.self)]
-                {
-                    hits.append((index..<close + 1, secret))
-                    index = close + 1
-                } else {
-                    index += 1
-                }
-            }
-        }
-        var length = json.count
-        for hit in hits { length += escapedLength(hit.secret) + 2 - hit.range.count }
-        return Secret(count: length) { out in
-            var at = 0
-            var from = 0
-            func copy(_ range: Range<Int>) {
-                json.withUnsafeBytes { source in
-                    out.baseAddress!.advanced(by: at).copyMemory(
-                        from: source.baseAddress!.advanced(by: range.lowerBound), byteCount: range.count)
-                }
-                at += range.count
-            }
-            for hit in hits {
-                copy(from..<hit.range.lowerBound)
-                out[at] = UInt8(ascii: "\"")
-                at += 1
-                hit.secret.withUnsafeBytes { bytes in
-                    for byte in bytes { escape(byte, into: out, at: &at) }
-                }
-                out[at] = UInt8(ascii: "\"")
-                at += 1
-                from = hit.range.upperBound
-            }
-            copy(from..<json.count)
-        }
+    /// `json` read into a `Value`: the string values of members named in `secretKeys` (at any
+    /// depth) as `.secret`, decoded straight into secret memory. Nil if `json` is not one
+    /// well-formed JSON value (strict RFC 8259), if an object names a member twice, or if it
+    /// holds more than `maximumSecrets` secret values.
+    public static func parse(
+        _ json: UnsafeRawBufferPointer, secretKeys: Set<String>, maximumSecrets: Int = .max
+    ) -> Value? {
+        var scanner = Scanner(input: json, keys: secretKeys, nonce: "", maximumSecrets: maximumSecrets, building: true)
+        return scanner.document()
     }
 
-    // MARK: - Escaping
-
-    private static func escapedLength(_ secret: Secret) -> Int {
-        secret.withUnsafeBytes { bytes in
-            bytes.reduce(0) { total, byte in
-                switch byte {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"): total + 2
-                case 0..<0x20, 0x7F: total + 6
-                default: total + 1
-                }
-            }
-        }
-    }
-
-    private static func escape(_ byte: UInt8, into out: UnsafeMutableRawBufferPointer, at: inout Int) {
-        switch byte {
-        case UInt8(ascii: "\""), UInt8(ascii: "\\"):
-            out[at] = UInt8(ascii: "\\")
-            out[at + 1] = byte
-            at += 2
-        case 0..<0x20, 0x7F:
-            let hex = Array("0123456789abcdef".utf8)
-            out[at] = UInt8(ascii: "\\")
-            out[at + 1] = UInt8(ascii: "u")
-            out[at + 2] = UInt8(ascii: "0")
-            out[at + 3] = UInt8(ascii: "0")
-            out[at + 4] = hex[Int(byte >> 4)]
-            out[at + 5] = hex[Int(byte & 0xF)]
-            at += 6
-        default:
-            out[at] = byte
-            at += 1
-        }
+    /// A JSON value as `parse` reads it.
+    public indirect enum Value: Sendable {
+        case object([String: Value])
+        case array([Value])
+        case string(String)
+        /// The string value of a secret member.
+        case secret(Secret)
+        /// A number, as its JSON text (the reader picks the type).
+        case number(String)
+        case bool(Bool)
+        case null
     }
 
     static func nonce() -> String {
@@ -161,8 +89,10 @@ public enum SecretJSON {
 
     // MARK: - The scanner
 
-    /// A strict JSON (RFC 8259) scanner that copies its input to `output`, except the string
-    /// values of members named in `keys`, which it decodes into secrets and replaces.
+    /// A strict JSON (RFC 8259) scanner. Redacting, it copies its input to `output`, except the
+    /// string values of members named in `keys`, which it decodes into secrets and replaces;
+    /// building (`parse`), it returns the value it read, those string values as secrets. A
+    /// redacting scan returns `.null` for every value it accepted (it builds nothing).
     private struct Scanner {
         let input: UnsafeRawBufferPointer
         let keys: Set<String>
@@ -174,13 +104,16 @@ public enum SecretJSON {
         var depth = 0
         static let maximumDepth = 512
         let maximumSecrets: Int
+        let building: Bool
+        var secretCount = 0
 
-        init(input: UnsafeRawBufferPointer, keys: Set<String>, nonce: String, maximumSecrets: Int) {
+        init(input: UnsafeRawBufferPointer, keys: Set<String>, nonce: String, maximumSecrets: Int, building: Bool = false) {
             self.input = input
             self.keys = keys
             self.nonce = nonce
             self.maximumSecrets = maximumSecrets
-            output.reserveCapacity(input.count)
+            self.building = building
+            if !building { output.reserveCapacity(input.count) }
         }
 
         mutating func discard() {
@@ -188,13 +121,13 @@ public enum SecretJSON {
             output = []
         }
 
-        mutating func document() -> Bool {
+        mutating func document() -> Value? {
             skipSpace()
-            guard value(secretKey: false) else { return false }
+            guard let value = value(secretKey: false) else { return nil }
             skipSpace()
-            guard at == input.count else { return false }
-            flush(to: at)
-            return true
+            guard at == input.count else { return nil }
+            if !building { flush(to: at) }
+            return value
         }
 
         private var current: UInt8? { at < input.count ? input[at] : nil }
@@ -210,70 +143,77 @@ public enum SecretJSON {
             copiedUpTo = end
         }
 
-        private mutating func value(secretKey: Bool) -> Bool {
-            guard let byte = current else { return false }
+        private mutating func value(secretKey: Bool) -> Value? {
+            guard let byte = current else { return nil }
             switch byte {
             case UInt8(ascii: "{"): return object()
             case UInt8(ascii: "["): return array()
             case UInt8(ascii: "\""):
                 if secretKey { return secretString() }
-                return string(decoding: false) != nil
-            case UInt8(ascii: "t"): return literal("true")
-            case UInt8(ascii: "f"): return literal("false")
-            case UInt8(ascii: "n"): return literal("null")
+                return string(decoding: building).map { building ? .string($0) : .null }
+            case UInt8(ascii: "t"): return literal("true") ? (building ? .bool(true) : .null) : nil
+            case UInt8(ascii: "f"): return literal("false") ? (building ? .bool(false) : .null) : nil
+            case UInt8(ascii: "n"): return literal("null") ? .null : nil
             default: return number()
             }
         }
 
-        private mutating func object() -> Bool {
+        private mutating func object() -> Value? {
             depth += 1
             defer { depth -= 1 }
-            guard depth <= Self.maximumDepth else { return false }
+            guard depth <= Self.maximumDepth else { return nil }
+            var members: [String: Value] = [:]
             at += 1
             skipSpace()
             if current == UInt8(ascii: "}") {
                 at += 1
-                return true
+                return building ? .object(members) : .null
             }
             while true {
                 skipSpace()
-                guard current == UInt8(ascii: "\""), let key = string(decoding: true) else { return false }
+                guard current == UInt8(ascii: "\""), let key = string(decoding: true) else { return nil }
                 skipSpace()
-                guard current == UInt8(ascii: ":") else { return false }
+                guard current == UInt8(ascii: ":") else { return nil }
                 at += 1
                 skipSpace()
-                guard value(secretKey: keys.contains(key)) else { return false }
+                guard let value = value(secretKey: keys.contains(key)) else { return nil }
+                if building {
+                    // A member named twice: which one a reader takes differs between readers.
+                    guard members.updateValue(value, forKey: key) == nil else { return nil }
+                }
                 skipSpace()
                 switch current {
                 case UInt8(ascii: ","): at += 1
                 case UInt8(ascii: "}"):
                     at += 1
-                    return true
-                default: return false
+                    return building ? .object(members) : .null
+                default: return nil
                 }
             }
         }
 
-        private mutating func array() -> Bool {
+        private mutating func array() -> Value? {
             depth += 1
             defer { depth -= 1 }
-            guard depth <= Self.maximumDepth else { return false }
+            guard depth <= Self.maximumDepth else { return nil }
+            var elements: [Value] = []
             at += 1
             skipSpace()
             if current == UInt8(ascii: "]") {
                 at += 1
-                return true
+                return building ? .array(elements) : .null
             }
             while true {
                 skipSpace()
-                guard value(secretKey: false) else { return false }
+                guard let element = value(secretKey: false) else { return nil }
+                if building { elements.append(element) }
                 skipSpace()
                 switch current {
                 case UInt8(ascii: ","): at += 1
                 case UInt8(ascii: "]"):
                     at += 1
-                    return true
-                default: return false
+                    return building ? .array(elements) : .null
+                default: return nil
                 }
             }
         }
@@ -286,10 +226,10 @@ public enum SecretJSON {
             return true
         }
 
-        private mutating func number() -> Bool {
+        private mutating func number() -> Value? {
             let start = at
             if current == UInt8(ascii: "-") { at += 1 }
-            guard let first = current, (0x30...0x39).contains(first) else { return false }
+            guard let first = current, (0x30...0x39).contains(first) else { return nil }
             if first == 0x30 {
                 at += 1
             } else {
@@ -297,16 +237,17 @@ public enum SecretJSON {
             }
             if current == UInt8(ascii: ".") {
                 at += 1
-                guard let byte = current, (0x30...0x39).contains(byte) else { return false }
+                guard let byte = current, (0x30...0x39).contains(byte) else { return nil }
                 while let byte = current, (0x30...0x39).contains(byte) { at += 1 }
             }
             if current == UInt8(ascii: "e") || current == UInt8(ascii: "E") {
                 at += 1
                 if current == UInt8(ascii: "+") || current == UInt8(ascii: "-") { at += 1 }
-                guard let byte = current, (0x30...0x39).contains(byte) else { return false }
+                guard let byte = current, (0x30...0x39).contains(byte) else { return nil }
                 while let byte = current, (0x30...0x39).contains(byte) { at += 1 }
             }
-            return at > start
+            guard at > start else { return nil }
+            return building ? .number(String(decoding: UnsafeRawBufferPointer(rebasing: input[start..<at]), as: UTF8.self)) : .null
         }
 
         /// Scans a string at `at` (its opening quote). With `decoding`, returns its text
@@ -318,28 +259,30 @@ public enum SecretJSON {
         }
 
         /// A secret value: decoded twice over the same bytes (once to count, once into the
-        /// secret's own buffer), then replaced by a placeholder in the output.
-        private mutating func secretString() -> Bool {
-            guard secrets.count < maximumSecrets else { return false }
+        /// secret's own buffer); redacting, replaced by a placeholder in the output.
+        private mutating func secretString() -> Value? {
+            guard secretCount < maximumSecrets else { return nil }
             let start = at
             var counter = ByteCounter()
-            guard scanString(into: &counter) else { return false }
+            guard scanString(into: &counter) else { return nil }
             let end = at
             at = start
-            let placeholder = "sfsecret-\(nonce)-\(secrets.count)"
             var failed = false
             let secret = Secret(count: counter.count) { buffer in
                 var writer = ByteWriter(buffer: buffer)
                 failed = !scanString(into: &writer)
             }
-            guard !failed, at == end else { return false }
+            guard !failed, at == end else { return nil }
+            secretCount += 1
+            if building { return .secret(secret) }
+            let placeholder = "sfsecret-\(nonce)-\(secrets.count)"
             flush(to: start)
             output.append(UInt8(ascii: "\""))
             output.append(contentsOf: placeholder.utf8)
             output.append(UInt8(ascii: "\""))
             copiedUpTo = end
             secrets[placeholder] = secret
-            return true
+            return .null
         }
 
         /// Scans the string at `at`, handing each decoded byte (UTF-8) to `sink`.
