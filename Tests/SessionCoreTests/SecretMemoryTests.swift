@@ -38,6 +38,39 @@ struct SecretMemoryTests {
         #expect(secret.count == 11)
     }
 
+    @Test func pagesSecretsGiveBackAreZeroedAndKeptForTheNextUpToTheirCapacity() throws {
+        let pages = SecretPages(capacity: 2)
+        var addresses: [UInt] = []
+        do {
+            let secrets = (0..<3).map { index in
+                let bytes = SecretBytes(count: 20, pages: pages)
+                bytes.base.initializeMemory(as: UInt8.self, repeating: UInt8(ascii: "a") + UInt8(index), count: 20)
+                return bytes
+            }
+            addresses = secrets.map { UInt(bitPattern: $0.base) }
+            withExtendedLifetime(secrets) { #expect(pages.keptPages.isEmpty) }
+        }
+        // Let go: two kept (the capacity), the third unmapped.
+        let kept = pages.keptPages
+        #expect(kept.count == 2)
+        #expect(Set(kept).isSubset(of: Set(addresses)))
+        for page in kept {
+            let pointer = try #require(UnsafeRawPointer(bitPattern: page))
+            #expect(UnsafeRawBufferPointer(start: pointer, count: SecretPages.size).allSatisfy { $0 == 0 }, "a kept page holds zeros")
+            #expect(try vmFlags(of: pointer).contains("dd"), "a kept page stays out of core dumps")
+        }
+        // The next secret of a page takes a kept one: its bytes, then the NUL.
+        let next = SecretBytes(count: 5, pages: pages)
+        "again".utf8.withContiguousStorageIfAvailable { next.base.copyMemory(from: $0.baseAddress!, byteCount: 5) }
+        #expect(kept.contains(UInt(bitPattern: next.base)))
+        #expect(String(cString: next.base.assumingMemoryBound(to: CChar.self)) == "again")
+        #expect(pages.keptPages.count == 1)
+        // A secret of more than a page is never kept.
+        do { _ = SecretBytes(count: 2 * SecretPages.size, pages: pages) }
+        #expect(pages.keptPages.count == 1)
+        withExtendedLifetime(next) {}
+    }
+
     @Test func equalityHashingAndBlankLookAtTheBytes() {
         #expect(Secret("a") == Secret("a"))
         #expect(Secret("a") != Secret("b"))

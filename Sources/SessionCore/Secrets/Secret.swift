@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -110,17 +112,24 @@ public struct Secret: Sendable, Hashable, CustomStringConvertible, CustomDebugSt
 
 /// Bytes of a secret in memory of their own: whole pages mapped for them, marked
 /// `MADV_DONTDUMP` (a core dump leaves them out) and zeroed with `explicit_bzero` before
-/// they are unmapped. A NUL follows the bytes (C hosts read them in place). Should `mmap`
+/// they are unmapped (or, a single page, kept for the next secret: `SecretPages`). A NUL follows the bytes (C hosts read them in place). Should `mmap`
 /// fail (the process's map limit), the bytes go to the heap — still zeroed at the end.
 final class SecretBytes: @unchecked Sendable {
     let base: UnsafeMutableRawPointer
     let count: Int
     private let mapped: Int
+    private let pages: SecretPages
 
-    init(count: Int) {
+    init(count: Int, pages: SecretPages = .shared) {
         self.count = count
-        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        self.pages = pages
+        let page = SecretPages.size
         let length = (count + 1 + page - 1) / page * page
+        if length == page, let kept = pages.take() {
+            base = kept
+            mapped = length
+            return  // zeroed when it was given back: the NUL is there
+        }
         let region = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
         if let region, region != MAP_FAILED {
             _ = madvise(region, length, MADV_DONTDUMP)
@@ -141,12 +150,51 @@ final class SecretBytes: @unchecked Sendable {
     deinit {
         if mapped > 0 {
             explicit_bzero(base, mapped)
+            if mapped == SecretPages.size, pages.give(base) { return }
             munmap(base, mapped)
         } else {
             explicit_bzero(base, count + 1)
             base.deallocate()
         }
     }
+}
+
+/// Pages that secrets of one page gave back, zeroed, kept for the next ones (at most
+/// `capacity`). Without them every secret cost three system calls (mmap, madvise, munmap),
+/// and a munmap while another thread of the process runs also costs an interrupt to every
+/// core that thread ran on (its TLB is flushed): a store write made five secrets. A kept
+/// page stays mapped and out of core dumps, and holds nothing but zeros.
+final class SecretPages: Sendable {
+    /// The process's pages (every secret's, but a test's own).
+    static let shared = SecretPages(capacity: 16)
+    static let size = Int(sysconf(Int32(_SC_PAGESIZE)))
+
+    let capacity: Int
+    /// The kept pages' addresses.
+    private let kept: Mutex<[UInt]>
+
+    init(capacity: Int) {
+        self.capacity = capacity
+        var pages: [UInt] = []
+        pages.reserveCapacity(capacity)
+        kept = Mutex(pages)
+    }
+
+    func take() -> UnsafeMutableRawPointer? {
+        kept.withLock { $0.popLast() }.flatMap { UnsafeMutableRawPointer(bitPattern: $0) }
+    }
+
+    /// Keeps `page` (already zeroed) unless `capacity` are kept; whether it did.
+    func give(_ page: UnsafeMutableRawPointer) -> Bool {
+        kept.withLock { pages in
+            guard pages.count < capacity else { return false }
+            pages.append(UInt(bitPattern: page))
+            return true
+        }
+    }
+
+    /// The kept pages' addresses (tests).
+    var keptPages: [UInt] { kept.withLock { $0 } }
 }
 
 /// Zeroes `bytes` in a way the compiler keeps (the buffers a secret passed through).
