@@ -126,6 +126,43 @@ struct SubscriberRecordTests {
         }
     }
 
+    @Test func aWalkSkipsRecordsClosedBeforeItAndByACallbackAcrossPageBoundaries() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            // Pages of 16, 32, 64, 128: slots 0–239.
+            let count = 240
+            let calls = LockedBox([Int](repeating: 0, count: count))
+            let handles = LockedBox<[FlowSubscription]>([])
+            // Closed during the walk by slot 15 (the last of page 0): the first and the last
+            // of page 1, one of page 3; closed before it: holes at either end of page 2.
+            let closedByCallback = [16, 47, 150]
+            let closedBefore = [48, 111, 0]
+            handles.withLockedValue { list in
+                for index in 0..<count {
+                    list.append(try! state.subscribe(onState: { value in
+                        guard value == 1 else { return }
+                        calls.withLockedValue { $0[index] += 1 }
+                        if index == 15 {
+                            let targets = handles.withLockedValue { list in closedByCallback.map { list[$0] } }
+                            for target in targets { #expect(target.close()) }
+                        }
+                    }))
+                }
+            }
+            try await loop.submit {}  // all registered
+            for index in closedBefore { #expect(handles.withLockedValue { $0[index] }.close()) }
+            state.value = 1
+            #expect(await eventually { calls.withLockedValue { $0[count - 1] } == 1 })
+            try await loop.submit {}
+            let seen = calls.withLockedValue { $0 }
+            for index in 0..<count {
+                let expected = closedBefore.contains(index) || closedByCallback.contains(index) ? 0 : 1
+                #expect(seen[index] == expected, "slot \(index)")
+            }
+            for handle in handles.withLockedValue({ $0 }) { handle.close() }
+        }
+    }
+
     @Test func aForeignSubscriberIsCalledThroughItsFunctionWithItsUserdata() async throws {
         final class Sink: @unchecked Sendable {
             let values = LockedBox<[Int]>([])

@@ -178,7 +178,8 @@ extension SharedFlow: DeliverySource {
         }
         for item in delivering {
             withValueAddress(item.event) { address in
-                core.forEachLive { subscriber in
+                var walk = core.live
+                while let subscriber = walk.next() {
                     if item.sequence >= subscriber.cursor {
                         callSubscriber(subscriber, item.event, at: address)
                     }

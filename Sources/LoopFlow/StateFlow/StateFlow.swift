@@ -107,7 +107,8 @@ extension StateFlow: DeliverySource {
             // happen in retire jobs), so they are walked in place, read-only: a walk over a
             // million records writes none of their cache lines.
             withValueAddress(value) { address in
-                core.forEachLive { subscriber in
+                var walk = core.live
+                while let subscriber = walk.next() {
                     callSubscriber(subscriber, value, at: address)
                 }
             }

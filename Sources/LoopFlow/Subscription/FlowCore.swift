@@ -392,12 +392,11 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         arrivalBatch.removeAll(keepingCapacity: true)
     }
 
-    /// Calls `body` with every registered, open record, in slot order, checking each one's
-    /// tag just before (a callback may close others). Inside a walk only.
+    /// Every registered, open record, in slot order, each one's tag checked just before it is
+    /// handed over (a callback may close others): `while let subscriber = walk.next()`. Inside
+    /// a walk only.
     @inline(__always)
-    func forEachLive(_ body: (WalkedEntry) -> Void) {
-        table.forEachLive(below: walkLimit, body)
-    }
+    var live: LiveRecords { table.live(below: walkLimit) }
 
     /// The records the delivery under way registered, still open.
     @inline(__always)

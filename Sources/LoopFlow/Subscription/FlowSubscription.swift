@@ -218,7 +218,7 @@ struct BorrowedValueCallback<Value>: ~Copyable {
 
 /// Calls one registered subscriber with `value`: its C function through the flow's
 /// `ForeignCallback`, or its Swift closure in place. The caller checked just before that
-/// the record is live (`forEachLive`, `forEachNewcomer`, `isOpen`).
+/// the record is live (`FlowCore.live`, `forEachNewcomer`, `isOpen`).
 ///
 /// `address`: where `value` is for the whole walk (`withValueAddress`), which a by-pointer C
 /// callback gets — taken once per walk, not once per callback (in this unspecialized code a

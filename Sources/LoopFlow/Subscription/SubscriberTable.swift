@@ -240,37 +240,68 @@ struct SubscriberPages: @unchecked Sendable {
         }
     }
 
-    /// The loop's walk: calls `body` with each live record below `limit` (a
-    /// `SlotPool.highWater` read under the lock), in slot order, checking each one's tag just
-    /// before (a callback may close others).
-    ///
-    /// Also asks for the callback context of the record `prefetchDistance` ahead, when that
-    /// record is live — a live record's callback words change only on the loop thread, so
-    /// reading them here races with nothing.
+    /// The loop's walk: a cursor over the live records below `limit` (a `SlotPool.highWater`
+    /// read under the lock), in slot order, checking each one's tag just before handing it
+    /// over (a callback may close others).
     @inline(__always)
-    func forEachLive(below limit: Int32, _ body: (WalkedEntry) -> Void) {
-        var first = 0
-        var page = 0
-        let limit = Int(limit)
-        while first < limit {
-            let count = min(Self.slots(inPage: page), limit - first)
-            let base = directory[page].unsafelyUnwrapped
-            let sidePage = directory + Self.maxPages + page
-            for index in 0..<count {
+    func live(below limit: Int32) -> LiveRecords {
+        LiveRecords(directory: directory, limit: Int(limit))
+    }
+}
+
+/// The loop's walk over a flow's live records, as a cursor: the flow calls each subscriber in
+/// its own loop body (`while let subscriber = walk.next()`). With the walk taking a body
+/// closure, the unspecialized generic caller called that closure once per record — a call
+/// more per callback than the floor's, by the disassembly.
+///
+/// Also asks for the callback context of the record `prefetchDistance` ahead, when that
+/// record is live — a live record's callback words change only on the loop thread, so reading
+/// them here races with nothing.
+struct LiveRecords {
+    private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    private let limit: Int
+    /// The page being walked, its first slot, its base, how many of its records to walk.
+    private var page = 0
+    private var first = 0
+    private var base: UnsafeMutableRawPointer?
+    private var count = 0
+    private var index = 0
+
+    @inline(__always)
+    fileprivate init(directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>, limit: Int) {
+        self.directory = directory
+        self.limit = limit
+        if limit > 0 {
+            base = directory[0]
+            count = min(SubscriberPages.slots(inPage: 0), limit)
+        }
+    }
+
+    @inline(__always)
+    mutating func next() -> WalkedEntry? {
+        while true {
+            while index < count {
+                let current = index
+                index += 1
+                let records = base.unsafelyUnwrapped
                 // What the callback `prefetchDistance` records ahead will read first: its
                 // closure context or userdata (the records themselves stream in order).
-                if index + Self.prefetchDistance < count {
-                    let ahead = SubscriberEntry(base + (index + Self.prefetchDistance) * SubscriberEntry.stride)
+                if current + SubscriberPages.prefetchDistance < count {
+                    let ahead = SubscriberEntry(records + (current + SubscriberPages.prefetchDistance) * SubscriberEntry.stride)
                     if ahead.isLive { sf_prefetch(ahead.word1) }
                 }
-                let entry = SubscriberEntry(base + index * SubscriberEntry.stride)
+                let entry = SubscriberEntry(records + current * SubscriberEntry.stride)
                 let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
                 if SubscriberEntry.isLive(tag) {
-                    body(WalkedEntry(entry: entry, tag: tag, sidePage: sidePage, index: index))
+                    return WalkedEntry(entry: entry, tag: tag, sidePage: directory + SubscriberPages.maxPages + page, index: current)
                 }
             }
-            first += Self.slots(inPage: page)
+            first += SubscriberPages.slots(inPage: page)
+            guard first < limit else { return nil }
             page += 1
+            base = directory[page]
+            count = min(SubscriberPages.slots(inPage: page), limit - first)
+            index = 0
         }
     }
 }
