@@ -16,12 +16,37 @@ import Glibc
 // deadline" is checked exactly, whatever the machine's load.
 
 /// A probe holding the refresh lease of the store in `directory` for `seconds`.
-private func leaseHolder(_ directory: String, seconds: Double) throws -> ChildProcess {
+private func leaseHolder(_ directory: String, seconds: Double) async throws -> ChildProcess {
     let child = try ChildProcess(sessionProbeExecutable(), ["--lease", directory, "\(seconds)"], input: true)
-    guard child.waitForLine(where: { $0.hasPrefix("LEASE ") || $0.hasPrefix("BUSY") || $0.hasPrefix("ERROR") }) == "LEASE \(child.pid)" else {
+    let first = await offThePool { child.waitForLine(where: { $0.hasPrefix("LEASE ") || $0.hasPrefix("BUSY") || $0.hasPrefix("ERROR") }) }
+    guard first == "LEASE \(child.pid)" else {
         throw SetupFailure(description: "the probe did not take the lease: \(child.lines)")
     }
     return child
+}
+
+/// A probe holding the lease of `directory`, then `store` asking for it until granted
+/// (`waitForLease`); `prepare` runs on the holder first. The lease is short (the test waits
+/// its whole length) — so short that on a loaded machine it may run out before the first
+/// question: then no answer was busy, nothing was tested, and it is tried again with a
+/// longer lease (the precondition is waited for, not assumed from timing).
+private func waitBehindAHolder(
+    in directory: String, store: FileCredentialStore, prepare: (ChildProcess) async -> Void = { _ in }
+) async throws -> (ChildProcess, Wait) {
+    var last: (ChildProcess, Wait)?
+    for seconds in [2.0, 5, 12] {
+        let holder = try await leaseHolder(directory, seconds: seconds)
+        await prepare(holder)
+        let wait = await offThePool { waitForLease(store) }
+        last = (holder, wait)
+        if !wait.busy.isEmpty || wait.acquiredAt == nil { break }
+        print("refresh lease: the \(seconds) s lease ran out before the first question; again with a longer one")
+        store.releaseRefreshLease()
+        holder.kill(SIGCONT)
+        holder.kill(SIGKILL)
+        _ = await offThePool { holder.waitForExit() }
+    }
+    return last!
 }
 
 /// The state letter of /proc/<pid>/stat (R, S, T, Z...), nil if there is no such process.
@@ -41,7 +66,7 @@ private func waitForState(_ pid: pid_t, _ state: Character) -> Bool {
 }
 
 /// What one acquisition loop saw.
-private struct Wait {
+private struct Wait: Sendable {
     var busy: [RefreshLeaseHolder] = []
     /// CLOCK_MONOTONIC nanoseconds just after the acquisition returned.
     var acquiredAt: Int64?
@@ -91,11 +116,10 @@ private func setLockFileContents(_ store: FileCredentialStore, _ bytes: [UInt8])
 struct RefreshLeaseTests {
     /// (a) A live holder blocks everyone else until its deadline — never after — and the
     /// waiter gets the lease promptly once the deadline passes.
-    @Test func aLiveHoldersLeaseBlocksAnotherProcessUntilItsDeadlineThenTheWaiterProceeds() throws {
+    @Test func aLiveHoldersLeaseBlocksAnotherProcessUntilItsDeadlineThenTheWaiterProceeds() async throws {
         let tmp = TemporaryDirectory()
-        let holder = try leaseHolder(tmp.store, seconds: 2)
         let store = FileCredentialStore(directory: tmp.store)
-        let wait = waitForLease(store)
+        let (holder, wait) = try await waitBehindAHolder(in: tmp.store, store: store)
         #expect(!wait.busy.isEmpty, "the lease of a live process did not block this one")
         #expect(wait.busy.allSatisfy { $0.pid == holder.pid && !$0.isThisProcess }, "\(wait.busy)")
         #expect(wait.busyAfterDeadline.isEmpty, "busy after the holder's deadline")
@@ -112,9 +136,9 @@ struct RefreshLeaseTests {
 
     /// (b) The lease of a process that died is free at once, long before its deadline: a
     /// zombie (dead, not reaped) and a pid that no longer exists.
-    @Test func theLeaseOfADeadProcessIsTakenAtOnce() throws {
+    @Test func theLeaseOfADeadProcessIsTakenAtOnce() async throws {
         let tmp = TemporaryDirectory()
-        let holder = try leaseHolder(tmp.store, seconds: 600)
+        let holder = try await leaseHolder(tmp.store, seconds: 600)
         let store = FileCredentialStore(directory: tmp.store)
         let record = lockFileContents(store)
         guard case .busy(let seen?) = store.tryAcquireRefreshLease(for: .seconds(30)) else {
@@ -123,11 +147,11 @@ struct RefreshLeaseTests {
         }
         #expect(seen.pid == holder.pid && seen.remaining > .seconds(500))
         holder.kill(SIGKILL)
-        #expect(waitForState(holder.pid, "Z"), "the killed probe did not become a zombie")
+        #expect(await offThePool { waitForState(holder.pid, "Z") }, "the killed probe did not become a zombie")
         #expect(store.tryAcquireRefreshLease(for: .seconds(30)) == .acquired, "a zombie's lease blocked")
         store.releaseRefreshLease()
         // reaped: the pid is gone
-        holder.waitForExit()
+        _ = await offThePool { holder.waitForExit() }
         #expect(kill(holder.pid, 0) != 0 && errno == ESRCH)
         setLockFileContents(store, record)
         #expect(store.tryAcquireRefreshLease(for: .seconds(30)) == .acquired, "a dead pid's lease blocked")
@@ -136,14 +160,14 @@ struct RefreshLeaseTests {
 
     /// (c) A holder stopped with SIGSTOP while it holds the lease (it can never release)
     /// blocks the others only until its deadline.
-    @Test func aStoppedHolderBlocksOthersOnlyUntilItsDeadline() throws {
+    @Test func aStoppedHolderBlocksOthersOnlyUntilItsDeadline() async throws {
         let tmp = TemporaryDirectory()
-        let holder = try leaseHolder(tmp.store, seconds: 2)
-        holder.kill(SIGSTOP)
-        defer { holder.kill(SIGCONT) }
-        #expect(waitForState(holder.pid, "T"), "the probe did not stop")
         let store = FileCredentialStore(directory: tmp.store)
-        let wait = waitForLease(store)
+        let (holder, wait) = try await waitBehindAHolder(in: tmp.store, store: store) { holder in
+            holder.kill(SIGSTOP)
+            #expect(await offThePool { waitForState(holder.pid, "T") }, "the probe did not stop")
+        }
+        defer { holder.kill(SIGCONT) }
         #expect(processState(holder.pid) == "T", "the holder was not stopped all along")
         #expect(!wait.busy.isEmpty && wait.busy.allSatisfy { $0.pid == holder.pid })
         #expect(wait.busyAfterDeadline.isEmpty, "busy after the holder's deadline")
@@ -157,18 +181,18 @@ struct RefreshLeaseTests {
 
     /// (d) A holder whose lease ran out and was taken over releases "its" lease late: the new
     /// holder's record stays.
-    @Test func aReleaseByAProcessThatNoLongerOwnsTheLeaseLeavesTheNewHolders() throws {
+    @Test func aReleaseByAProcessThatNoLongerOwnsTheLeaseLeavesTheNewHolders() async throws {
         let tmp = TemporaryDirectory()
-        let holder = try leaseHolder(tmp.store, seconds: 1)
+        let holder = try await leaseHolder(tmp.store, seconds: 1)
         let taker = FileCredentialStore(directory: tmp.store)
-        guard waitForLease(taker).acquiredAt != nil else {
+        guard await offThePool({ waitForLease(taker) }).acquiredAt != nil else {
             Issue.record("the expired lease was never taken over")
             return
         }
         let ours = LeaseRecord.parse(lockFileContents(taker))
         #expect(ours?.pid == getpid())
         holder.send("release")
-        #expect(holder.waitForLine { $0 == "RELEASED" } != nil, "\(holder.lines)")
+        #expect(await offThePool { holder.waitForLine { $0 == "RELEASED" } } != nil, "\(holder.lines)")
         #expect(LeaseRecord.parse(lockFileContents(taker)) == ours, "the late release changed the new holder's record")
         let third = FileCredentialStore(directory: tmp.store)
         guard case .busy(let seen?) = third.tryAcquireRefreshLease(for: .seconds(30)) else {
@@ -193,7 +217,7 @@ struct RefreshLeaseTests {
         try FileCredentialStore(directory: tmp.store).write(StoredSession(
             accessToken: Secret("old-access"), refreshToken: Secret("old-refresh"),
             accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(1), memberID: "alice"))
-        let holder = try leaseHolder(tmp.store, seconds: 120)
+        let holder = try await leaseHolder(tmp.store, seconds: 120)
         let authority = GrantingAuthority()
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
@@ -226,9 +250,9 @@ struct RefreshLeaseTests {
         #expect(authority.refreshes == 0)
         // The holder stores what it refreshed and lets go: the waiter takes those tokens.
         holder.send("store alice new-access new-refresh")
-        #expect(holder.waitForLine { $0 == "STORED" || $0.hasPrefix("ERROR") } == "STORED")
+        #expect(await offThePool { holder.waitForLine { $0 == "STORED" || $0.hasPrefix("ERROR") } } == "STORED")
         holder.send("release")
-        #expect(holder.waitForLine { $0 == "RELEASED" } != nil)
+        #expect(await offThePool { holder.waitForLine { $0 == "RELEASED" } } != nil)
         let adopted = await eventually(timeout: .seconds(10), every: .milliseconds(50)) {
             (try? await session.manager.freshAccessToken().reveal()) == "new-access"
         }
@@ -248,7 +272,7 @@ struct RefreshLeaseTests {
         try FileCredentialStore(directory: tmp.store).write(StoredSession(
             accessToken: Secret("old-access"), refreshToken: Secret("old-refresh"),
             accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(1), memberID: "alice"))
-        let holder = try leaseHolder(tmp.store, seconds: 120)
+        let holder = try await leaseHolder(tmp.store, seconds: 120)
         let authority = GrantingAuthority()
         let session = try await SessionHarness(
             loopName: "lease-waiter", authority: authority, store: FileCredentialStore(directory: tmp.store)
@@ -261,7 +285,7 @@ struct RefreshLeaseTests {
         try await Task.sleep(for: .milliseconds(300))
         #expect(authority.refreshes == 0)
         holder.kill(SIGKILL)
-        holder.waitForExit()
+        _ = await offThePool { holder.waitForExit() }
         let refreshed = await eventually(timeout: .seconds(10), every: .milliseconds(50)) { authority.refreshes == 1 }
         #expect(refreshed)
         #expect(try await session.manager.freshAccessToken().reveal() == "granted-access-1")

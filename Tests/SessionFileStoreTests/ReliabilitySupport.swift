@@ -24,7 +24,9 @@ struct SetupFailure: Error, CustomStringConvertible {
 /// A child process whose stdout and stderr come back through one pipe, line by line.
 /// posix_spawn rather than Foundation's Process: the test needs the pid to SIGKILL at an
 /// exact moment, and a channel no other child inherits (close-on-exec), so EOF comes at its death.
-final class ChildProcess {
+/// Unchecked Sendable: one test uses it at a time — its blocking waits are handed to a thread
+/// of their own (`offThePool`) while the test awaits them, never run by two threads at once.
+final class ChildProcess: @unchecked Sendable {
     let pid: pid_t
     private let output: Int32
     /// Our end of the child's stdin, when it was given one (`input: true`); else it inherits ours.

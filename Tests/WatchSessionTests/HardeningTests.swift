@@ -51,8 +51,8 @@ struct WatchSessionHardeningTests {
         return path
     }
 
-    @Test func versionPrintsTheLibrarysVersion() throws {
-        let run = try watchSession(["--version"])
+    @Test func versionPrintsTheLibrarysVersion() async throws {
+        let run = try await watchSession(["--version"])
         #expect(run.status == 0)
         // The header's macros are the library's version: the CLI says the same.
         let header = try String(contentsOfFile: "Bindings/include/sessionflow.h", encoding: .utf8)

@@ -31,7 +31,7 @@ struct KilledRefreshTests {
         let arrived = try await eventually { try await refreshRequests(server).count == 1 }
         #expect(arrived, "the refresh never reached the server")
         #expect(kill(pid, SIGKILL) == 0)
-        let killed = await offThePool { victim.finish() }
+        let killed = await victim.finish()
         #expect(victim.process.terminationReason == .uncaughtSignal && killed.status == SIGKILL, "\(killed)")
         #expect(killed.stdout.isEmpty, "\(killed)")
         // It held the refresh lease when it died, and nothing released it.
@@ -57,7 +57,7 @@ struct KilledRefreshTests {
         let done = await eventually(timeout: .seconds(20)) { !nextProcess.process.isRunning }
         #expect(done, "the next token waited for the killed process's lease")
         if !done { kill(nextProcess.process.processIdentifier, SIGKILL) }
-        let next = await offThePool { nextProcess.finish() }
+        let next = await nextProcess.finish()
         #expect(next.status == 0, "\(next)")
         let fresh = try #require(storedAccessToken(directory))
         #expect(next.stdout == fresh + "\n" && fresh != access, "\(next)")
@@ -83,7 +83,7 @@ struct KilledRefreshTests {
         let answered = try await eventually { try await refreshRequests(server).first?["status"] as? Int == 200 }
         #expect(answered, "the delayed refresh was not answered")
 
-        let next = try watchSession(["token", "--store", directory])
+        let next = try await watchSession(["token", "--store", directory])
         #expect(next.status == 4, "\(next)")
         #expect(next.stdout.isEmpty, "\(next)")
         #expect(next.stderr.contains("expired"), "\(next)")
@@ -91,7 +91,7 @@ struct KilledRefreshTests {
         #expect(requests.count == 2, "\(requests.count) refreshes")
         #expect((requests.last?["form"] as? [String: String])?["refresh_token"] == refresh, "not the stored refresh token")
         #expect(requests.last?["status"] as? Int == 400)
-        let status = try watchSession(["status", "--json", "--store", directory])
+        let status = try await watchSession(["status", "--json", "--store", directory])
         #expect(status.status == 4 && status.stdout.contains(#""state":"sessionExpired""#), "\(status)")
         #expect(clean(next.stdout + next.stderr + status.stdout + status.stderr, of: [refresh]))
     }

@@ -403,7 +403,7 @@ struct WatchSessionLoginTests {
         #expect(stored.memberID == "alice")
         let mode = (try FileManager.default.attributesOfItem(atPath: state)[.posixPermissions] as? NSNumber)?.intValue
         #expect(mode == 0o700)
-        let run = try watchSession(["logout"], environment: environment)
+        let run = try await watchSession(["logout"], environment: environment)
         #expect(run.status == 0, "\(run)")
         #expect(FileCredentialStore(directory: store).read() == .absent)
     }
@@ -453,20 +453,20 @@ struct WatchSessionLoginTests {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try await server.faultMetadata("set:issuer=https://other.example")
-        let issuer = try watchSession(login(server, store: directory))
+        let issuer = try await watchSession(login(server, store: directory))
         #expect(issuer.status == 2, "\(issuer)")
         #expect(issuer.stderr.contains("refused the metadata's issuer"), "\(issuer.stderr)")
         #expect(issuer.stderr.contains("https://other.example"))
 
         let second = try AuthServer()
         try await second.faultMetadata("drop:device_authorization_endpoint")
-        let device = try watchSession(login(second, store: directory))
+        let device = try await watchSession(login(second, store: directory))
         #expect(device.status == 2, "\(device)")
         #expect(device.stderr.contains("device_authorization_endpoint"), "\(device.stderr)")
         #expect(try await second.deviceStats()["device_requests"] == 0)
         #expect(FileCredentialStore(directory: directory).read() == .absent)
 
-        let usage = try watchSession(["login", "--issuer", "ftp://x", "--client-id", "c", "--store", directory])
+        let usage = try await watchSession(["login", "--issuer", "ftp://x", "--client-id", "c", "--store", directory])
         #expect(usage.status == 64 && usage.stderr.contains("--issuer"), "\(usage.stderr)")
     }
 
@@ -551,7 +551,7 @@ struct WatchSessionLoginTests {
         #expect(try objects(cli.stdout.text).contains { $0["event"] as? String == "sign_in_failed" && $0["reason"] as? String == "accessDenied" })
         #expect(!FileManager.default.fileExists(atPath: opener.opened))
         #expect(FileCredentialStore(directory: directory).read() == .absent)
-        let usage = try watchSession(login(server, store: directory, ["--no-open"]))
+        let usage = try await watchSession(login(server, store: directory, ["--no-open"]))
         #expect(usage.status == 64 && usage.stderr.contains("--no-open goes with --browser"), "\(usage.stderr)")
     }
 
@@ -567,12 +567,12 @@ struct WatchSessionLoginTests {
             accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice"))
 
         // login leaves a store with someone signed in alone, and says so (exit 0).
-        let busy = try watchSession(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--store", directory])
+        let busy = try await watchSession(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--store", directory])
         #expect(busy.status == 0, "\(busy)")
         #expect(busy.stdout.contains("Already signed in as alice"), "\(busy.stdout)")
         #expect(try await server.deviceStats()["device_requests"] == 0)
 
-        let run = try watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
+        let run = try await watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
         #expect(run.status == 0, "\(run)")
         #expect(run.stdout.contains("signed out alice: the session is wiped from the store"), "\(run.stdout)")
         #expect(run.stdout.contains("the refresh token was revoked at \(server.issuer)/oauth/revoke"), "\(run.stdout)")
@@ -585,7 +585,7 @@ struct WatchSessionLoginTests {
         #expect(clean(run.stdout + run.stderr + busy.stdout + busy.stderr, of: [tokens.access, tokens.refresh]))
 
         // Again: nothing to sign out, exit 0.
-        let again = try watchSession(["logout", "--store", directory, "--json"])
+        let again = try await watchSession(["logout", "--store", directory, "--json"])
         #expect(again.status == 0, "\(again)")
         let outcome = try objects(again.stdout).first
         #expect(outcome?["kind"] as? String == "logout" && outcome?["signed_out"] as? Bool == false, "\(again.stdout)")
@@ -609,7 +609,7 @@ struct WatchSessionLoginTests {
                 accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: user))
         }
         try store.setActiveAccount("alice")
-        let run = try watchSession([
+        let run = try await watchSession([
             "logout", "--store", directory, "--account", "bob", "--issuer", server.issuer, "--client-id", "sessionflow-public",
         ])
         #expect(run.status == 0, "\(run)")
@@ -619,7 +619,7 @@ struct WatchSessionLoginTests {
         #expect(try await server.refreshError(refreshTokens["bob"]!) == "invalid_grant")
         #expect(try await server.refreshError(refreshTokens["alice"]!) == nil)
         #expect(clean(run.stdout + run.stderr, of: secrets))
-        let unknown = try watchSession(["logout", "--store", directory, "--account", "carol"])
+        let unknown = try await watchSession(["logout", "--store", directory, "--account", "carol"])
         #expect(unknown.status == 1 && unknown.stderr.contains("no account \"carol\" in the store (accounts: alice)"), "\(unknown)")
     }
 
@@ -634,7 +634,7 @@ struct WatchSessionLoginTests {
             accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice"))
         let fault = try await server.call("POST", "__fault", form: ["mode": "status:503", "endpoint": "revoke", "count": "5"])
         #expect(fault.status == 200)
-        let run = try watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
+        let run = try await watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
         #expect(run.status == 6, "\(run)")
         #expect(run.stdout.contains("signed out alice"), "\(run.stdout)")
         #expect(run.stderr.contains("watch-session: signed out here, but the revocation failed"), "\(run.stderr)")
@@ -655,7 +655,7 @@ struct WatchSessionLoginTests {
             accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice"))
 
         try await server.faultMetadata("status:500")
-        let refused = try watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
+        let refused = try await watchSession(["logout", "--store", directory, "--issuer", server.issuer, "--client-id", "sessionflow-public"])
         #expect(refused.status == 2, "\(refused)")
         #expect(refused.stderr.contains("discovery at \(server.issuer) failed"), "\(refused.stderr)")
         guard case .present = FileCredentialStore(directory: directory).read() else {
@@ -663,7 +663,7 @@ struct WatchSessionLoginTests {
             return
         }
 
-        let local = try watchSession(["logout", "--store", directory, "--json"])
+        let local = try await watchSession(["logout", "--store", directory, "--json"])
         #expect(local.status == 0, "\(local)")
         let outcome = try #require(try objects(local.stdout).first)
         #expect(outcome["signed_out"] as? Bool == true)
@@ -673,7 +673,7 @@ struct WatchSessionLoginTests {
         #expect(try await server.stats()["revoke_requests"] == 0)
         #expect(try await server.refreshError(tokens.refresh) == nil)  // still valid at the server
         #expect(clean(local.stdout + local.stderr + refused.stderr, of: [tokens.access, tokens.refresh]))
-        let usage = try watchSession(["logout", "--store", directory, "--issuer", server.issuer])
+        let usage = try await watchSession(["logout", "--store", directory, "--issuer", server.issuer])
         #expect(usage.status == 64 && usage.stderr.contains("--issuer needs --client-id"))
     }
 }

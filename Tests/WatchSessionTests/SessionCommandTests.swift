@@ -27,7 +27,14 @@ final class Spawned: @unchecked Sendable {
         try stdin.fileHandleForWriting.close()
     }
 
-    func finish() -> (status: Int32, stdout: String, stderr: String) {
+    /// Its status and output once it exits, read and waited for on a thread of their own
+    /// (`offThePool`): a test blocking a thread of the cooperative pool (two here) holds up
+    /// every other test's tasks — under ThreadSanitizer for long enough to starve them.
+    func finish() async -> (status: Int32, stdout: String, stderr: String) {
+        await offThePool { self.finishBlocking() }
+    }
+
+    private func finishBlocking() -> (status: Int32, stdout: String, stderr: String) {
         let stdout = out.fileHandleForReading.readDataToEndOfFile()
         let stderr = err.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
@@ -73,7 +80,7 @@ struct SessionCommandTests {
         let succeeded = try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_succeeded" }
         #expect(succeeded?["member_id"] as? String == "alice", "\(cli.screen)")
 
-        let status = try watchSession(["status", "--json", "--store", directory])
+        let status = try await watchSession(["status", "--json", "--store", directory])
         #expect(status.status == 0, "\(status)")
         let document = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
         #expect(document["version"] as? Int == 1)
@@ -85,17 +92,17 @@ struct SessionCommandTests {
         #expect(account["granted_scope"] as? String == "read", "\(document)")
         #expect(account["member_id"] as? String == "alice")
         #expect((account["expires_in_s"] as? Int ?? 0) > 3000)
-        let human = try watchSession(["status", "--store", directory])
+        let human = try await watchSession(["status", "--store", directory])
         #expect(human.status == 0 && human.stdout.contains("issuer:   \(server.issuer)"), "\(human)")
 
         let before = try await server.requests().count
-        let token = try watchSession(["token", "--store", directory])
+        let token = try await watchSession(["token", "--store", directory])
         #expect(token.status == 0, "\(token)")
         #expect(token.stdout == (storedAccessToken(directory) ?? "-") + "\n")
         #expect(token.stderr.isEmpty, "\(token.stderr)")
         #expect(try await server.requests().count == before, "token sent a request")
 
-        let again = try watchSession(login)
+        let again = try await watchSession(login)
         #expect(again.status == 0, "\(again)")
         #expect(again.stdout.contains("Already signed in as alice at \(server.issuer)"), "\(again)")
         #expect(try await server.requests().count == before, "a second login started a flow")
@@ -108,7 +115,7 @@ struct SessionCommandTests {
 
     /// A record written before profiles existed opens; the store keeps a profile through the
     /// writes of a session that knows none (a refresh); status and token work without one.
-    @Test func aRecordWithoutAProfileOpensAndAProfileSurvivesLaterWrites() throws {
+    @Test func aRecordWithoutAProfileOpensAndAProfileSurvivesLaterWrites() async throws {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = FileCredentialStore(directory: directory)
@@ -116,10 +123,10 @@ struct SessionCommandTests {
         guard case .present(let old) = store.read() else { Issue.record("the old record does not open"); return }
         #expect(old.profile == nil && old.accessToken == Secret(storedAccess))
 
-        let status = try watchSession(["status", "--json", "--store", directory])
+        let status = try await watchSession(["status", "--json", "--store", directory])
         #expect(status.status == 0, "\(status)")
         #expect(status.stdout.contains(#""issuer":null"#), "\(status)")
-        let token = try watchSession(["token", "--store", directory])
+        let token = try await watchSession(["token", "--store", directory])
         #expect(token.status == 0 && token.stdout == storedAccess + "\n", "\(token)")
 
         let profile = SessionProfile(issuer: "https://auth.example", clientID: "app", requestedScope: "read")
@@ -138,20 +145,20 @@ struct SessionCommandTests {
     @Test func statusAndTokenExitCodesFollowTheTable() async throws {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let out = try watchSession(["status", "--store", directory])
+        let out = try await watchSession(["status", "--store", directory])
         #expect(out.status == 1 && out.stdout.contains("not signed in"), "\(out)")
-        let noToken = try watchSession(["token", "--store", directory])
+        let noToken = try await watchSession(["token", "--store", directory])
         #expect(noToken.status == 1 && noToken.stdout.isEmpty && noToken.stderr.contains("not signed in"), "\(noToken)")
 
         let store = FileCredentialStore(directory: directory)
         try store.write(StoredSession(memberID: "carol", expired: true))
-        let expired = try watchSession(["status", "--json", "--store", directory])
+        let expired = try await watchSession(["status", "--json", "--store", directory])
         #expect(expired.status == 4, "\(expired)")
         #expect(expired.stdout.contains(#""state":"sessionExpired""#), "\(expired)")
-        let expiredToken = try watchSession(["token", "--store", directory])
+        let expiredToken = try await watchSession(["token", "--store", directory])
         #expect(expiredToken.status == 4 && expiredToken.stdout.isEmpty && expiredToken.stderr.contains("expired"), "\(expiredToken)")
 
-        let missing = try watchSession(["status", "--store", directory, "--account", "nobody"])
+        let missing = try await watchSession(["status", "--store", directory, "--account", "nobody"])
         #expect(missing.status == 1 && missing.stderr.contains("no account \"nobody\""), "\(missing)")
     }
 
@@ -161,18 +168,18 @@ struct SessionCommandTests {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try storeSignedIn(directory, server: server, access: "SENTINEL-ACCESS-1", refresh: "SENTINEL-REFRESH-1")
-        let run = try watchSession(["logout", "--store", directory, "--issuer", "https://other.example", "--client-id", "x"])
+        let run = try await watchSession(["logout", "--store", directory, "--issuer", "https://other.example", "--client-id", "x"])
         #expect(run.status == 64, "\(run)")
         #expect(run.stderr.contains("https://other.example") && run.stderr.contains(server.issuer), "\(run)")
         #expect(try await server.requests().isEmpty)
         #expect(storedAccessToken(directory) == "SENTINEL-ACCESS-1")
-        let watch = try watchSession(["--store", directory, "--token-endpoint", "https://other.example/token", "--client-id", "x"])
+        let watch = try await watchSession(["--store", directory, "--token-endpoint", "https://other.example/token", "--client-id", "x"])
         #expect(watch.status == 64, "\(watch)")
         #expect(try await server.requests().isEmpty)
         #expect(clean(run.stdout + run.stderr + watch.stdout + watch.stderr, of: ["SENTINEL-ACCESS-1", "SENTINEL-REFRESH-1"]))
 
         // With the stored profile, logout needs no flag: revoked at the stored issuer.
-        let logout = try watchSession(["logout", "--store", directory, "--json"])
+        let logout = try await watchSession(["logout", "--store", directory, "--json"])
         #expect(logout.status == 0 || logout.status == 6, "\(logout)")
         #expect(try objects(logout.stdout).first?["revocation_endpoint"] as? String == server.issuer + "/oauth/revoke", "\(logout)")
         #expect(FileCredentialStore(directory: directory).read() == .absent)
@@ -209,7 +216,7 @@ struct SessionCommandTests {
         }
         var printed: [String] = []
         for (kind, process) in processes {
-            let run = process.finish()
+            let run = await process.finish()
             #expect(run.status == 0, "\(kind): \(run)")
             switch kind {
             case "credential":
@@ -239,12 +246,12 @@ struct SessionCommandTests {
         try storeSignedIn(directory, server: server, access: "SENTINEL-EXEC-ACCESS", refresh: "SENTINEL-EXEC-REFRESH")
         // The child compares with what the test expects (given in the environment, so that no
         // argument of the child holds the token) and looks at its own arguments.
-        let run = try watchSession([
+        let run = try await watchSession([
             "exec", "--store", directory, "--env", "API_TOKEN", "--", "sh", "-c",
             #"test "$API_TOKEN" = "$EXPECTED" && ! tr '\0' ' ' < /proc/$$/cmdline | grep -q "$EXPECTED" && exit 3"#,
         ], environment: ["EXPECTED": "SENTINEL-EXEC-ACCESS"])
         #expect(run.status == 3, "\(run)")
-        let missing = try watchSession(["exec", "--store", directory, "--", "/nonexistent/command"])
+        let missing = try await watchSession(["exec", "--store", directory, "--", "/nonexistent/command"])
         #expect(missing.status == 127, "\(missing)")
         #expect(clean(missing.stdout + missing.stderr, of: ["SENTINEL-EXEC-ACCESS"]))
         #expect(try await server.requests().isEmpty)
@@ -267,19 +274,19 @@ struct SessionCommandTests {
         let environment = [
             "HOME": home, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": home + "/gitconfig", "GIT_TERMINAL_PROMPT": "0",
         ]
-        let config = try git(["config", "--global", "credential.https://git.example.helper", helper], environment: environment)
+        let config = try await git(["config", "--global", "credential.https://git.example.helper", helper], environment: environment)
         #expect(config.status == 0, "\(config)")
 
         let request = "protocol=https\nhost=git.example\n\n"
-        let fill = try git(["credential", "fill"], input: request, environment: environment)
+        let fill = try await git(["credential", "fill"], input: request, environment: environment)
         #expect(fill.status == 0, "\(fill)")
         #expect(fill.stdout.contains("password=\(access)\n"), "\(fill)")
         #expect(try await server.stats()["refresh_grants"] == 0)
 
-        let reject = try git(["credential", "reject"], input: "protocol=https\nhost=git.example\nusername=oauth2\npassword=\(access)\n\n",
+        let reject = try await git(["credential", "reject"], input: "protocol=https\nhost=git.example\nusername=oauth2\npassword=\(access)\n\n",
                              environment: environment)
         #expect(reject.status == 0, "\(reject)")
-        let refill = try git(["credential", "fill"], input: request, environment: environment)
+        let refill = try await git(["credential", "fill"], input: request, environment: environment)
         let fresh = try #require(storedAccessToken(directory))
         #expect(fresh != access)
         #expect(refill.stdout.contains("password=\(fresh)\n"), "\(refill)")
@@ -312,32 +319,32 @@ struct SessionCommandTests {
         try storeSignedIn(directory, server: server, access: access, refresh: refresh)
         let store = ["--store", directory]
         var outputs: [(String, String)] = []
-        func run(_ arguments: [String], input: String? = nil) throws {
-            let result = try Spawned(arguments, input: input).finish()
+        func run(_ arguments: [String], input: String? = nil) async throws {
+            let result = try await Spawned(arguments, input: input).finish()
             outputs.append((arguments.joined(separator: " "), result.stdout + result.stderr))
         }
-        try run(["status"] + store)
-        try run(["status", "--json"] + store)
-        try run(["status", "--account", "alice", "-vvv"] + store)
-        try run(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public"] + store)
-        try run(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--json"] + store)
-        try run(["exec"] + store + ["-vvv", "--", "true"])
-        try run(["credential"] + store + ["store"], input: "protocol=https\nhost=x\nusername=u\npassword=\(access)\n\n")
-        try run(["credential"] + store + ["erase", "-vvv"], input: "protocol=https\nhost=x\npassword=not-the-token\n\n")
-        try run(["token", "-vvv"] + store)
+        try await run(["status"] + store)
+        try await run(["status", "--json"] + store)
+        try await run(["status", "--account", "alice", "-vvv"] + store)
+        try await run(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public"] + store)
+        try await run(["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--json"] + store)
+        try await run(["exec"] + store + ["-vvv", "--", "true"])
+        try await run(["credential"] + store + ["store"], input: "protocol=https\nhost=x\nusername=u\npassword=\(access)\n\n")
+        try await run(["credential"] + store + ["erase", "-vvv"], input: "protocol=https\nhost=x\npassword=not-the-token\n\n")
+        try await run(["token", "-vvv"] + store)
         outputs[outputs.count - 1].1 = ""  // token's standard output is the token; its stderr:
-        let tokenRun = try Spawned(["token", "-vvv"] + store).finish()
+        let tokenRun = try await Spawned(["token", "-vvv"] + store).finish()
         outputs.append(("token (stderr)", tokenRun.stderr))
         for command in ["status", "token", "exec", "credential", "login", "logout", "watch"] {
-            try run([command, "--help"])
+            try await run([command, "--help"])
         }
         let watch = try Running(store + ["--json", "-vvv"], terminal: false)
         #expect(await watch.wait(for: #""state":"loggedIn""#), "\(watch.screen)")
         kill(watch.process.processIdentifier, SIGINT)
         #expect(await watch.exit() == 130)
         outputs.append(("watch --json", watch.screen))
-        try run(["logout", "--json", "-vvv"] + store)
-        try run(["status", "--json"] + store)
+        try await run(["logout", "--json", "-vvv"] + store)
+        try await run(["status", "--json"] + store)
         #expect(try await server.stats()["refresh_grants"] == 0)
         for (command, output) in outputs {
             #expect(clean(output, of: [access, refresh]), "\(command): \(output)")
@@ -357,10 +364,10 @@ struct SessionCommandTests {
         kill(watch.process.processIdentifier, SIGINT)
         #expect(await watch.exit() == 130)
         #expect(clean(watch.screen, of: [storedAccess, storedRefresh]))
-        let status = try watchSession(["status"], environment: ["XDG_STATE_HOME": state])
+        let status = try await watchSession(["status"], environment: ["XDG_STATE_HOME": state])
         #expect(status.status == 0 && status.stdout.contains("carol (active): loggedIn"), "\(status)")
 
-        let demo = try watchSession(["demo", "--json", "--speed", "50", "--scenario", "401-storm"])
+        let demo = try await watchSession(["demo", "--json", "--speed", "50", "--scenario", "401-storm"])
         #expect(demo.status == 0, "\(demo)")
         #expect(demo.stdout.contains("one refresh answered twenty 401s"))
         let script = try String(contentsOfFile: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
@@ -397,10 +404,10 @@ struct SessionCommandTests {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
-        let enough = try watchSession(["token", "--store", directory, "--min-valid", "60"])
+        let enough = try await watchSession(["token", "--store", directory, "--min-valid", "60"])
         #expect(enough.status == 0 && enough.stdout == access + "\n", "\(enough)")
         #expect(try await server.stats()["refresh_grants"] == 0)
-        let short = try watchSession(["token", "--store", directory, "--min-valid", "1200"])
+        let short = try await watchSession(["token", "--store", directory, "--min-valid", "1200"])
         #expect(short.status == 0, "\(short)")
         #expect(short.stdout != access + "\n" && short.stdout == (storedAccessToken(directory) ?? "-") + "\n")
         #expect(try await server.stats()["refresh_grants"] == 1)
@@ -421,7 +428,7 @@ struct SessionCommandTests {
                 grantedScope: "read write", tokenEndpoint: server.issuer + "/oauth/token")))
         let narrowed = try await server.call("POST", "__resource/config", form: ["grant_scope": "read"])
         #expect(narrowed.status == 200)
-        let token = try watchSession(["token", "--store", directory])
+        let token = try await watchSession(["token", "--store", directory])
         #expect(token.status == 0, "\(token)")
         #expect(try await server.stats()["refresh_grants"] == 1)
         guard case .present(let stored) = FileCredentialStore(directory: directory).read() else {
@@ -431,7 +438,7 @@ struct SessionCommandTests {
         #expect(stored.profile?.grantedScope == "read", "\(String(describing: stored.profile))")
         #expect(stored.profile?.requestedScope == "read write")
         #expect(stored.profile?.issuer == server.issuer)
-        let status = try watchSession(["status", "--json", "--store", directory])
+        let status = try await watchSession(["status", "--json", "--store", directory])
         let document = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
         let account = try #require((document["accounts"] as? [[String: Any]])?.first)
         #expect(account["granted_scope"] as? String == "read", "\(document)")
@@ -467,7 +474,7 @@ struct SessionCommandTests {
         #expect(clean(watch.screen, of: [alice.access, alice.refresh, bob.access, bob.refresh]))
     }
 
-    func git(_ arguments: [String], input: String = "", environment extra: [String: String]) throws -> (status: Int32, stdout: String, stderr: String) {
+    func git(_ arguments: [String], input: String = "", environment extra: [String: String]) async throws -> (status: Int32, stdout: String, stderr: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/git")
         process.arguments = arguments
@@ -481,9 +488,11 @@ struct SessionCommandTests {
         try process.run()
         stdin.fileHandleForWriting.write(Data(input.utf8))
         try stdin.fileHandleForWriting.close()
-        let stdout = out.fileHandleForReading.readDataToEndOfFile()
-        let stderr = err.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+        return await offThePool {
+            let stdout = out.fileHandleForReading.readDataToEndOfFile()
+            let stderr = err.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+        }
     }
 }

@@ -6,8 +6,8 @@ import Testing
 /// returns its output.
 func watchSession(
     _ arguments: [String], environment extra: [String: String] = [:]
-) throws -> (status: Int32, stdout: String, stderr: String) {
-    try Spawned(arguments, environment: extra).finish()
+) async throws -> (status: Int32, stdout: String, stderr: String) {
+    try await Spawned(arguments, environment: extra).finish()
 }
 
 func objects(_ ndjson: String) throws -> [[String: Any]] {
@@ -18,8 +18,8 @@ func objects(_ ndjson: String) throws -> [[String: Any]] {
 
 @Suite("watch-session", .serialized)
 struct WatchSessionTests {
-    @Test func theDemoStoryPlaysEventByEventAndExitsZero() throws {
-        let run = try watchSession(["demo", "--json", "--speed", "10"])
+    @Test func theDemoStoryPlaysEventByEventAndExitsZero() async throws {
+        let run = try await watchSession(["demo", "--json", "--speed", "10"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let trail = lines.map { line -> String in
@@ -50,8 +50,8 @@ struct WatchSessionTests {
         #expect(!run.stdout.contains("demo-token") && !run.stderr.contains("demo-token"))
     }
 
-    @Test func theHumanFormatHighlightsStatesAndSaysTheSessionExpired() throws {
-        let run = try watchSession(["demo", "--speed", "20"])
+    @Test func theHumanFormatHighlightsStatesAndSaysTheSessionExpired() async throws {
+        let run = try await watchSession(["demo", "--speed", "20"])
         #expect(run.status == 0)
         #expect(run.stdout.contains("STATE → loggedIn"))
         #expect(run.stdout.contains("retrying in"))
@@ -60,8 +60,8 @@ struct WatchSessionTests {
         #expect(!run.stdout.contains("demo-token"))
     }
 
-    @Test func anOfflineStartLogsNobodyOut() throws {
-        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "offline-start"])
+    @Test func anOfflineStartLogsNobodyOut() async throws {
+        let run = try await watchSession(["demo", "--json", "--speed", "10", "--scenario", "offline-start"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let states = lines.compactMap { $0["kind"] as? String == "state" ? $0["state"] as? String : nil }
@@ -70,8 +70,8 @@ struct WatchSessionTests {
         #expect(!run.stdout.contains("demo-token"))
     }
 
-    @Test func a401StormIsServedByOneRefresh() throws {
-        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "401-storm"])
+    @Test func a401StormIsServedByOneRefresh() async throws {
+        let run = try await watchSession(["demo", "--json", "--speed", "10", "--scenario", "401-storm"])
         #expect(run.status == 0)
         let refreshed = try objects(run.stdout).filter { $0["event"] as? String == "tokenRefreshed" }
         #expect(refreshed.count == 1)
@@ -79,8 +79,8 @@ struct WatchSessionTests {
         #expect(run.stdout.contains("all 20 got the same new token from one refresh"))
     }
 
-    @Test func aRefreshAnsweringAfterLogoutChangesNothing() throws {
-        let run = try watchSession(["demo", "--json", "--speed", "10", "--scenario", "logout-during-refresh"])
+    @Test func aRefreshAnsweringAfterLogoutChangesNothing() async throws {
+        let run = try await watchSession(["demo", "--json", "--speed", "10", "--scenario", "logout-during-refresh"])
         #expect(run.status == 0)
         let lines = try objects(run.stdout)
         let signedOut = lines.firstIndex { $0["event"] as? String == "signedOut" }
@@ -89,19 +89,19 @@ struct WatchSessionTests {
         #expect(lines.last { $0["kind"] as? String == "state" }?["state"] as? String == "loggedOut")
     }
 
-    @Test func badInputGetsOneClearLineAndANonZeroExit() throws {
-        let speed = try watchSession(["demo", "--speed", "0"])
+    @Test func badInputGetsOneClearLineAndANonZeroExit() async throws {
+        let speed = try await watchSession(["demo", "--speed", "0"])
         #expect(speed.status != 0)
         #expect(speed.stderr.contains("--speed must be above 0"))
-        let unknown = try watchSession(["--bogus"])
+        let unknown = try await watchSession(["--bogus"])
         #expect(unknown.status != 0)
         #expect(unknown.stderr.contains("Unknown option '--bogus'"))
-        let scenario = try watchSession(["demo", "--scenario", "nope"])
+        let scenario = try await watchSession(["demo", "--scenario", "nope"])
         #expect(scenario.status != 0)
     }
 
-    @Test func helpHasExamples() throws {
-        let help = try watchSession(["--help"])
+    @Test func helpHasExamples() async throws {
+        let help = try await watchSession(["--help"])
         #expect(help.status == 0)
         #expect(help.stdout.contains("Examples:"))
         #expect(help.stdout.contains("--json"))
@@ -152,7 +152,7 @@ struct WatchSessionLiveTests {
         #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains("otherProcess") })
         // Ctrl-C: a clean exit with 130
         kill(process.processIdentifier, SIGINT)
-        process.waitUntilExit()
+        await offThePool { process.waitUntilExit() }
         #expect(process.terminationStatus == 130)
         #expect(!collected.text.contains(storedAccess) && !collected.text.contains(storedRefresh))
     }
@@ -183,12 +183,12 @@ struct WatchSessionLiveTests {
             collected.text.contains(#""accounts":[\#(bobActive)]"#)
         })
         kill(process.processIdentifier, SIGINT)
-        process.waitUntilExit()
+        await offThePool { process.waitUntilExit() }
         #expect(process.terminationStatus == 130)
         #expect(!collected.text.contains(storedAccess) && !collected.text.contains(storedRefresh))
 
         // An account the store does not hold: one clear line, exit 1, nothing changed.
-        let unknown = try watchSession(["--store", directory, "--account", "carol\u{1B}]0;owned\u{07}"])
+        let unknown = try await watchSession(["--store", directory, "--account", "carol\u{1B}]0;owned\u{07}"])
         #expect(unknown.status == 1)
         #expect(unknown.stderr.contains(#"no account "carol\u{1B}]0;owned\u{7}" in the store (accounts: bob)"#), "\(unknown.stderr)")
         #expect(!unknown.stderr.contains("\u{1B}"))
@@ -196,7 +196,7 @@ struct WatchSessionLiveTests {
         // Without --store, the default store (where login keeps the session): bob is not there.
         let state = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: state) }
-        let orphan = try watchSession(["--account", "bob"], environment: ["XDG_STATE_HOME": state])
+        let orphan = try await watchSession(["--account", "bob"], environment: ["XDG_STATE_HOME": state])
         #expect(orphan.status == 1 && orphan.stderr.contains(#"no account "bob" in the store (it holds none)"#), "\(orphan)")
     }
 
@@ -239,18 +239,18 @@ struct WatchSessionLiveTests {
         #expect(!store("available").isEmpty, "\(collected.text)")
         #expect(store("available").allSatisfy { $0["reason"] is NSNull })
         kill(process.processIdentifier, SIGINT)
-        process.waitUntilExit()
+        await offThePool { process.waitUntilExit() }
         #expect(process.terminationStatus == 130)
         #expect(!collected.text.contains(storedAccess) && !collected.text.contains(storedRefresh))
     }
 
-    @Test func keysOnATerminalLogOutAndQuit() throws {
+    @Test func keysOnATerminalLogOutAndQuit() async throws {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileCredentialStore(directory: directory).write(storedSession())
         // The state line and the event line come from two flows, in either order: wait for both
         // before quitting.
-        let (status, screen) = try onTerminal(keys: "lq", after: "signed out (userRequested)&&STATE → loggedOut", store: directory)
+        let (status, screen) = try await onTerminal(keys: "lq", after: "signed out (userRequested)&&STATE → loggedOut", store: directory)
         #expect(status == 0, "\(screen)")
         #expect(screen.contains("STATE → loggedIn"))
         #expect(screen.contains("STATE → loggedOut"))
@@ -260,39 +260,39 @@ struct WatchSessionLiveTests {
     }
 
     @Test(arguments: ["r", "u"])
-    func refreshAndSimulated401KeysReachTheAuthority(key: String) throws {
+    func refreshAndSimulated401KeysReachTheAuthority(key: String) async throws {
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileCredentialStore(directory: directory).write(storedSession())
         // Watching only (no token endpoint): the refresh the key asks for is refused as a
         // configuration matter, and that refusal is what shows the key reached the session.
-        let (status, screen) = try onTerminal(keys: key + "q", after: "refresh failed", store: directory)
+        let (status, screen) = try await onTerminal(keys: key + "q", after: "refresh failed", store: directory)
         #expect(status == 0, "\(screen)")
         #expect(screen.contains("refresh failed"), "\(screen)")
         #expect(screen.contains("watching only"))
         #expect(!screen.contains(storedAccess) && !screen.contains(storedRefresh))
     }
 
-    @Test func aBadURLOrStoreGetsOneClearLine() throws {
-        let url = try watchSession(["--token-endpoint", "not a url", "--client-id", "x"])
+    @Test func aBadURLOrStoreGetsOneClearLine() async throws {
+        let url = try await watchSession(["--token-endpoint", "not a url", "--client-id", "x"])
         #expect(url.status == 64)
         #expect(url.stderr.contains("--token-endpoint: the token endpoint is not a URL with a host"), "\(url.stderr)")
         // Plain http to a host that is not loopback: refused before any connection (tokens
         // and the client secret would travel in clear); loopback http stays allowed.
-        let plain = try watchSession(["--token-endpoint", "http://auth.example.com/token", "--client-id", "x"])
+        let plain = try await watchSession(["--token-endpoint", "http://auth.example.com/token", "--client-id", "x"])
         #expect(plain.status == 64)
         #expect(plain.stderr.contains("plain http to a host that is not loopback"), "\(plain.stderr)")
-        let ftp = try watchSession(["--token-endpoint", "ftp://auth.example.com/token", "--client-id", "x"])
+        let ftp = try await watchSession(["--token-endpoint", "ftp://auth.example.com/token", "--client-id", "x"])
         #expect(ftp.status == 64 && ftp.stderr.contains("neither https nor http"), "\(ftp.stderr)")
-        let credentials = try watchSession(["--token-endpoint", "https://user:pw@auth.example.com/token", "--client-id", "x"])
+        let credentials = try await watchSession(["--token-endpoint", "https://user:pw@auth.example.com/token", "--client-id", "x"])
         #expect(credentials.status == 64 && credentials.stderr.contains("user name or password"))
         #expect(!credentials.stderr.contains("pw@"))
-        let noClient = try watchSession(["--token-endpoint", "https://auth.example.com/token"])
+        let noClient = try await watchSession(["--token-endpoint", "https://auth.example.com/token"])
         #expect(noClient.status != 0 && noClient.stderr.contains("needs --client-id"))
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("not-a-dir-\(UUID().uuidString)").path
         _ = FileManager.default.createFile(atPath: file, contents: Data())
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let store = try watchSession(["--store", file])
+        let store = try await watchSession(["--store", file])
         #expect(store.status != 0 && store.stderr.contains("--store is not a directory"))
     }
 }
@@ -357,7 +357,7 @@ struct WatchSessionKeyTests {
 
         // A key file others may read is refused before anything runs (exit 64), never quoted.
         chmod(keyFile, 0o644)
-        let open = try watchSession(["--store", directory, "--key-file", keyFile])
+        let open = try await watchSession(["--store", directory, "--key-file", keyFile])
         #expect(open.status == 64, "\(open.stderr)")
         #expect(open.stderr.contains("--key-file") && open.stderr.contains("open to group or others"), "\(open.stderr)")
         let openEnvironment = try await watch(["--store", directory], environment: ["SESSIONFLOW_KEY_FILE": keyFile], until: "never")
@@ -368,12 +368,12 @@ struct WatchSessionKeyTests {
         // Without --store the key file is the default store's, checked the same way.
         let state = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: state) }
-        let noStore = try watchSession(["--key-file", keyFile], environment: ["XDG_STATE_HOME": state])
+        let noStore = try await watchSession(["--key-file", keyFile], environment: ["XDG_STATE_HOME": state])
         #expect(noStore.status == 64 && noStore.stderr.contains("open to group or others"), "\(noStore)")
     }
 
-    @Test func helpExplainsTheKeyFile() throws {
-        let help = try watchSession(["--help"])
+    @Test func helpExplainsTheKeyFile() async throws {
+        let help = try await watchSession(["--help"])
         #expect(help.stdout.contains("--key-file"))
         #expect(help.stdout.contains("SESSIONFLOW_KEY_FILE"))
     }
@@ -381,7 +381,7 @@ struct WatchSessionKeyTests {
 
 /// Runs `watch-session --store DIR` in a pseudo-terminal (Tests/Fixtures/pty_drive.py), waits
 /// for its key help, types `keys` (each after `after` appears), and returns what it showed.
-func onTerminal(keys: String, after: String, store directory: String) throws -> (status: Int32, screen: String) {
+func onTerminal(keys: String, after: String, store directory: String) async throws -> (status: Int32, screen: String) {
     let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/pty_drive.py").path
     let process = Process()
@@ -390,9 +390,11 @@ func onTerminal(keys: String, after: String, store directory: String) throws -> 
     let out = Pipe()
     process.standardOutput = out
     try process.run()
-    let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    process.waitUntilExit()
-    return (process.terminationStatus, screen)
+    return await offThePool {
+        let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        return (process.terminationStatus, screen)
+    }
 }
 
 final class LockedText: @unchecked Sendable {
