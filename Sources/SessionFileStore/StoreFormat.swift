@@ -54,8 +54,10 @@ extension FileCredentialStore {
             }
             let members = try Members(json, "the document")
             var document = Document()
-            guard let version = try members.integer("version") else { throw Members.corrupt("version", "missing") }
-            document.version = Int(version)
+            guard let version = try members.integer("version").flatMap({ Int(exactly: $0) }) else {
+                throw Members.corrupt("version", "missing")
+            }
+            document.version = version
             document.active = try members.string("active")
             for (account, record) in try Members(members.required("accounts"), "accounts").all {
                 document.accounts[account] = try Record(reading: record)

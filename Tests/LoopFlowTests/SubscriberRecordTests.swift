@@ -129,10 +129,12 @@ struct SubscriberRecordTests {
     @Test func aWalkSkipsRecordsClosedBeforeItAndByACallbackAcrossPageBoundaries() async throws {
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
-            // Pages of 16, 32, 64, 128: slots 0–239.
-            let count = 240
+            // Pages of 16, 32, 64, then 88 of page 3's 128: the walk ends inside a page.
+            let count = 200
             let calls = LockedBox([Int](repeating: 0, count: count))
             let handles = LockedBox<[FlowSubscription]>([])
+            // What the closes inside the callback returned (checked here, on the test's task).
+            let closedInWalk = LockedBox<[Bool]>([])
             // Closed during the walk by slot 15 (the last of page 0): the first and the last
             // of page 1, one of page 3; closed before it: holes at either end of page 2.
             let closedByCallback = [16, 47, 150]
@@ -144,16 +146,20 @@ struct SubscriberRecordTests {
                         calls.withLockedValue { $0[index] += 1 }
                         if index == 15 {
                             let targets = handles.withLockedValue { list in closedByCallback.map { list[$0] } }
-                            for target in targets { #expect(target.close()) }
+                            closedInWalk.withLockedValue { $0 = targets.map { $0.close() } }
                         }
                     }))
                 }
             }
             try await loop.submit {}  // all registered
+            // Slot i is subscriber i (a fresh flow hands slots out in order): the holes and
+            // the page boundaries are where the comments say.
+            #expect(handles.withLockedValue { $0.enumerated().allSatisfy { Int($1.slot) == $0 } })
             for index in closedBefore { #expect(handles.withLockedValue { $0[index] }.close()) }
             state.value = 1
             #expect(await eventually { calls.withLockedValue { $0[count - 1] } == 1 })
             try await loop.submit {}
+            #expect(closedInWalk.withLockedValue { $0 } == [true, true, true])
             let seen = calls.withLockedValue { $0 }
             for index in 0..<count {
                 let expected = closedBefore.contains(index) || closedByCallback.contains(index) ? 0 : 1

@@ -157,6 +157,23 @@ struct SecretMemoryTests {
         if case .string("second") = b.first {} else { Issue.record("an array element is not a secret member's value: \(b)") }
     }
 
+    @Test func everyByteOfASecretComesBackThroughTheWriterAndParse() throws {
+        let bytes = (0...255).map { UInt8($0) }
+        let secret = bytes.withUnsafeBytes { Secret(copying: $0) }
+        let written = SecretJSON.Writer.secret { json in
+            json.beginObject()
+            json.key("k")
+            json.secret(secret)
+            json.endObject()
+        }
+        let value = try #require(written.withUnsafeBytes { SecretJSON.parse($0, secretKeys: ["k"]) })
+        guard case .object(let members) = value, case .secret(let back)? = members["k"] else {
+            Issue.record("parsed as \(value)")
+            return
+        }
+        #expect(back.withUnsafeBytes { Array($0) } == bytes)
+    }
+
     @Test func parseReadsEveryKindOfValueAndRefusesAMemberNamedTwice() throws {
         let json = #"{"s":"x\u00e9\ud83d\ude00","n":-1.5e3,"t":true,"f":false,"z":null,"o":{"access_token":"deep"},"a":[]}"#
         let value = try #require(Array(json.utf8).withUnsafeBytes { SecretJSON.parse($0, secretKeys: ["access_token"]) })
