@@ -274,10 +274,11 @@ swift build --build-tests --sanitize=thread --scratch-path .build-tsan
 # The multi-process tests spawn the debug probe: what TSan checks is this process's threads.
 # The soak under TSan (a build of the tools package of its own) is the soak tier's:
 # bash scripts/test.sh --soak.
-# Two runs: LoopFlow's tests apart from the rest. Many of the other suites' tests wait
-# synchronously on the cooperative pool's threads (child processes: the CLI, the probe), two
-# at once take both of this machine's threads, and under TSan that lasts long enough to starve
-# LoopFlow's async-view consumers past their 20 s hang guards (CI: AsyncViewTests, once).
+# Two runs: LoopFlow's tests apart from the rest. Other suites' tests waited synchronously on
+# the cooperative pool's threads (child processes: the CLI, the probe), two at once took both
+# of this machine's threads, and under TSan that lasted long enough to starve LoopFlow's
+# async-view consumers past their 20 s hang guards (CI: AsyncViewTests, once). Those waits now
+# run off the pool (`offThePool`); the split stays, as a guard against the next one.
 tsan=(swift test --skip-build --sanitize=thread --scratch-path .build-tsan)
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "${tsan[@]}" --filter LoopFlowTests
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "${tsan[@]}" --skip LoopFlowTests

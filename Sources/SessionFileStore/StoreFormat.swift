@@ -156,18 +156,9 @@ extension FileCredentialStore {
         /// The record's JSON object; `dpopKey` is `dpopKey`'s text (made once by the caller).
         func write(into json: inout SecretJSON.Writer, dpopKey encodedKey: Secret?) {
             json.beginObject()
-            if let account {
-                json.key("account")
-                json.string(account)
-            }
-            if let accessToken {
-                json.key("accessToken")
-                json.secret(accessToken)
-            }
-            if let refreshToken {
-                json.key("refreshToken")
-                json.secret(refreshToken)
-            }
+            json.optional("account", account)
+            json.optional("accessToken", secret: accessToken)
+            json.optional("refreshToken", secret: refreshToken)
             if let expiresAtNanoseconds {
                 json.key("expiresAtNanoseconds")
                 json.integer(expiresAtNanoseconds)
@@ -191,10 +182,7 @@ extension FileCredentialStore {
                 json.endObject()
             }
             json.optional("grantedScope", grantedScope)
-            if let encodedKey {
-                json.key("dpopKey")
-                json.secret(encodedKey)
-            }
+            json.optional("dpopKey", secret: encodedKey)
             json.endObject()
         }
     }
@@ -364,5 +352,12 @@ extension SecretJSON.Writer {
         guard let text else { return }
         self.key(key)
         string(text)
+    }
+
+    /// `key` and the secret when there is one; nothing when there is none.
+    mutating func optional(_ key: String, secret value: Secret?) {
+        guard let value else { return }
+        self.key(key)
+        secret(value)
     }
 }

@@ -1,4 +1,4 @@
-import Synchronization
+import LoopFlow
 
 #if canImport(Glibc)
 import Glibc
@@ -164,29 +164,31 @@ final class SecretBytes: @unchecked Sendable {
 /// and a munmap while another thread of the process runs also costs an interrupt to every
 /// core that thread ran on (its TLB is flushed): a store write made five secrets. A kept
 /// page stays mapped and out of core dumps, and holds nothing but zeros.
-final class SecretPages: Sendable {
+final class SecretPages: @unchecked Sendable {
     /// The process's pages (every secret's, but a test's own).
     static let shared = SecretPages(capacity: 16)
     static let size = Int(sysconf(Int32(_SC_PAGESIZE)))
 
     let capacity: Int
-    /// The kept pages' addresses.
-    private let kept: Mutex<[UInt]>
+    /// The kept pages' addresses. Behind pthread's mutex (`Lock`), not the standard library's
+    /// `Mutex`: ThreadSanitizer does not see `Mutex`'s atomics (they run in the uninstrumented
+    /// Synchronization library) and reports every access under it as a race.
+    private let kept: LockedBox<[UInt]>
 
     init(capacity: Int) {
         self.capacity = capacity
         var pages: [UInt] = []
         pages.reserveCapacity(capacity)
-        kept = Mutex(pages)
+        kept = LockedBox(pages)
     }
 
     func take() -> UnsafeMutableRawPointer? {
-        kept.withLock { $0.popLast() }.flatMap { UnsafeMutableRawPointer(bitPattern: $0) }
+        kept.withLockedValue { $0.popLast() }.flatMap { UnsafeMutableRawPointer(bitPattern: $0) }
     }
 
     /// Keeps `page` (already zeroed) unless `capacity` are kept; whether it did.
     func give(_ page: UnsafeMutableRawPointer) -> Bool {
-        kept.withLock { pages in
+        kept.withLockedValue { pages in
             guard pages.count < capacity else { return false }
             pages.append(UInt(bitPattern: page))
             return true
@@ -194,7 +196,7 @@ final class SecretPages: Sendable {
     }
 
     /// The kept pages' addresses (tests).
-    var keptPages: [UInt] { kept.withLock { $0 } }
+    var keptPages: [UInt] { kept.withLockedValue { $0 } }
 }
 
 /// Zeroes `bytes` in a way the compiler keeps (the buffers a secret passed through).
