@@ -1,4 +1,4 @@
-// One file (over 400 lines): `redact` and `parse` share one private byte scanner, which must
+// One file: `redact` and `parse` share one private byte scanner, which must
 // read exactly what `Writer` (SecretJSONWriter.swift) writes; apart, its parts would be
 // visible to the whole module.
 
