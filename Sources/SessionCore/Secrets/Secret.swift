@@ -112,7 +112,8 @@ public struct Secret: Sendable, Hashable, CustomStringConvertible, CustomDebugSt
 
 /// Bytes of a secret in memory of their own: whole pages mapped for them, marked
 /// `MADV_DONTDUMP` (a core dump leaves them out) and zeroed with `explicit_bzero` before
-/// they are unmapped (or, a single page, kept for the next secret: `SecretPages`). A NUL follows the bytes (C hosts read them in place). Should `mmap`
+/// they are unmapped (or, a single page, kept for the next secret: `SecretPages`). A NUL
+/// follows the bytes (C hosts read them in place). Should `mmap`
 /// fail (the process's map limit), the bytes go to the heap — still zeroed at the end.
 final class SecretBytes: @unchecked Sendable {
     let base: UnsafeMutableRawPointer
