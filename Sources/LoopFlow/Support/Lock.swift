@@ -13,10 +13,19 @@ import Musl
 package final class Lock: @unchecked Sendable {
     @usableFromInline let mutex: UnsafeMutablePointer<pthread_mutex_t>
 
-    package init() {
+    /// `spinning`: glibc's adaptive mutex (`PTHREAD_MUTEX_ADAPTIVE_NP`), which spins a little
+    /// before it sleeps in the kernel — for a lock held a few nanoseconds that many threads
+    /// take at once (the valid-token path), where sleeping costs far more than the wait.
+    package init(spinning: Bool = false) {
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
-        let rc = pthread_mutex_init(mutex, nil)
+        var attributes = pthread_mutexattr_t()
+        pthread_mutexattr_init(&attributes)
+        defer { pthread_mutexattr_destroy(&attributes) }
+        if spinning {
+            pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
+        }
+        let rc = pthread_mutex_init(mutex, &attributes)
         precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
     }
 

@@ -39,7 +39,7 @@ final class SessionOutput: Sendable {
 /// Its until-when is kept in the loop clock's nanoseconds (`EventLoop.nowNanoseconds`): the
 /// check is an integer compare.
 final class FreshTokenCell: @unchecked Sendable {
-    private let lock = Lock()
+    private let lock = Lock(spinning: true)
     private var token: Secret?
     /// `Int64.min`: no token is fresh.
     private var until = Int64.min

@@ -30,9 +30,11 @@ public final class SessionManager: Sendable {
     /// The flows the active account's session publishes into (`state`, `events`,
     /// `storeStatus`): the first session's own, kept for the manager's whole life.
     let surface: SessionOutput
-    /// `surface.fresh`, read without a retain on the valid-token path: `surface` keeps it (and
-    /// so must stay a `let` that nothing replaces).
-    unowned(unsafe) let freshCell: FreshTokenCell
+    /// `surface.fresh`, reached without a retain on the valid-token path: `surface` keeps it
+    /// (and so must stay a `let` that nothing replaces). Not `unowned(unsafe)`: loading one of
+    /// those makes a strong reference, and the disassembly showed a retain and a release of the
+    /// cell per token.
+    let freshCell: Unmanaged<FreshTokenCell>
     /// A store of several accounts: one session per account (nil: one session).
     let accountStore: (any AccountCredentialStore)?
     /// Records the store's active account, one change after the other (nil: one session).
@@ -83,7 +85,7 @@ public final class SessionManager: Sendable {
         let first = try SessionEngine(
             loop: loop, authority: authority, store: store, configuration: configuration)
         self.surface = first.output
-        self.freshCell = surface.fresh
+        self.freshCell = Unmanaged.passUnretained(surface.fresh)
         self.accountStore = store as? any AccountCredentialStore
         self.pointerWorker = accountStore.map { StoreWorker(store: $0, loop: loop) }
         self.sessions = LockedBox(Sessions(active: first))
@@ -275,7 +277,8 @@ public final class SessionManager: Sendable {
     /// (valid, not due for a refresh, none in flight, the session open); else nil.
     @usableFromInline
     func freshTokenWithoutWaiting() -> Secret? {
-        freshCell.answer(atNanoseconds: loop.nowNanoseconds)
+        let now = loop.nowNanoseconds
+        return freshCell._withUnsafeGuaranteedRef { $0.answer(atNanoseconds: now) }
     }
 
     /// The same, answered on the loop thread (usable from inside a flow callback).
