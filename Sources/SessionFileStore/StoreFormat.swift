@@ -257,7 +257,7 @@ extension FileCredentialStore {
         if header.version == 1 {
             var opened: Data?
             for key in keys where opened == nil {
-                opened = try? withCipherStateScrubbed { try AES.GCM.open(box, using: key, authenticating: header.bytes) }
+                opened = try? withCipherStateScrubbed(.cipher) { try AES.GCM.open(box, using: key, authenticating: header.bytes) }
             }
             guard let opened else { throw StoreDecodeFailure(.authentication, "authentication failed") }
             plaintext = opened
@@ -265,7 +265,7 @@ extension FileCredentialStore {
             guard let key = keys.first(where: { StoreKeyID.of($0) == header.keyID }) else {
                 throw StoreDecodeFailure(.unknownKey, "its key (id \(StoreKeyID.hex(header.keyID))) is not among the store's keys")
             }
-            plaintext = try withCipherStateScrubbed {
+            plaintext = try withCipherStateScrubbed(.cipher) {
                 try AES.GCM.open(box, using: key, authenticating: header.authenticatedData(name: name))
             }
         }
@@ -305,7 +305,7 @@ extension FileCredentialStore {
         _ plaintext: some DataProtocol, key: SymmetricKey, name: String = "session.sfstore", source: KeySourceTag = .keyFile
     ) throws -> [UInt8] {
         let header = StoreHeader(source: source, keyID: StoreKeyID.of(key))
-        let box = try withCipherStateScrubbed {
+        let box = try withCipherStateScrubbed(.cipher) {
             try AES.GCM.seal(plaintext, using: key, authenticating: header.authenticatedData(name: name))
         }
         guard let combined = box.combined else { throw StoreDecodeFailure(.header, "no combined form") }

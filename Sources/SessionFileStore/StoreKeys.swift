@@ -86,7 +86,7 @@ import Glibc
 /// check value: it tells keys apart, and reveals nothing usable about the key).
 @_spi(Fuzzing) public enum StoreKeyID {
     public static func of(_ key: SymmetricKey) -> [UInt8] {
-        withCipherStateScrubbed {
+        withCipherStateScrubbed(.digest) {
             var hash = SHA256()
             hash.update(data: Array("SessionFlow store key id".utf8))
             key.withUnsafeBytes { hash.update(bufferPointer: $0) }
@@ -229,7 +229,7 @@ extension FileCredentialStore {
                     throw .unavailable("the key file \(keyPath) is not sealed with a host's key, but the store was opened with one")
                 }
                 guard let box = try? AES.GCM.SealedBox(combined: bytes.dropFirst(wrappedMagic.count)),
-                    var plain = try? withCipherStateScrubbed({ try AES.GCM.open(box, using: kek, authenticating: wrappedMagic + Array(name.utf8)) })
+                    var plain = try? withCipherStateScrubbed(.cipher, { try AES.GCM.open(box, using: kek, authenticating: wrappedMagic + Array(name.utf8)) })
                 else {
                     throw .unavailable("the key file \(keyPath) does not open with the key the host provided (another key?)")
                 }
@@ -297,7 +297,7 @@ extension FileCredentialStore {
             var content = plain
             defer { wipe(&content) }
             if case .wrapped(let kek) = home {
-                guard let box = try? withCipherStateScrubbed({ try AES.GCM.seal(plain, using: kek, authenticating: wrappedMagic + Array(name.utf8)) }),
+                guard let box = try? withCipherStateScrubbed(.cipher, { try AES.GCM.seal(plain, using: kek, authenticating: wrappedMagic + Array(name.utf8)) }),
                     let combined = box.combined
                 else { throw .unavailable("cannot seal the store's key with the host's key") }
                 content = wrappedMagic + Array(combined)
