@@ -34,6 +34,16 @@ extension FileCredentialStore {
     struct LoadedKeys {
         let home: KeyHome
         let ring: [SymmetricKey]
+        /// The ids of `ring`'s keys that the load computed (nil where it did not), so that the
+        /// save does not hash its key again: each id is a SHA-256 and a cipher-state scrub.
+        var ids: [[UInt8]?] = []
+
+        /// The id of `ring[index]`, computed only if the load did not.
+        func id(at index: Int) -> [UInt8] {
+            guard index < ids.count, let id = ids[index] else { return StoreKeyID.of(ring[index]) }
+            assert(id == StoreKeyID.of(ring[index]), "a key id carried from the load is not its key's")
+            return id
+        }
     }
 
     /// The document, nil when there is no file. A damaged file is moved aside first.
@@ -57,6 +67,7 @@ extension FileCredentialStore {
             case .read(let content): bytes = content
             }
             var keys: [SymmetricKey] = []
+            var ids: [[UInt8]?] = []
             var loaded: LoadedKeys?
             if let header = StoreHeader(bytes) {
                 let home = try keyHome(for: header, in: directory)
@@ -73,7 +84,9 @@ extension FileCredentialStore {
                 if header.version == 1, case .wrapped(let kek) = home { keys.append(kek) }
             }
             do {
-                return (try Self.decode(bytes, name: name, keys: keys), loaded)
+                let document = try Self.decode(bytes, name: name, keys: keys, ids: &ids)
+                loaded?.ids = ids
+                return (document, loaded)
             } catch let failure as StoreDecodeFailure where failure.kind == .unknownKey && attempts < 3 {
                 attempts += 1
                 if case .read(let now) = FileIO.readAll(name, in: directory), now != bytes { continue }
@@ -104,12 +117,15 @@ extension FileCredentialStore {
         let home: KeyHome
         if let loaded { home = loaded.home } else { home = try currentKeyHome(in: directory) }
         let keys: [SymmetricKey]
+        let keyID: [UInt8]
         if let loaded, !loaded.ring.isEmpty {
             keys = loaded.ring
+            keyID = loaded.id(at: 0)
         } else {
             keys = try ringCreatingKey(home, in: directory)
+            keyID = StoreKeyID.of(keys[0])
         }
-        try seal(document, with: keys[0], home, in: directory)
+        try seal(document, with: keys[0], keyID: keyID, home, in: directory)
         if keys.count > 1 { try storeRing([keys[0]], home, create: false, in: directory) }
     }
 
@@ -132,7 +148,7 @@ extension FileCredentialStore {
         }
         let fresh = SymmetricKey(size: .bits256)
         try storeRing([fresh] + old, home, create: false, in: directory)
-        try seal(document, with: fresh, home, in: directory)
+        try seal(document, with: fresh, keyID: StoreKeyID.of(fresh), home, in: directory)
         try storeRing([fresh], home, create: false, in: directory)
     }
 
@@ -141,10 +157,12 @@ extension FileCredentialStore {
         try keyHome(for: currentHeader(in: directory), in: directory)
     }
 
-    fileprivate func seal(_ document: Document, with key: SymmetricKey, _ home: KeyHome, in directory: TrustedDirectory) throws(StoreFailure) {
+    fileprivate func seal(
+        _ document: Document, with key: SymmetricKey, keyID: [UInt8], _ home: KeyHome, in directory: TrustedDirectory
+    ) throws(StoreFailure) {
         let sealed: [UInt8]
         do {
-            sealed = try Self.encode(document, key: key, name: name, source: home.tag)
+            sealed = try Self.encode(document, key: key, keyID: keyID, name: name, source: home.tag)
         } catch {
             throw .unavailable("cannot encode or encrypt the session: \(describe(error))")
         }

@@ -246,6 +246,13 @@ extension FileCredentialStore {
     /// picks the one whose id the header names; version 1 tries each). Throws for anything
     /// else. Pure (SPI Fuzzing: the fuzz target in Tools/ calls it).
     @_spi(Fuzzing) public static func decode(_ bytes: [UInt8], name: String, keys: [SymmetricKey]) throws -> Document {
+        var ids: [[UInt8]?] = []
+        return try decode(bytes, name: name, keys: keys, ids: &ids)
+    }
+
+    /// `decode`, keeping in `ids` (parallel to `keys`) the key ids it computed, for the save
+    /// that follows the load (`LoadedKeys`).
+    static func decode(_ bytes: [UInt8], name: String, keys: [SymmetricKey], ids: inout [[UInt8]?]) throws -> Document {
         guard let header = StoreHeader(bytes), bytes.count > header.count else {
             throw StoreDecodeFailure(.header, "not a SessionFlow store (bad header)")
         }
@@ -262,11 +269,17 @@ extension FileCredentialStore {
             guard let opened else { throw StoreDecodeFailure(.authentication, "authentication failed") }
             plaintext = opened
         } else {
-            guard let key = keys.first(where: { StoreKeyID.of($0) == header.keyID }) else {
+            if ids.count != keys.count { ids = Array(repeating: nil, count: keys.count) }
+            let match = keys.indices.first { index in
+                let id = ids[index] ?? StoreKeyID.of(keys[index])
+                ids[index] = id
+                return id == header.keyID
+            }
+            guard let match else {
                 throw StoreDecodeFailure(.unknownKey, "its key (id \(StoreKeyID.hex(header.keyID))) is not among the store's keys")
             }
             plaintext = try withCipherStateScrubbed(.cipher) {
-                try AES.GCM.open(box, using: key, authenticating: header.authenticatedData(name: name))
+                try AES.GCM.open(box, using: keys[match], authenticating: header.authenticatedData(name: name))
             }
         }
         defer { plaintext.withUnsafeMutableBytes { zeroSecretMemory($0) } }
@@ -287,13 +300,14 @@ extension FileCredentialStore {
     /// A store file's bytes for `document` (the inverse of `decode`): version 2, sealed with
     /// `key` of `source`, each record stamped with the account it is filed under.
     @_spi(Fuzzing) public static func encode(
-        _ document: Document, key: SymmetricKey, name: String = "session.sfstore", source: KeySourceTag = .keyFile
+        _ document: Document, key: SymmetricKey, keyID: [UInt8]? = nil, name: String = "session.sfstore",
+        source: KeySourceTag = .keyFile
     ) throws -> [UInt8] {
         var document = document
         document.version = max(document.version, 2)
         for account in document.accounts.keys { document.accounts[account]?.account = account }
         return try document.plaintext().withUnsafeBytes { plaintext in
-            try seal(plaintext, key: key, name: name, source: source)
+            try seal(plaintext, key: key, keyID: keyID, name: name, source: source)
         }
     }
 
@@ -301,10 +315,12 @@ extension FileCredentialStore {
     /// AES-GCM (authenticating the header and `name`). `encode` seals a document's JSON; the
     /// fuzz target seals arbitrary bytes so that `decode`'s JSON decoding is reached behind
     /// valid authentication.
+    /// `keyID`: `key`'s id when the caller has it (else it is computed).
     @_spi(Fuzzing) public static func seal(
-        _ plaintext: some DataProtocol, key: SymmetricKey, name: String = "session.sfstore", source: KeySourceTag = .keyFile
+        _ plaintext: some DataProtocol, key: SymmetricKey, keyID: [UInt8]? = nil, name: String = "session.sfstore",
+        source: KeySourceTag = .keyFile
     ) throws -> [UInt8] {
-        let header = StoreHeader(source: source, keyID: StoreKeyID.of(key))
+        let header = StoreHeader(source: source, keyID: keyID ?? StoreKeyID.of(key))
         let box = try withCipherStateScrubbed(.cipher) {
             try AES.GCM.seal(plaintext, using: key, authenticating: header.authenticatedData(name: name))
         }
