@@ -242,6 +242,9 @@ rows = json.load(sys.stdin)
 missing = [row["name"] + (" (" + row["note"] + ")" if "note" in row else "") for row in rows if row["value"] is None]
 if missing:
     sys.exit("benchmark rows without a figure: " + ", ".join(missing))
+# The idle rows run in a host of C alone, compiled with cc (a Swift host would flatter RSS).
+if any("no cc" in row.get("note", "") for row in rows):
+    sys.exit("the idle host was not compiled (no cc?): its rows measured a Swift process")
 # The Node.js peer (node is installed above): 5 latency rows, one per fan-out size (2), on+off.
 node = [row for row in rows if row["name"].lstrip(" …").startswith("Node.js")]
 if len(node) != 8:

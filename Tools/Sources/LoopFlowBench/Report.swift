@@ -7,10 +7,17 @@ func report(_ rows: [Row], json: Bool) {
     if json {
         func number(_ value: Double) -> String { value.isFinite ? "\(value)" : "null" }
         func string(_ text: String) -> String {
+            // A note may quote a tool's output: control characters are escaped too (RFC 8259).
             var escaped = "\""
-            for character in text {
-                if character == "\"" || character == "\\" { escaped.append("\\") }
-                escaped.append(character)
+            for scalar in text.unicodeScalars {
+                switch scalar {
+                case "\"", "\\": escaped += "\\" + String(scalar)
+                case "\n": escaped += "\\n"
+                case _ where scalar.value < 0x20:
+                    let hex = String(scalar.value, radix: 16)
+                    escaped += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+                default: escaped.unicodeScalars.append(scalar)
+                }
             }
             return escaped + "\""
         }

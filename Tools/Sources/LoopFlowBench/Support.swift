@@ -163,7 +163,11 @@ func executableDirectory() -> String {
     var buffer = [CChar](repeating: 0, count: 4096)
     let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
     guard length > 0 else { return "." }
-    let path = string(fromC: buffer)
+    return parentDirectory(string(fromC: buffer))
+}
+
+/// The directory part of `path` ("." if it has none).
+func parentDirectory(_ path: String) -> String {
     guard let slash = path.lastIndex(of: "/") else { return "." }
     return String(path[..<slash])
 }
