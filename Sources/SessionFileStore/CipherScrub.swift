@@ -31,14 +31,14 @@ func withCipherStateScrubbed<T, E: Error>(_ state: CipherState, _ body: () throw
 /// key keeps both in its context's partial-block buffer, and swift-crypto's `finalize()`
 /// frees copies of that context uncleansed.
 ///
-/// Measured (perf probes on malloc between scrubs, swift-crypto 3.x): the cipher object is a
+/// Measured (perf probes on malloc between scrubs, swift-crypto 4.5): the cipher object is a
 /// 592-byte request (16 bytes of Swift header and the `EVP_AEAD_CTX`), the digest object a
 /// 128-byte one (16 and a 112-byte `SHA256_CTX`). Each kind takes the classes from 48 bytes
 /// below to 64 above its own, room for another layout of a later version; a layout outside
 /// it fails `test_memory.c` (a store key found in the heap), which is how a too-narrow
-/// range shows. One range per kind, not both for every call: a store write makes four of
-/// these calls, and the scrub of 28 classes was a fifth of its time (the figure in
-/// docs/benchmarks.md).
+/// range shows. One range per kind, not both for every call: a store write makes three of
+/// these calls, and the scrub of 28 classes was a fifth of its time with fsync set aside
+/// (docs/benchmarks.md).
 enum CipherState {
     case cipher
     case digest
