@@ -14,11 +14,17 @@ source "$(dirname "$0")/setup.sh"
 swift build -c release --product sessionflow >&2
 swift build -c release --product watch-session --scratch-path .build-release-static -Xswiftc -static-stdlib \
     -Xswiftc -use-ld=lld -Xlinker -z -Xlinker now >&2
+# The library as it is shipped (Bindings/install.sh: the runtime linked in, the same scratch path
+# and compiler flags as the CLI above): idle rows of its own.
+shipped=$(mktemp -d)
+trap 'rm -rf "$shipped"' EXIT
+bash Bindings/install.sh --prefix "$shipped" >&2
 swift build -c release --package-path Tools --product loopflow-allocs >&2
 swift build -c release --package-path Tools --product loopflow-bench >&2
 # loopflow-bench takes the first --sessionflow-lib (--node-script) it is given: one in ARGS wins.
 bench() {
     Tools/.build/release/loopflow-bench "$@" --sessionflow-lib "$PWD/.build/release/libsessionflow.so" \
+        --shipped-lib "$shipped/lib/libsessionflow.so" \
         --node-script "$PWD/Tools/node/eventemitter-bench.js" --watch-session "$PWD/.build-release-static/release/watch-session"
 }
 # --runs N: the whole table N times (JSON each), then per row the median and the runs that met
@@ -27,7 +33,7 @@ if [ "${1:-}" = "--runs" ]; then
     runs=${2:?usage: bash scripts/bench.sh --runs N [ARGS...]}
     shift 2
     results=$(mktemp -d)
-    trap 'rm -rf "$results"' EXIT
+    trap 'rm -rf "$results" "$shipped"' EXIT
     for run in $(seq 1 "$runs"); do
         echo "run $run of $runs…" >&2
         bench --json "$@" >"$results/run-$run.json"

@@ -229,13 +229,15 @@ func onPath(_ tool: String) -> Bool {
 
 /// The idle host against the idle floor: two processes of this executable (`--idle-host`),
 /// at once, each sleeping `seconds`.
-func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
+func idleRows(library: String, shipped: String?, seconds: Double, executable: String) -> [Row] {
     let directory = temporaryDirectory("sessionflow-bench-idle")
     defer { removeTree(directory) }
+    let shippedDirectory = temporaryDirectory("sessionflow-bench-idle-shipped")
+    defer { removeTree(shippedDirectory) }
     // The host is C alone (Tools/CHost/c_host.c, compiled now): a Swift process would have
     // the Swift runtime mapped and partly touched on the floor's side too, and RSS above that
     // floor would leave out what a C host pays for the runtime the library brings (measured:
-    // 8.1 MiB above a Swift floor, 15.6 above a C one, the same library). Without a C compiler
+    // 8.1 MiB above a Swift floor, 15.1 above a C one, the same library). Without a C compiler
     // the rows say so and the Swift process stands in.
     let hostDirectory = temporaryDirectory("sessionflow-bench-c-host")
     defer { removeTree(hostDirectory) }
@@ -244,9 +246,11 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
         if let host { return popen("'\(host)' idle \(arguments) \(seconds)", "r") }
         return popen("'\(executable)' --idle-host \(arguments) \(seconds)", "r")
     }
+    // All at once, for the same seconds (idle processes do not compete).
     let oursPipe = start("'\(library)' '\(directory)'")
+    let shippedPipe = shipped.map { start("'\($0)' '\(shippedDirectory)'") }
     let floorPipe = start("- -")
-    func read(_ pipe: UnsafeMutablePointer<FILE>?) -> (switches: Double, cpu: Double, rss: Double, library: Double, anonymous: Double)? {
+    func read(_ pipe: UnsafeMutablePointer<FILE>?) -> IdleReading? {
         guard let pipe else { return nil }
         var output = ""
         var buffer = [CChar](repeating: 0, count: 256)
@@ -255,13 +259,15 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
         guard let line = output.split(separator: "\n").first(where: { $0.hasPrefix("IDLE ") }) else { return nil }
         let fields = line.split(separator: " ").dropFirst().compactMap { Double($0) }
         guard fields.count == 5 else { return nil }
-        return (fields[0], fields[1], fields[2], fields[3], fields[4])
+        return IdleReading(switches: fields[0], cpu: fields[1], rss: fields[2], library: fields[3], anonymous: fields[4])
     }
     let ours = read(oursPipe), floor = read(floorPipe)
+    let shippedReading = shippedPipe.flatMap { read($0) }
     let perMinute = 60 / seconds
-    let why = ours == nil || floor == nil ? "the idle host failed" : host == nil ? "no cc: a Swift host (flatters RSS)" : nil
+    let flatters = host == nil ? "no cc: a Swift host (flatters RSS)" : nil
+    let why = ours == nil || floor == nil ? "the idle host failed" : flatters
     let extraWakeUps = ours.flatMap { o in floor.map { (o.switches - $0.switches) * perMinute } } ?? .nan
-    return [
+    var rows = [
         Row(name: "idle, signed in (1-hour token): context switches per minute",
             ours: ours.map { $0.switches * perMinute } ?? .nan, floor: floor.map { $0.switches * perMinute } ?? .nan,
             unit: "", baseline: "libuv loop + 1-hour timer", note: why),
@@ -269,14 +275,33 @@ func idleRows(library: String, seconds: Double, executable: String) -> [Row] {
             target: .atMost(2), note: why),
         Row(name: "idle, CPU time per minute", ours: ours.map { $0.cpu * perMinute } ?? .nan,
             floor: floor.map { $0.cpu * perMinute } ?? .nan, unit: "ms", baseline: "libuv loop + 1-hour timer", note: why),
-        Row(name: "idle, RSS above a libuv + libcurl host", ours: ours.flatMap { o in floor.map { (o.rss - $0.rss) / 1024 } } ?? .nan,
+    ]
+    rows += memoryRows(ours, floor, what: "", why: why)
+    if shipped != nil {
+        let why = shippedReading == nil || floor == nil ? "the idle host failed" : flatters
+        rows += memoryRows(shippedReading, floor, what: ", the shipped library", why: why)
+    }
+    return rows
+}
+
+/// What one idle host printed (`IDLE switches cpu-ms rss-kib library-kib anonymous-kib`).
+struct IdleReading {
+    var switches, cpu, rss, library, anonymous: Double
+}
+
+/// RSS above the floor, the library's mapped pages and the anonymous memory above the floor's.
+private func memoryRows(_ ours: IdleReading?, _ floor: IdleReading?, what: String, why: String?) -> [Row] {
+    [
+        Row(name: "idle, RSS above a libuv + libcurl host\(what)",
+            ours: ours.flatMap { o in floor.map { (o.rss - $0.rss) / 1024 } } ?? .nan,
             floor: .nan, unit: "MiB", target: .atMost(8), note: why),
         Row(name: "  … of which libsessionflow.so's mapped pages", ours: ours.map { $0.library / 1024 } ?? .nan,
             floor: .nan, unit: "MiB", note: why),
         // The rest of the RSS above is clean file pages (the library's code, the Swift runtime's
         // and FoundationEssentials' that the floor does not touch): shared by every process that
         // maps them, and dropped by the kernel under pressure. Anonymous memory is the session's own.
-        Row(name: "  … anonymous (private) memory above the floor", ours: ours.flatMap { o in floor.map { (o.anonymous - $0.anonymous) / 1024 } } ?? .nan,
+        Row(name: "  … anonymous (private) memory above the floor",
+            ours: ours.flatMap { o in floor.map { (o.anonymous - $0.anonymous) / 1024 } } ?? .nan,
             floor: .nan, unit: "MiB", note: why),
     ]
 }

@@ -18,6 +18,9 @@
 //                                               above this executable); NodePeer.swift
 //   ... --sessionflow-lib PATH                  the libsessionflow.so for the C fan-out
 //                                               (default: beside this executable)
+//   ... --shipped-lib PATH                      the library as Bindings/install.sh ships it (the
+//                                               runtime linked in): idle rows of its own, in the
+//                                               same 60 s (absent: no such rows)
 //   ... --watch-session PATH                    the CLI for the cli section (token vs --version,
 //                                               stripped size; default: beside this executable;
 //                                               absent: the rows say so); CLICost.swift
@@ -246,7 +249,9 @@ if only.contains("refresh") {
 if only.contains("idle") {
     let seconds = smoke ? 1.0 : 60
     note("the idle host (\(Int(seconds)) s)…")
-    rows += idleRows(library: sessionFlowLibrary, seconds: seconds, executable: directory + "/loopflow-bench")
+    rows += idleRows(
+        library: sessionFlowLibrary, shipped: option("--shipped-lib"), seconds: seconds,
+        executable: directory + "/loopflow-bench")
 }
 
 report(rows, json: json)
