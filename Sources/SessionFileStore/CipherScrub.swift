@@ -36,7 +36,8 @@ func withCipherStateScrubbed<T, E: Error>(_ state: CipherState, _ body: () throw
 /// 128-byte one (16 and a 112-byte `SHA256_CTX`). Each kind takes the classes from 48 bytes
 /// below to 64 above its own, room for another layout of a later version; a layout outside
 /// it fails `test_memory.c` (a store key found in the heap), which is how a too-narrow
-/// range shows. One range per kind, not both for every call: a store write makes three of
+/// range shows. (A heuristic, as it was with 28 classes: a freed block glibc has merged into a
+/// neighbour is out of any scrub's reach.) One range per kind, not both for every call: a store write makes three of
 /// these calls, and the scrub of 28 classes was a fifth of its time with fsync set aside
 /// (docs/benchmarks.md).
 enum CipherState {
@@ -56,7 +57,9 @@ enum CipherState {
 /// otherwise come out first).
 private func scrubRecentlyFreedBlocks(_ sizes: StrideThrough<Int>) {
     let perClass = 16
-    withUnsafeTemporaryAllocation(of: UnsafeMutableRawPointer?.self, capacity: 8 * perClass) { blocks in
+    var classes = 0
+    for _ in sizes { classes += 1 }
+    withUnsafeTemporaryAllocation(of: UnsafeMutableRawPointer?.self, capacity: classes * perClass) { blocks in
         var taken = 0
         for size in sizes {
             for _ in 0..<perClass where taken < blocks.count {

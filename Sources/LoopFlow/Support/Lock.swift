@@ -27,9 +27,11 @@ package final class Lock: @unchecked Sendable {
         var attributes = pthread_mutexattr_t()
         pthread_mutexattr_init(&attributes)
         defer { pthread_mutexattr_destroy(&attributes) }
+        #if canImport(Glibc)
         if spinning {
             pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
         }
+        #endif
         let rc = pthread_mutex_init(mutex, &attributes)
         precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
     }

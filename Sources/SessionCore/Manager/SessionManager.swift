@@ -31,7 +31,7 @@ public final class SessionManager: Sendable {
     /// `storeStatus`): the first session's own, kept for the manager's whole life.
     let surface: SessionOutput
     /// `surface.fresh`, reached without a retain on the valid-token path: `surface` keeps it
-    /// (and so must stay a `let` that nothing replaces). Not `unowned(unsafe)`: loading one of
+    /// (so `surface` and `SessionOutput.fresh` must stay `let`s that nothing replaces). Not `unowned(unsafe)`: loading one of
     /// those makes a strong reference, and the disassembly showed a retain and a release of the
     /// cell per token.
     let freshCell: Unmanaged<FreshTokenCell>
