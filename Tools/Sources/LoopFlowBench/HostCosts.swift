@@ -144,10 +144,8 @@ func startupRows(library: String, runs: Int, executable: String) -> [Row] {
 /// output's line that starts with it (0 when `prefix` is nil).
 func runCHost(_ host: String, _ arguments: String, expecting prefix: String?) -> Double? {
     guard let pipe = popen("'\(host)' \(arguments)", "r") else { return nil }
-    var output = ""
-    var buffer = [CChar](repeating: 0, count: 256)
-    while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
-    guard pclose(pipe) == 0 else { return nil }
+    let (output, status) = drain(pipe)
+    guard status == 0 else { return nil }
     guard let prefix else { return 0 }
     return output.split(separator: "\n").first { $0.hasPrefix(prefix) }.flatMap { Double($0.dropFirst(prefix.count)) }
 }
@@ -192,10 +190,7 @@ func secretServiceStartupRow(library: String, runs: Int, floor: Double, executab
         + "HOME='\(directory)/home' XDG_DATA_HOME='\(directory)/home/data' "
         + "dbus-run-session -- /bin/sh '\(script)' '\(executable)' '\(library)' '\(directory)' \(runs) 2>&1"
     guard let pipe = popen(command, "r") else { return absent("popen failed") }
-    var output = ""
-    var buffer = [CChar](repeating: 0, count: 512)
-    while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
-    pclose(pipe)
+    let output = drain(pipe).output
     let lines = output.split(separator: "\n")
     let times = lines.filter { $0.hasPrefix("STARTUP ") }.compactMap { Double($0.dropFirst(8)) }
     guard times.count == runs else {
@@ -252,10 +247,7 @@ func idleRows(library: String, shipped: String?, seconds: Double, executable: St
     let floorPipe = start("- -")
     func read(_ pipe: UnsafeMutablePointer<FILE>?) -> IdleReading? {
         guard let pipe else { return nil }
-        var output = ""
-        var buffer = [CChar](repeating: 0, count: 256)
-        while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
-        pclose(pipe)
+        let output = drain(pipe).output
         guard let line = output.split(separator: "\n").first(where: { $0.hasPrefix("IDLE ") }) else { return nil }
         let fields = line.split(separator: " ").dropFirst().compactMap { Double($0) }
         guard fields.count == 5 else { return nil }

@@ -75,10 +75,7 @@ func allocationRows(updates: Int, sizes: [Int], directory: String) -> [Row] {
         note("allocations skipped: cannot start \(helper)")
         return sizes.map { allocationRow($0, .nan, .nan) } + pairRows(.nan, .nan)
     }
-    var output = ""
-    var buffer = [CChar](repeating: 0, count: 256)
-    while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
-    let status = pclose(pipe)
+    let (output, status) = drain(pipe)
     var counted: [Int: (Double, Double)] = [:]
     var pairs: (Double, Double) = (.nan, .nan)
     for line in output.split(separator: "\n") {

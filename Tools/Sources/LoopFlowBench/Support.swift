@@ -166,6 +166,14 @@ func executableDirectory() -> String {
     return parentDirectory(string(fromC: buffer))
 }
 
+/// Everything a `popen`ed command wrote, and its `pclose` status.
+func drain(_ pipe: UnsafeMutablePointer<FILE>) -> (output: String, status: Int32) {
+    var output = ""
+    var buffer = [CChar](repeating: 0, count: 512)
+    while fgets(&buffer, Int32(buffer.count), pipe) != nil { output += string(fromC: buffer) }
+    return (output, pclose(pipe))
+}
+
 /// The directory part of `path` ("." if it has none).
 func parentDirectory(_ path: String) -> String {
     guard let slash = path.lastIndex(of: "/") else { return "." }
