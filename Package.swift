@@ -55,6 +55,8 @@ let package = Package(
         // calls take a GHashTable and a SecretSchema): no link-time dependency on libsecret or
         // glib. dlopen is in glibc itself (2.34+).
         .target(name: "CSecretService"),
+        // renameat2(RENAME_EXCHANGE) for the store's replace through a spare file.
+        .target(name: "CRenameExchange"),
         // The encrypted, atomic, account-keyed file store.
         .target(
             name: "SessionFileStore",
@@ -62,6 +64,7 @@ let package = Package(
                 "SessionCore",
                 "LoopFlow",
                 "CSecretService",
+                "CRenameExchange",
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),

@@ -54,9 +54,9 @@ extension FileCredentialStore {
     /// `load`, and the keys it used (nil when the file had no header to say where they are).
     ///
     /// The header says which source's key sealed the file (`keyHome`): a source that cannot be
-    /// reached, or another than configured, is unavailable. A key id the ring lacks is damage —
-    /// unless the file changed meanwhile (another process rotated the key between our read of
-    /// the file and of the ring): then it is read again.
+    /// reached, or another than configured, is unavailable. A file that does not decode (a key
+    /// id the ring lacks, a failed authentication) is damage — unless the file changed
+    /// meanwhile: then it is read again (up to three times).
     func loadKeepingKeys(in directory: TrustedDirectory) throws(StoreFailure) -> (document: Document, keys: LoadedKeys?)? {
         var attempts = 0
         while true {
@@ -87,12 +87,13 @@ extension FileCredentialStore {
                 let document = try Self.decode(bytes, name: name, keys: keys, ids: &ids)
                 loaded?.ids = ids
                 return (document, loaded)
-            } catch let failure as StoreDecodeFailure where failure.kind == .unknownKey && attempts < 3 {
-                attempts += 1
-                if case .read(let now) = FileIO.readAll(name, in: directory), now != bytes { continue }
-                let aside = moveAside(bytes, in: directory)
-                throw .damaged("the store file was damaged or tampered with (\(describe(failure))); moved aside to \(aside)")
             } catch {
+                // Not damage if the file changed since it was read: another process rotated the
+                // key between our read of the file and of the ring (the header names a key the
+                // ring lacks), or overwrote the copy this read had open — the file before the
+                // last write is the spare the next one overwrites (`FileIO.replaceThroughSpare`).
+                attempts += 1
+                if attempts < 4, case .read(let now) = FileIO.readAll(name, in: directory), now != bytes { continue }
                 let aside = moveAside(bytes, in: directory)
                 throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
             }
@@ -166,7 +167,7 @@ extension FileCredentialStore {
         } catch {
             throw .unavailable("cannot encode or encrypt the session: \(describe(error))")
         }
-        try FileIO.replaceAtomically(name, with: sealed, in: directory)
+        try FileIO.replaceThroughSpare(name, spare: spareName, with: sealed, in: directory)
     }
 
     /// Renames the damaged store file (whose bytes were `damaged`) aside; returns the new

@@ -1,6 +1,7 @@
 // The store's calls, its lock, the write lock and the refresh lease. The file's format (records,
 // seal/open, encode/decode: the fuzzed part) is in StoreFormat.swift, load and save in
-// FileCredentialStore+LoadSave.swift, the keys in StoreKeys.swift, file operations in FileIO.swift.
+// FileCredentialStore+LoadSave.swift, the keys in StoreKeys.swift, file operations in FileIO.swift
+// and TrustedDirectory.swift.
 
 import Crypto
 import FoundationEssentials
@@ -13,15 +14,17 @@ import Glibc
 
 /// The session on disk, encrypted and authenticated (AES-GCM), replaced atomically.
 ///
-/// - Trusted paths (`TrustedDirectory` in FileIO.swift): the directory is opened
+/// - Trusted paths (`TrustedDirectory.swift`): the directory is opened
 ///   `O_DIRECTORY|O_NOFOLLOW` and must be the effective user's and not writable by group or
 ///   others; every file is opened relative to it, `O_NOFOLLOW`, and must be a regular file of
 ///   that user without group/other permissions and with one link. Anything else is refused
 ///   (unavailable, naming the path and why) and nothing is read from or written to it. A
 ///   directory the store creates is 0700; an existing one is never `chmod`-ed.
-/// - Files 0600. A write goes to a new temporary file in the same
-///   directory, is fsync'd, renamed over the old file, and the directory fsync'd: a crash
-///   at any moment leaves the old session or the new one, never a mix.
+/// - Files 0600. A write goes over `<name>.spare` (the file before the last write) in place,
+///   is fsync'd, exchanged with the store file (`renameat2(RENAME_EXCHANGE)`), and the
+///   directory fsync'd: a crash at any moment leaves the old session or the new one, never a
+///   mix (`FileIO.replaceThroughSpare`; where the filesystem cannot exchange, a new temporary
+///   file renamed over the old one).
 /// - Encrypted with a 256-bit key (`Key`): from the host (wrapping a data key of the store's
 ///   own), the desktop Secret Service, or a key file created (0600) beside the store on first
 ///   use. The header (which names the key's source and id) and the store file's name are
@@ -66,6 +69,8 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     /// The files' names in the directory (every operation is relative to its descriptor).
     let name: String
     let keyName: String
+    /// The store file before the last write, overwritten by the next (`FileIO.replaceThroughSpare`).
+    let spareName: String
     private let lockName: String
     private let writeLockName: String
     let keySource: Key
@@ -94,6 +99,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         self.writeLockPath = directory + "/" + name + ".wlock"
         self.name = name
         self.keyName = name + ".key"
+        self.spareName = name + ".spare"
         self.lockName = name + ".lock"
         self.writeLockName = name + ".wlock"
         self.keySource = key

@@ -1,3 +1,4 @@
+import CRenameExchange
 import FoundationEssentials
 import LoopFlow
 
@@ -5,165 +6,6 @@ import LoopFlow
 import Glibc
 import SessionCore
 #endif
-
-/// The store's directory, opened once per store operation and trusted only after it is checked:
-/// opened `O_DIRECTORY|O_NOFOLLOW` (the directory itself may not be a symbolic link), owned by
-/// the effective user, not writable by group or others (a sticky bit does not make a shared
-/// directory private: others could still plant names in it, so 1777 is refused like 0777).
-/// Every file of the store is then reached relative to this descriptor (`openat`, `renameat`,
-/// `linkat`, `unlinkat`, each `O_NOFOLLOW`) and checked once open (`checkFile`): nothing is
-/// read from or written to a file that fails.
-///
-/// Parents: only the last component is opened `O_NOFOLLOW`; symbolic links in the parents
-/// are followed (`/var -> /private/var`, a home directory on another volume). Trust rests on
-/// the directory itself: whoever controls a parent can at most make this path reach another
-/// directory, which must pass the same checks (ours, private) — never one of someone else's.
-/// `.` components and trailing slashes are removed first, so `link/` or `link/.` cannot make
-/// the last component's link be followed.
-///
-/// Only a directory this store creates is given a mode (0700, by `mkdir`; only the last
-/// component is created, never its parents); an existing one is never `chmod`-ed.
-final class TrustedDirectory {
-    /// The path as the store was given it (for messages).
-    let path: String
-    let descriptor: Int32
-
-    private init(path: String, descriptor: Int32) {
-        self.path = path
-        self.descriptor = descriptor
-    }
-
-    deinit { close(descriptor) }
-
-    enum Opening {
-        case opened(TrustedDirectory)
-        /// The directory (or a parent) does not exist, and it was not to be created.
-        case missing
-        /// It could not be opened or created (`errno`), e.g. EACCES, EROFS, ENOTDIR.
-        case unreachable(Int32, String)
-        /// It exists but must not be used: a symbolic link, not a directory, someone else's,
-        /// writable by group or others.
-        case refused(String)
-    }
-
-    /// Opens (and with `create`, first creates 0700 if missing) and checks the directory.
-    static func open(_ path: String, create: Bool) -> Opening {
-        let target = normalized(path)
-        var fd = Glibc.open(target, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-        if fd < 0 && errno == ENOENT && create {
-            if mkdir(target, 0o700) != 0 && errno != EEXIST {
-                return .unreachable(errno, "cannot create \(path): \(FileIO.errnoText())")
-            }
-            fd = Glibc.open(target, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-        }
-        if fd < 0 {
-            let code = errno
-            if code == ELOOP || code == ENOTDIR {
-                var info = stat()
-                if lstat(target, &info) == 0 {
-                    if info.st_mode & S_IFMT == S_IFLNK { return .refused("\(path) is a symbolic link: not used") }
-                    if info.st_mode & S_IFMT != S_IFDIR { return .refused("\(path) is not a directory: not used") }
-                }
-            }
-            if code == ENOENT { return .missing }
-            return .unreachable(code, "cannot open \(path): \(String(cString: strerror(code)))")
-        }
-        var info = stat()
-        guard fstat(fd, &info) == 0 else {
-            let code = errno
-            close(fd)
-            return .unreachable(code, "cannot inspect \(path): \(String(cString: strerror(code)))")
-        }
-        let reason: String? =
-            if info.st_uid != geteuid() {
-                "is owned by uid \(info.st_uid), not \(geteuid())"
-            } else if info.st_mode & (S_IWGRP | S_IWOTH) != 0 {
-                "is writable by group or others (mode \(octal(info.st_mode)))"
-            } else {
-                nil
-            }
-        if let reason {
-            close(fd)
-            return .refused("\(path) \(reason): not used")
-        }
-        return .opened(TrustedDirectory(path: path, descriptor: fd))
-    }
-
-    /// `path` without `.` components, repeated or trailing slashes.
-    static func normalized(_ path: String) -> String {
-        let absolute = path.hasPrefix("/")
-        let parts = path.split(separator: "/").filter { $0 != "." }
-        if parts.isEmpty { return absolute ? "/" : "." }
-        return (absolute ? "/" : "") + parts.joined(separator: "/")
-    }
-
-    /// The full path of `name` in this directory (for messages).
-    func display(_ name: String) -> String { path + "/" + name }
-
-    /// Why a file of the store must not be used, or nil: it must be a regular file owned by the
-    /// effective user, without any group or other permission, with one link (a second link
-    /// would be a name outside the store's control for the same content).
-    static func fileProblem(_ info: stat) -> String? {
-        if info.st_mode & S_IFMT == S_IFLNK { return "is a symbolic link" }
-        if info.st_mode & S_IFMT != S_IFREG { return "is not a regular file" }
-        if info.st_uid != geteuid() { return "is owned by uid \(info.st_uid), not \(geteuid())" }
-        if info.st_mode & 0o077 != 0 { return "is open to group or others (mode \(octal(info.st_mode)))" }
-        if info.st_nlink != 1 { return "has \(info.st_nlink) links, not 1" }
-        return nil
-    }
-
-    enum FileOpening {
-        case opened(Int32)
-        case missing
-        /// `open` failed with this errno (and message naming the file).
-        case failed(Int32, String)
-        /// The file exists but is not to be used (message names it and why).
-        case refused(String)
-    }
-
-    /// `openat(name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)` (O_NONBLOCK: a planted FIFO
-    /// cannot block the open), then `checkFile`. A refused file is closed unread.
-    func openFile(_ name: String, _ flags: Int32, mode: mode_t = 0o600) -> FileOpening {
-        let fd = openat(descriptor, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, mode)
-        guard fd >= 0 else {
-            let code = errno
-            if code == ENOENT { return .missing }
-            // ELOOP (a link), EISDIR, ENXIO...: say what is there rather than the errno.
-            if let problem = problem(of: name) { return .refused("\(display(name)) \(problem): not used") }
-            return .failed(code, "cannot open \(display(name)): \(String(cString: strerror(code)))")
-        }
-        var info = stat()
-        guard fstat(fd, &info) == 0 else {
-            let code = errno
-            close(fd)
-            return .failed(code, "cannot inspect \(display(name)): \(String(cString: strerror(code)))")
-        }
-        if let problem = Self.fileProblem(info) {
-            close(fd)
-            return .refused("\(display(name)) \(problem): not used")
-        }
-        return .opened(fd)
-    }
-
-    /// Why the entry `name` must not be used, nil if it is fine or absent (`fstatat`, not followed).
-    func problem(of name: String) -> String? {
-        var info = stat()
-        guard fstatat(descriptor, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else { return nil }
-        return Self.fileProblem(info)
-    }
-
-    /// Throws if `name` exists and must not be used (checked without opening it).
-    func check(_ name: String) throws(FileCredentialStore.StoreFailure) {
-        if let problem = problem(of: name) {
-            throw .unavailable("\(display(name)) \(problem): not used")
-        }
-    }
-}
-
-private func octal(_ mode: mode_t) -> String {
-    let text = String(mode & 0o7777, radix: 8)
-    return String(repeating: "0", count: max(0, 4 - text.count)) + text
-}
 
 /// The few POSIX file operations the store needs, with the durability steps spelled out, all
 /// relative to a `TrustedDirectory`.
@@ -184,6 +26,14 @@ enum FileIO {
     /// Tests only: the temporary files of a store in a directory get this suffix instead of
     /// `<pid>-<random>`, so that a test can plant something under that name.
     static let injectedTemporarySuffixes = LockedBox<[String: String]>([:])
+
+    /// Tests only: the exchange of a store file with its spare fails with this errno in a
+    /// directory (a filesystem that cannot exchange, such as vfat or some FUSE mounts).
+    static let injectedExchangeErrors = LockedBox<[String: Int32]>([:])
+
+    /// Tests only: called with the file's name once a read in a directory has opened it and
+    /// before it reads (another process's write landing in between).
+    static let injectedPausesAfterOpen = LockedBox<[String: @Sendable (String) -> Void]>([:])
 
     /// -1 with `errno` set when a fault is injected for `path`, else nil.
     private static func injectedWriteError(_ path: String) -> Int? {
@@ -211,6 +61,7 @@ enum FileIO {
         case .failed(_, let message), .refused(let message): return .failed(message)
         }
         defer { close(fd) }
+        if let pause = injectedPausesAfterOpen.withLockedValue({ $0[directory.path] }) { pause(name) }
         // Key files pass through here: the buffer is sized from the file's size up front, so
         // it is not grown (a grown array leaves a copy behind in freed memory), and the chunk
         // is zeroed after.
@@ -306,6 +157,86 @@ enum FileIO {
             throw .unavailable("cannot write \(path): \(failure)")
         }
         syncDirectory(directory)
+    }
+
+    /// Replaces `name` with `bytes` through `spare`, a file kept beside it: the bytes are
+    /// written over the spare in place (pwrite, ftruncate, fsync), the two entries exchanged
+    /// (`renameat2(RENAME_EXCHANGE)`) and the directory fsync'd. The old file becomes the
+    /// spare, to be overwritten by the next write. A crash at any moment leaves `name` whole —
+    /// the old file until the exchange, the new one (synced before it) after — as
+    /// `replaceAtomically` does; but no inode is allocated and none freed, so no fsync of a new
+    /// directory entry and no freeing of the old file's blocks (with `discard`, a trim waited
+    /// for inside the rename): on ext4 a write costs two thirds of a new file's.
+    ///
+    /// The spare holds the previous file (sealed like it; the store's logout rotates the key,
+    /// which leaves it, as every earlier copy, unreadable). A reader of another process that
+    /// opened the old file may see it change once it is the spare again — the store's load
+    /// reads again when the file changed under a failed decode (`loadKeepingKeys`).
+    ///
+    /// Falls back to `replaceAtomically`, leaving the spare's name free: when the spare must
+    /// not be used (a planted link, FIFO, directory, second link, other owner or mode —
+    /// `openFile`'s checks; the entry itself is removed, never followed), and when the
+    /// filesystem cannot exchange (the spare is renamed over `name` instead). Only for files
+    /// whose previous content may stay: never key files.
+    static func replaceThroughSpare(
+        _ name: String, spare: String, with bytes: [UInt8], in directory: TrustedDirectory
+    ) throws(FileCredentialStore.StoreFailure) {
+        let fd: Int32
+        switch directory.openFile(spare, O_WRONLY | O_CREAT) {
+        case .opened(let opened):
+            fd = opened
+        case .refused:
+            unlinkat(directory.descriptor, spare, 0)
+            return try replaceAtomically(name, with: bytes, in: directory)
+        case .missing, .failed:
+            return try replaceAtomically(name, with: bytes, in: directory)
+        }
+        let path = directory.display(name)
+        var failure: String?
+        var written = 0
+        while written < bytes.count && failure == nil {
+            let count = injectedWriteError(path) ?? bytes.withUnsafeBytes { buffer in
+                pwrite(fd, buffer.baseAddress! + written, buffer.count - written, off_t(written))
+            }
+            if count < 0 {
+                if errno != EINTR { failure = "write: \(errnoText())" }
+            } else {
+                written += count
+            }
+        }
+        if failure == nil && ftruncate(fd, off_t(bytes.count)) != 0 { failure = "truncate: \(errnoText())" }
+        if failure == nil && fsync(fd) != 0 { failure = "fsync: \(errnoText())" }
+        if close(fd) != 0 && failure == nil { failure = "close: \(errnoText())" }
+        if failure == nil && exchange(spare, name, in: directory) != 0 {
+            // ENOENT: no file yet to exchange with (the first write); EINVAL, ENOSYS, ENOTSUP,
+            // EPERM: a filesystem (or kernel) that cannot exchange. A rename then.
+            if renameat(directory.descriptor, spare, directory.descriptor, name) != 0 {
+                failure = "rename: \(errnoText())"
+            }
+        }
+        if let failure {
+            unlinkat(directory.descriptor, spare, 0)
+            throw .unavailable("cannot write \(path): \(failure)")
+        }
+        if fsync(directory.descriptor) != 0 {
+            // The exchange may not be durable: the spare's name could still be the store's
+            // file on disk. Never overwrite it in place then.
+            unlinkat(directory.descriptor, spare, 0)
+            syncDirectory(directory)
+        }
+    }
+
+    private static func exchange(_ first: String, _ second: String, in directory: TrustedDirectory) -> Int32 {
+        if let code = injectedExchangeErrors.withLockedValue({ $0[directory.path] }) {
+            errno = code
+            return -1
+        }
+        return sf_rename_exchange(directory.descriptor, first, second)
+    }
+
+    /// Removes the entry `name` itself, whatever it is (never following it). Best effort.
+    static func remove(_ name: String, in directory: TrustedDirectory) {
+        unlinkat(directory.descriptor, name, 0)
     }
 
     /// Renames `name` to `newName` in the directory (never following either).

@@ -17,7 +17,8 @@ struct CrashTally: Sendable, CustomStringConvertible {
     var killedAtSpawn = 0
     var keptHistory = 0
     var freshDirectory = 0
-    /// A temporary file was left behind: the kill landed between its creation and the rename.
+    /// The kill landed mid-write: the spare was left half-written (it does not decode), or
+    /// a temporary file was left (between its creation and the rename).
     var midWrite = 0
     /// The store held generation n + 1: the write had finished, its "wrote" line had not come.
     var finishedUnreported = 0
@@ -35,7 +36,7 @@ struct CrashTally: Sendable, CustomStringConvertible {
         "crash consistency: \(kills) SIGKILLs in \(String(format: "%.1f", seconds)) s "
             + "(\(keptHistory) on one store keeping its history, \(freshDirectory) on fresh directories; "
             + "\(killedAtSpawn) right at spawn); \(writesSeen) writes reported; "
-            + "\(midWrite) landed mid-write (temporary file left), \(finishedUnreported) after the rename "
+            + "\(midWrite) landed mid-write (a half-written spare or a temporary file left), \(finishedUnreported) after the rename "
             + "before the report, \(midKeyCreation) mid-key-creation, \(keyWithoutSession) between key and first "
             + "session; \(orphanedTemporaryFiles) orphaned temporary files left in the directories; "
             + "never damaged, never lost"
@@ -95,7 +96,9 @@ struct CrashConsistencyTests {
             if generation == last + 1 { tally.finishedUnreported += 1 }
             held = generation
             let left = Set(tmp.files(in: directory)).subtracting(before).filter { $0.contains(".tmp-") }
-            if !left.isEmpty { tally.midWrite += 1 }
+            if !left.isEmpty || halfWritten(directory + "/session.sfstore.spare", key: directory + "/session.sfstore.key") {
+                tally.midWrite += 1
+            }
             guard checkNothingDamaged(tmp, directory, &tally.failures) else { return tally }
         }
         // The store kept every account it was given (members m0, m1, m2 in turn), each at
@@ -166,6 +169,13 @@ struct CrashConsistencyTests {
         tally.seconds = Double((ContinuousClock.now - started).components.seconds)
             + Double((ContinuousClock.now - started).components.attoseconds) / 1e18
         return tally
+    }
+
+    /// Whether the spare exists and does not decode (a write over it was cut short).
+    private static func halfWritten(_ spare: String, key: String) -> Bool {
+        let bytes = contents(spare)
+        guard !bytes.isEmpty else { return false }
+        return (try? FileCredentialStore.decode(bytes, key: SymmetricKey(data: contents(key)))) == nil
     }
 
     /// The store must answer the last reported generation or the one after it (0: absent);

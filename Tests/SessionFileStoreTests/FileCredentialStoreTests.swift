@@ -110,8 +110,12 @@ struct FileCredentialStoreTests {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
         for n in 0..<20 { try store.write(session("m\(n % 3)", access: "access-\(n)")) }
-        #expect(tmp.files() == ["session.sfstore", "session.sfstore.key", "session.sfstore.wlock"])
+        #expect(tmp.files() == ["session.sfstore", "session.sfstore.key", "session.sfstore.spare", "session.sfstore.wlock"])
         #expect(store.read() == .present(session("m1", access: "access-19")))
+        // The spare is the whole file before the last write (FileIO.replaceThroughSpare).
+        let previous = try FileCredentialStore.decode(contents(store.path + ".spare"), key: SymmetricKey(data: contents(store.keyPath)))
+        #expect(previous.active == "m0")
+        #expect(previous.accounts["m0"]?.session.accessToken?.reveal() == "access-18")
     }
 
     @Test func concurrentWritersFromManyStoresAlwaysLeaveADecodableSession() throws {

@@ -134,6 +134,10 @@ struct MultiAccountTests {
         // The key was rotated: a copy of the file taken before no longer opens with the key
         // left on the machine (crypto-shredding alice's tokens in every copy).
         #expect(throws: (any Error).self) { try storedDocument(tmp.store, bytes: backup) }
+        // So does the spare, which holds the file as it was before the logout's write.
+        let spare = contents(tmp.store + "/session.sfstore.spare")
+        #expect(!spare.isEmpty)
+        #expect(throws: (any Error).self) { try storedDocument(tmp.store, bytes: spare) }
         #expect(s.manager.state.value == .loggedIn)
         #expect(s.manager.memberID == "bob")
         #expect(record(s.store, "alice") == nil)
@@ -150,7 +154,7 @@ struct MultiAccountTests {
         let document = try storedDocument(tmp.store)
         #expect(document.accounts.isEmpty)
         #expect(document.active == nil)
-        #expect(!tmp.files().contains { $0.contains(".damaged-") }, "\(tmp.files())")
+        #expect(!tmp.files().contains { $0.contains(".damaged-") || $0.hasSuffix(".spare") }, "\(tmp.files())")
         await s.stop()
     }
 

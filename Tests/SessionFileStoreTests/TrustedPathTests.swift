@@ -130,6 +130,7 @@ struct TrustedPathTests {
 
     /// A temporary file's name taken by a link: the write fails naming it, the link's target is
     /// neither created nor written (O_CREAT|O_EXCL|O_NOFOLLOW), the stored session is intact.
+    /// (A write takes a temporary file when the spare cannot be used: a link there too.)
     @Test func aPlantedLinkAtTheTemporaryNameIsNotFollowed() throws {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store)
@@ -139,10 +140,12 @@ struct TrustedPathTests {
         let planted = store.path + ".tmp-1-1"
         let outside = tmp.path + "/outside-temporary"
         #expect(symlink(outside, planted) == 0)
+        #expect(symlink(tmp.path + "/outside-spare", store.path + ".spare") == 0)
         let message = failureMessage { () throws(StoreError) in try store.write(session("bob")) }
         #expect(message.contains(planted), "\(message)")
         #expect(!exists(outside))
         #expect(linkTarget(planted) == outside)
+        #expect(!exists(tmp.path + "/outside-spare"))
         #expect(store.read() == .present(session("alice")))
     }
 

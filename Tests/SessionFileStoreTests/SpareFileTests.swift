@@ -1,0 +1,154 @@
+import Crypto
+import Foundation
+import LoopFlow
+import SessionCore
+import Testing
+
+@_spi(Fuzzing) @testable import SessionFileStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The store file is replaced through a spare (`FileIO.replaceThroughSpare`): the new bytes go
+// over `<store>.spare` in place, the two entries are exchanged (renameat2 RENAME_EXCHANGE),
+// the old file becomes the spare. What must hold: each write still replaces the file whole
+// (the crash campaign kills writers mid-write: CrashConsistencyTests); the spare is reused,
+// not a new file each time; nothing planted at its name is followed or written; a filesystem
+// that cannot exchange still gets every write; and a reader of another process whose opened
+// copy becomes the spare and is overwritten under it reads again instead of calling the
+// store damaged. Real files in /tmp.
+
+private func inode(_ path: String) -> ino_t? {
+    var info = stat()
+    return lstat(path, &info) == 0 ? info.st_ino : nil
+}
+
+private func links(_ path: String) -> nlink_t {
+    var info = stat()
+    return lstat(path, &info) == 0 ? info.st_nlink : 0
+}
+
+private func exists(_ path: String) -> Bool {
+    var info = stat()
+    return lstat(path, &info) == 0
+}
+
+@Suite("The store's spare file")
+struct SpareFileTests {
+    /// From the third write on, the store file's new inode is the spare's — two inodes take
+    /// turns — and the spare holds the file as it was before.
+    @Test func eachWriteGoesOverTheSpareAndTakesItsPlace() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
+        let spare = store.path + ".spare"
+        try store.write(session("alice", access: "access-0"))
+        #expect(!exists(spare), "the first write has nothing to exchange with: its file is renamed")
+        var inodes: Set<ino_t> = []
+        for n in 1...10 {
+            let spareBefore = inode(spare)
+            let fileBefore = contents(store.path)
+            try store.write(session("alice", access: "access-\(n)"))
+            #expect(store.read() == .present(session("alice", access: "access-\(n)")))
+            #expect(contents(spare) == fileBefore, "write \(n): the spare is not the file before")
+            #expect(mode(spare) == 0o600 && links(spare) == 1)
+            if let spareBefore { #expect(inode(store.path) == spareBefore, "write \(n) made a new file") }
+            inodes.insert(inode(store.path) ?? 0)
+        }
+        #expect(inodes.count == 2, "the store file had \(inodes.count) inodes in 10 writes, not 2 in turn")
+        #expect(!tmp.files().contains { $0.contains(".tmp-") })
+    }
+
+    /// Anything at the spare's name that is not a private regular file of ours with one link
+    /// is removed unread, never followed or written; that write takes a temporary file.
+    @Test(arguments: ["link to a file", "dangling link", "hard link", "fifo", "readable by others", "directory"])
+    func somethingPlantedAtTheSpareIsNeverWrittenThrough(kind: String) throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
+        try store.write(session("alice"))
+        let spare = store.path + ".spare"
+        let outside = tmp.path + "/outside"
+        let planted = Array("not the store's".utf8)
+        switch kind {
+        case "link to a file":
+            _ = FileManager.default.createFile(atPath: outside, contents: Data(planted), attributes: [.posixPermissions: 0o600])
+            #expect(symlink(outside, spare) == 0)
+        case "dangling link":
+            #expect(symlink(outside, spare) == 0)
+        case "hard link":
+            _ = FileManager.default.createFile(atPath: outside, contents: Data(planted), attributes: [.posixPermissions: 0o600])
+            #expect(link(outside, spare) == 0)
+        case "fifo":
+            #expect(mkfifo(spare, 0o600) == 0)
+        case "readable by others":
+            _ = FileManager.default.createFile(atPath: spare, contents: Data(planted), attributes: [.posixPermissions: 0o644])
+        default:
+            #expect(mkdir(spare, 0o700) == 0)
+        }
+        try store.write(session("bob", access: "bob-access"))
+        #expect(store.read() == .present(session("bob", access: "bob-access")))
+        if kind == "directory" {
+            #expect(TemporaryDirectory.list(spare).isEmpty, "written into a planted directory")
+        } else {
+            #expect(!exists(spare), "the planted \(kind) is still there")
+        }
+        if kind == "dangling link" {
+            #expect(!exists(outside), "created through a planted link")
+        } else if kind.hasSuffix("file") || kind == "hard link" {
+            #expect(contents(outside) == planted, "written through a planted \(kind)")
+            #expect(links(outside) == 1)
+        }
+        #expect(!tmp.files().contains { $0.contains(".tmp-") })
+        // The next write makes a spare of its own again.
+        try store.write(session("carol", access: "carol-access"))
+        #expect(store.read() == .present(session("carol", access: "carol-access")))
+        if kind != "directory" { #expect(mode(spare) == 0o600 && links(spare) == 1) }
+    }
+
+    /// Where the filesystem cannot exchange (vfat, some FUSE mounts: EINVAL), the spare is
+    /// renamed over the file instead: every write lands whole, no spare and no temporary
+    /// file stay behind.
+    @Test func aFilesystemThatCannotExchangeStillGetsEveryWrite() throws {
+        let tmp = TemporaryDirectory()
+        FileIO.injectedExchangeErrors.withLockedValue { $0[tmp.store] = EINVAL }
+        defer { _ = FileIO.injectedExchangeErrors.withLockedValue { $0.removeValue(forKey: tmp.store) } }
+        let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
+        for n in 0..<5 {
+            try store.write(session("m\(n % 2)", access: "access-\(n)"))
+            #expect(store.read() == .present(session("m\(n % 2)", access: "access-\(n)")))
+            #expect(tmp.files() == ["session.sfstore", "session.sfstore.key", "session.sfstore.wlock"])
+        }
+        #expect(store.accounts() == ["m0", "m1"])
+    }
+
+    /// A reader of another process opened the store file; before it read, a write made that
+    /// copy the spare and a later write began overwriting it. The reader's bytes do not
+    /// authenticate, but the file changed meanwhile: it reads again and gets the new session —
+    /// not "damaged", and nothing is moved aside. (Instances stand for processes: each has its
+    /// own lock; the pause runs the other writes between the reader's open and read.)
+    @Test func aReaderWhoseOpenedCopyIsOverwrittenUnderItReadsAgain() throws {
+        let tmp = TemporaryDirectory()
+        let writer = FileCredentialStore(directory: tmp.store, key: .keyFile)
+        try writer.write(session("alice", access: "alice-1"))
+        try writer.write(session("alice", access: "alice-2"))
+        let spare = writer.path + ".spare"
+        let paused = LockedBox(false)
+        FileIO.injectedPausesAfterOpen.withLockedValue {
+            $0[tmp.store] = { name in
+                guard name == "session.sfstore", !paused.withLockedValue({ let was = $0; $0 = true; return was }) else { return }
+                // The reader's copy (alice-2) becomes the spare...
+                try? writer.write(session("bob", access: "bob-1"))
+                // ...and the next write is halfway over it.
+                let fd = open(spare, O_WRONLY)
+                _ = Array("half-written".utf8).withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 40) }
+                close(fd)
+            }
+        }
+        defer { _ = FileIO.injectedPausesAfterOpen.withLockedValue { $0.removeValue(forKey: tmp.store) } }
+        let reader = FileCredentialStore(directory: tmp.store, key: .keyFile)
+        let read = reader.read()
+        #expect(paused.withLockedValue { $0 }, "the pause never ran: the test tested nothing")
+        #expect(read == .present(session("bob", access: "bob-1")), "\(summary(of: read))")
+        #expect(!tmp.files().contains { $0.contains(".damaged-") }, "\(tmp.files())")
+    }
+}
