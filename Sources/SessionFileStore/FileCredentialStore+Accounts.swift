@@ -135,7 +135,6 @@ extension FileCredentialStore: AccountCredentialStore {
                         // Nothing of any session is left: neither are copies of its files.
                         FileIO.removeDamagedCopies(of: name, in: directory)
                         FileIO.removeOrphanedTemporaries(of: [name], in: directory)
-                        FileIO.remove(spareName, in: directory)  // the file before this one
                     }
                 }
             } catch {

@@ -135,8 +135,9 @@ extension FileCredentialStore {
     /// opens (the old document or the new one, never neither):
     ///   1. the ring becomes {new, old…} — the file still opens with an old key;
     ///   2. the file is sealed with the new key and replaced — it opens with the new key;
-    ///   3. the ring becomes {new} — the old keys are gone, and with them every copy of the
-    ///      file sealed before (a backup, a file moved aside, a snapshot).
+    ///   3. the spare (the file before) is removed, and the ring becomes {new} — the old keys
+    ///      are gone, and with them every copy of the file sealed before (a backup, a file
+    ///      moved aside, a snapshot).
     /// Cut short after 1 or 2, the next change of the store finishes it (`save`).
     func saveRotatingKey(_ document: Document, in directory: TrustedDirectory, loaded: LoadedKeys? = nil) throws(StoreFailure) {
         let home: KeyHome
@@ -150,6 +151,10 @@ extension FileCredentialStore {
         let fresh = SymmetricKey(size: .bits256)
         try storeRing([fresh] + old, home, create: false, in: directory)
         try seal(document, with: fresh, keyID: StoreKeyID.of(fresh), home, in: directory)
+        // The spare is the file before the logout, sealed with an old key — or, in a
+        // version-1 file of a host's key, with the host's key, which no rotation removes.
+        FileIO.remove(spareName, in: directory)
+        FileIO.syncDirectory(directory)
         try storeRing([fresh], home, create: false, in: directory)
     }
 

@@ -54,34 +54,62 @@ enum FileIO {
     }
 
     static func readAll(_ name: String, in directory: TrustedDirectory) -> ReadResult {
-        let fd: Int32
-        switch directory.openFile(name, O_RDONLY) {
-        case .opened(let opened): fd = opened
-        case .missing: return .missing
-        case .failed(_, let message), .refused(let message): return .failed(message)
+        var attempts = 0
+        while true {
+            attempts += 1
+            let fd: Int32
+            switch directory.openFile(name, O_RDONLY) {
+            case .opened(let opened): fd = opened
+            case .missing: return .missing
+            case .failed(_, let message), .refused(let message): return .failed(message)
+            }
+            var read = readAll(fd, name, in: directory)
+            close(fd)
+            // The file read must still be the one the name holds: the store file before the
+            // last write is the spare the next write overwrites in place — it may have been
+            // written over while this read had it open, with bytes never published (a writer
+            // that failed before its exchange). Read the name again then (a torn read that
+            // comes back under the name is the decode's to catch: `loadKeepingKeys`).
+            if read.bytes != nil, attempts < 8, let inode = read.inode, !directory.names(name, inode: inode) {
+                read.bytes?.zeroSecretBytes()  // key files pass through here
+                continue
+            }
+            if let bytes = read.bytes { return .read(bytes) }
+            return .failed(read.failure ?? "cannot read \(directory.display(name))")
         }
-        defer { close(fd) }
+    }
+
+    private struct OneRead {
+        /// What was read, or why not.
+        var bytes: [UInt8]?
+        var failure: String?
+        /// The opened file's device and inode (nil if fstat failed).
+        var inode: (dev_t, ino_t)?
+    }
+
+    private static func readAll(_ fd: Int32, _ name: String, in directory: TrustedDirectory) -> OneRead {
         if let pause = injectedPausesAfterOpen.withLockedValue({ $0[directory.path] }) { pause(name) }
         // Key files pass through here: the buffer is sized from the file's size up front, so
         // it is not grown (a grown array leaves a copy behind in freed memory), and the chunk
         // is zeroed after.
         var status = stat()
         var bytes: [UInt8] = []
-        if fstat(fd, &status) == 0, status.st_size > 0 { bytes.reserveCapacity(Int(status.st_size) + 1) }
+        let inspected = fstat(fd, &status) == 0
+        if inspected, status.st_size > 0 { bytes.reserveCapacity(Int(status.st_size) + 1) }
+        let inode = inspected ? (status.st_dev, status.st_ino) : nil
         var chunk = [UInt8](repeating: 0, count: 16384)
         defer { chunk.zeroSecretBytes() }
         while true {
             let count = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
-                return .failed("cannot read \(directory.display(name)): \(errnoText())")
+                return OneRead(failure: "cannot read \(directory.display(name)): \(errnoText())", inode: inode)
             }
             if count == 0 { break }
             bytes.append(contentsOf: chunk[0..<count])
         }
-        return .read(bytes)
+        return OneRead(bytes: bytes, inode: inode)
     }
-
     /// Writes `name` only if it does not exist, atomically (temp file, fsync, link, fsync
     /// directory). Returns false, writing nothing, if it exists already (whatever it is).
     static func createExclusively(
@@ -168,15 +196,20 @@ enum FileIO {
     /// directory entry and no freeing of the old file's blocks (with `discard`, a trim waited
     /// for inside the rename): on ext4 a write costs two thirds of a new file's.
     ///
-    /// The spare holds the previous file (sealed like it; the store's logout rotates the key,
-    /// which leaves it, as every earlier copy, unreadable). A reader of another process that
-    /// opened the old file may see it change once it is the spare again — the store's load
-    /// reads again when the file changed under a failed decode (`loadKeepingKeys`).
+    /// The spare must be the old file *on disk* before it is written over: a writer killed
+    /// between its exchange and its directory fsync leaves the exchange in memory only, and a
+    /// crash after the next writer's first block could bring back a directory where the
+    /// spare's inode is still the store file. So the directory is fsync'd first (clean, that
+    /// is the disk's cache flush alone); if that fails, no spare for this write.
+    ///
+    /// The spare holds the previous file (sealed like it); a logout removes it
+    /// (`saveRotatingKey`). A reader of another process whose opened copy becomes the spare
+    /// finds its name on another file after reading and reads again (`readAll`).
     ///
     /// Falls back to `replaceAtomically`, leaving the spare's name free: when the spare must
     /// not be used (a planted link, FIFO, directory, second link, other owner or mode —
-    /// `openFile`'s checks; the entry itself is removed, never followed), and when the
-    /// filesystem cannot exchange (the spare is renamed over `name` instead). Only for files
+    /// `openFile`'s checks) or cannot be opened, the entry itself is removed, never followed;
+    /// where the filesystem cannot exchange, the spare is renamed over `name`. Only for files
     /// whose previous content may stay: never key files.
     static func replaceThroughSpare(
         _ name: String, spare: String, with bytes: [UInt8], in directory: TrustedDirectory
@@ -185,10 +218,14 @@ enum FileIO {
         switch directory.openFile(spare, O_WRONLY | O_CREAT) {
         case .opened(let opened):
             fd = opened
-        case .refused:
-            unlinkat(directory.descriptor, spare, 0)
+        case .refused, .failed:
+            remove(spare, in: directory)
             return try replaceAtomically(name, with: bytes, in: directory)
-        case .missing, .failed:
+        case .missing:
+            return try replaceAtomically(name, with: bytes, in: directory)
+        }
+        guard injectedDirectorySyncError(directory) ?? fsync(directory.descriptor) == 0 else {
+            close(fd)
             return try replaceAtomically(name, with: bytes, in: directory)
         }
         let path = directory.display(name)
@@ -215,15 +252,19 @@ enum FileIO {
             }
         }
         if let failure {
-            unlinkat(directory.descriptor, spare, 0)
+            remove(spare, in: directory)
             throw .unavailable("cannot write \(path): \(failure)")
         }
-        if fsync(directory.descriptor) != 0 {
-            // The exchange may not be durable: the spare's name could still be the store's
-            // file on disk. Never overwrite it in place then.
-            unlinkat(directory.descriptor, spare, 0)
-            syncDirectory(directory)
-        }
+        syncDirectory(directory)
+    }
+
+    /// Tests only: the directory's fsync before a spare is written over fails with this errno.
+    static let injectedDirectorySyncErrors = LockedBox<[String: Int32]>([:])
+
+    private static func injectedDirectorySyncError(_ directory: TrustedDirectory) -> Int32? {
+        guard let code = injectedDirectorySyncErrors.withLockedValue({ $0[directory.path] }) else { return nil }
+        errno = code
+        return -1
     }
 
     private static func exchange(_ first: String, _ second: String, in directory: TrustedDirectory) -> Int32 {

@@ -148,6 +148,12 @@ final class TrustedDirectory {
         return Self.fileProblem(info)
     }
 
+    /// Whether the entry `name` is the file `inode` (device, inode) now (not followed).
+    func names(_ name: String, inode: (dev_t, ino_t)) -> Bool {
+        var info = stat()
+        return fstatat(descriptor, name, &info, AT_SYMLINK_NOFOLLOW) == 0 && info.st_dev == inode.0 && info.st_ino == inode.1
+    }
+
     /// Throws if `name` exists and must not be used (checked without opening it).
     func check(_ name: String) throws(FileCredentialStore.StoreFailure) {
         if let problem = problem(of: name) {

@@ -121,11 +121,79 @@ struct SpareFileTests {
         #expect(store.accounts() == ["m0", "m1"])
     }
 
+    /// A writer killed between its exchange and its directory fsync leaves the exchange in
+    /// memory only: the next writer makes it durable before it writes over the spare. When
+    /// that fsync fails, the write takes a new temporary file and leaves the spare alone.
+    @Test func aSpareWhoseExchangeMayNotBeOnDiskIsNotWrittenOver() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store, key: .keyFile)
+        try store.write(session("alice", access: "alice-1"))
+        try store.write(session("alice", access: "alice-2"))
+        let spare = store.path + ".spare"
+        let spareBefore = contents(spare)
+        let spareInode = inode(spare)
+        FileIO.injectedDirectorySyncErrors.withLockedValue { $0[tmp.store] = EIO }
+        defer { _ = FileIO.injectedDirectorySyncErrors.withLockedValue { $0.removeValue(forKey: tmp.store) } }
+        try store.write(session("bob", access: "bob-1"))
+        #expect(store.read() == .present(session("bob", access: "bob-1")))
+        #expect(contents(spare) == spareBefore && inode(spare) == spareInode, "the spare was written over")
+        #expect(inode(store.path) != spareInode)
+        #expect(!tmp.files().contains { $0.contains(".tmp-") })
+    }
+
+    /// Every logout removes the spare — the file before it, sealed with a key the logout
+    /// rotates away, or (a version-1 file of a host's key) with the host's key itself.
+    @Test(arguments: ["key file", "host key"])
+    func aLogoutRemovesTheSpare(key: String) throws {
+        let tmp = TemporaryDirectory()
+        let source: FileCredentialStore.Key = key == "key file" ? .keyFile : .provided(SymmetricKey(size: .bits256))
+        let store = FileCredentialStore(directory: tmp.store, key: source)
+        let spare = store.path + ".spare"
+        try store.write(session("alice", access: "alice-1"))
+        try store.write(session("bob", access: "bob-1"))
+        #expect(exists(spare))
+        try store.clear()  // the active account (bob); alice stays
+        #expect(!exists(spare), "\(tmp.files())")
+        #expect(store.accounts() == ["alice"])
+        try store.write(session("bob", access: "bob-2"))
+        #expect(exists(spare))
+        try store.account("bob", isActive: false).clear()
+        #expect(!exists(spare), "\(tmp.files())")
+        #expect(store.accounts() == ["alice"])
+    }
+
     /// A reader of another process opened the store file; before it read, a write made that
-    /// copy the spare and a later write began overwriting it. The reader's bytes do not
-    /// authenticate, but the file changed meanwhile: it reads again and gets the new session —
-    /// not "damaged", and nothing is moved aside. (Instances stand for processes: each has its
-    /// own lock; the pause runs the other writes between the reader's open and read.)
+    /// copy the spare and a writer then wrote a whole record over it but died before its
+    /// exchange. The reader's bytes authenticate — a record the store never published — but
+    /// its name is on another file now: it reads again and gets the published session.
+    @Test func aReaderWhoseOpenedCopyBecameTheSpareReadsTheNameAgain() throws {
+        let tmp = TemporaryDirectory()
+        let writer = FileCredentialStore(directory: tmp.store, key: .keyFile)
+        try writer.write(session("ghost", access: "never-published"))
+        let unpublished = contents(writer.path)
+        try writer.write(session("alice", access: "alice-1"))
+        let spare = writer.path + ".spare"
+        let paused = LockedBox(false)
+        FileIO.injectedPausesAfterOpen.withLockedValue {
+            $0[tmp.store] = { name in
+                guard name == "session.sfstore", !paused.withLockedValue({ let was = $0; $0 = true; return was }) else { return }
+                // The reader's copy (alice-1) becomes the spare...
+                try? writer.write(session("bob", access: "bob-1"))
+                // ...and a writer overwrites it whole, then dies before its exchange.
+                let fd = open(spare, O_WRONLY)
+                _ = unpublished.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+                _ = ftruncate(fd, off_t(unpublished.count))
+                close(fd)
+            }
+        }
+        defer { _ = FileIO.injectedPausesAfterOpen.withLockedValue { $0.removeValue(forKey: tmp.store) } }
+        let read = FileCredentialStore(directory: tmp.store, key: .keyFile).read()
+        #expect(paused.withLockedValue { $0 }, "the pause never ran: the test tested nothing")
+        #expect(read == .present(session("bob", access: "bob-1")), "\(summary(of: read))")
+    }
+
+    /// The same, the writer caught halfway: the reader's bytes do not authenticate, and it
+    /// reads again — not "damaged", and nothing is moved aside.
     @Test func aReaderWhoseOpenedCopyIsOverwrittenUnderItReadsAgain() throws {
         let tmp = TemporaryDirectory()
         let writer = FileCredentialStore(directory: tmp.store, key: .keyFile)

@@ -21,7 +21,8 @@ void bl_spare_write(const char *directory, int size) {
     if (directory_fd < 0) return;
     int fd = openat(directory_fd, "spare-floor.spare", O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd >= 0) {
-        if (pwrite(fd, bytes, (size_t)size, 0) == size && ftruncate(fd, size) == 0 && fsync(fd) == 0) {
+        // The directory first: the spare's exchange must be on disk before it is written over.
+        if (fsync(directory_fd) == 0 && pwrite(fd, bytes, (size_t)size, 0) == size && ftruncate(fd, size) == 0 && fsync(fd) == 0) {
             close(fd);
             if (syscall(SYS_renameat2, directory_fd, "spare-floor.spare", directory_fd, "spare-floor.bin", RENAME_EXCHANGE) != 0) {
                 renameat(directory_fd, "spare-floor.spare", directory_fd, "spare-floor.bin");

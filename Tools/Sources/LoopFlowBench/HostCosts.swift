@@ -337,7 +337,7 @@ func storeWriteRows(writes: Int) throws -> [Row] {
         Row(
             name: "  … against the store's own file operations in C",
             ours: median(ours), floor: median(spare), unit: "µs",
-            baseline: "pwrite + fsync over a spare + exchange + fsync(dir)"),
+            baseline: "fsync(dir) + pwrite + fsync over a spare + exchange + fsync(dir)"),
     ]
 }
 

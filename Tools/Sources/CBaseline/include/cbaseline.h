@@ -36,8 +36,9 @@ double bl_alloc_lock_pairs_per_second(int pairs, size_t size);
 uint64_t bl_now_ns(void);
 
 /* `size` bytes (at most 4096) replaced through a spare file in `directory` as the store does
- * it: pwrite over the spare, ftruncate, fsync, renameat2(RENAME_EXCHANGE) with the file (a
- * rename where the filesystem cannot), fsync of the directory. */
+ * it: fsync of the directory, pwrite over the spare, ftruncate, fsync, renameat2
+ * (RENAME_EXCHANGE) with the file (a rename where the filesystem cannot), fsync of the
+ * directory. */
 void bl_spare_write(const char *directory, int size);
 
 /* What a C host pays outside the hot path (sessionflow_host.c; libsessionflow at `path`,
