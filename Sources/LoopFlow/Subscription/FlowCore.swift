@@ -296,7 +296,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     /// Closes the subscription `id` if its record is still its own and open; then queues the
     /// record for retirement if it was registered. Any thread (`onLoop`: whether it is the loop's). Returns
-    /// whether this call closed it.
+    /// whether this call closed it. Not inlined: inlined into `FlowSubscription.close()`, the
+    /// core was retained around its body (see there).
+    @inline(never)
     func close(entry: SubscriberEntry, slot: Int32, id: UInt64, onLoop: Bool) -> Bool {
         let tag = entry.tag
         var current = tag.pointee.load(ordering: .sequentiallyConsistent)

@@ -71,12 +71,19 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
     public func close() -> Bool {
         let onLoop = core.loop.inEventLoop
         // The fields, not `self`: passing the handle (which holds `core`) to a method of
-        // `core` made the compiler retain and release the core around the call.
-        let closed = core.close(entry: entry, slot: slot, id: id, onLoop: onLoop)
-        if !onLoop {
-            core.gate.waitWhileWalking(ObjectIdentifier(core))
+        // `core` made the compiler retain and release the core around the call. And the core
+        // through a reference this handle guarantees, the call not inlined (`FlowCore.close`
+        // is `@inline(never)`): either alone still left a retain and a release of the core
+        // around it — two atomic operations on its count, a third of the pair's cost beside
+        // its one lock (subscribe+close on the loop thread 9.7–10.2 → 13.9–14.0 M/s).
+        let (entry, slot, id) = (entry, slot, id)
+        return Unmanaged.passUnretained(core)._withUnsafeGuaranteedRef { core in
+            let closed = core.close(entry: entry, slot: slot, id: id, onLoop: onLoop)
+            if !onLoop {
+                core.gate.waitWhileWalking(ObjectIdentifier(core))
+            }
+            return closed
         }
-        return closed
     }
 
     /// `close()` without its wait: the loop skips this subscriber from its next callback on,
