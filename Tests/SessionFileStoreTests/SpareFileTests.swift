@@ -163,10 +163,14 @@ struct SpareFileTests {
     }
 
     /// A reader of another process opened the store file; before it read, a write made that
-    /// copy the spare and a writer then wrote a whole record over it but died before its
-    /// exchange. The reader's bytes authenticate — a record the store never published — but
-    /// its name is on another file now: it reads again and gets the published session.
-    @Test func aReaderWhoseOpenedCopyBecameTheSpareReadsTheNameAgain() throws {
+    /// copy the spare, and a writer then wrote over it — a whole record, dying before its
+    /// exchange (the reader's bytes authenticate: a record the store never published), or
+    /// halfway (they do not). Either way the name is on another file now: the reader reads
+    /// again and gets the published session — not a ghost, not "damaged", nothing moved aside.
+    /// (Instances stand for processes: each has its own lock; the pause runs the other writes
+    /// between the reader's open and its read.)
+    @Test(arguments: ["a whole record", "halfway"])
+    func aReaderWhoseOpenedCopyBecameTheSpareReadsTheNameAgain(overwritten: String) throws {
         let tmp = TemporaryDirectory()
         let writer = FileCredentialStore(directory: tmp.store, key: .keyFile)
         try writer.write(session("ghost", access: "never-published"))
@@ -179,42 +183,19 @@ struct SpareFileTests {
                 guard name == "session.sfstore", !paused.withLockedValue({ let was = $0; $0 = true; return was }) else { return }
                 // The reader's copy (alice-1) becomes the spare...
                 try? writer.write(session("bob", access: "bob-1"))
-                // ...and a writer overwrites it whole, then dies before its exchange.
+                // ...and a writer writes over it.
                 let fd = open(spare, O_WRONLY)
-                _ = unpublished.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
-                _ = ftruncate(fd, off_t(unpublished.count))
+                if overwritten == "halfway" {
+                    _ = Array("half-written".utf8).withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 40) }
+                } else {
+                    _ = unpublished.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+                    _ = ftruncate(fd, off_t(unpublished.count))
+                }
                 close(fd)
             }
         }
         defer { _ = FileIO.injectedPausesAfterOpen.withLockedValue { $0.removeValue(forKey: tmp.store) } }
         let read = FileCredentialStore(directory: tmp.store, key: .keyFile).read()
-        #expect(paused.withLockedValue { $0 }, "the pause never ran: the test tested nothing")
-        #expect(read == .present(session("bob", access: "bob-1")), "\(summary(of: read))")
-    }
-
-    /// The same, the writer caught halfway: the reader's bytes do not authenticate, and it
-    /// reads again — not "damaged", and nothing is moved aside.
-    @Test func aReaderWhoseOpenedCopyIsOverwrittenUnderItReadsAgain() throws {
-        let tmp = TemporaryDirectory()
-        let writer = FileCredentialStore(directory: tmp.store, key: .keyFile)
-        try writer.write(session("alice", access: "alice-1"))
-        try writer.write(session("alice", access: "alice-2"))
-        let spare = writer.path + ".spare"
-        let paused = LockedBox(false)
-        FileIO.injectedPausesAfterOpen.withLockedValue {
-            $0[tmp.store] = { name in
-                guard name == "session.sfstore", !paused.withLockedValue({ let was = $0; $0 = true; return was }) else { return }
-                // The reader's copy (alice-2) becomes the spare...
-                try? writer.write(session("bob", access: "bob-1"))
-                // ...and the next write is halfway over it.
-                let fd = open(spare, O_WRONLY)
-                _ = Array("half-written".utf8).withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 40) }
-                close(fd)
-            }
-        }
-        defer { _ = FileIO.injectedPausesAfterOpen.withLockedValue { $0.removeValue(forKey: tmp.store) } }
-        let reader = FileCredentialStore(directory: tmp.store, key: .keyFile)
-        let read = reader.read()
         #expect(paused.withLockedValue { $0 }, "the pause never ran: the test tested nothing")
         #expect(read == .present(session("bob", access: "bob-1")), "\(summary(of: read))")
         #expect(!tmp.files().contains { $0.contains(".damaged-") }, "\(tmp.files())")
