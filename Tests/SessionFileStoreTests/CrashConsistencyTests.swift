@@ -50,13 +50,14 @@ struct CrashConsistencyTests {
     /// Kills on fresh directories, aimed at the first write and the key's creation.
     static let freshKills = 60
 
-    @Test(.timeLimit(.minutes(2)))
+    /// The time limit is a hang guard only (~10× the 15–17 s the campaign takes here): how
+    /// long it takes is printed, not judged (a loaded CI machine runs it 2–3× slower).
+    @Test(.timeLimit(.minutes(3)))
     func aWriterKilledAtRandomMomentsLeavesTheOldOrTheNewSessionNeverDamagedNeverLost() async throws {
         let tally = try await onOwnThread { try Self.campaign() }
         print(tally)
         for failure in tally.failures { Issue.record(Comment(rawValue: failure)) }
         #expect(tally.kills >= 200)
-        #expect(tally.seconds < 60, "the campaign should stay under a minute")
     }
 
     private static func campaign() throws -> CrashTally {
