@@ -188,10 +188,7 @@ struct SubscriberRecordTests {
             let (stateHandle, eventHandle) = try {
                 // One invoker per kind of C function, shared by all its subscribers; only the
                 // records hold it from here on.
-                let invoker = ForeignCallback<Int> { value, function, userdata in
-                    unsafeBitCast(function, to: (@convention(c) (Int, UnsafeMutableRawPointer?) -> Void).self)(
-                        value, userdata)
-                }
+                let invoker = cIntInvoker()
                 weakInvoker = invoker
                 return (
                     try state.subscribe(
@@ -274,10 +271,7 @@ struct SubscriberRecordTests {
             let plainSeen = Recorder<Int>()
             let events = Recorder<String>()
             let (cHandle, withExtras, plainHandle) = try {
-                let invoker = ForeignCallback<Int> { value, function, userdata in
-                    unsafeBitCast(function, to: (@convention(c) (Int, UnsafeMutableRawPointer?) -> Void).self)(
-                        value, userdata)
-                }
+                let invoker = cIntInvoker()
                 weakInvoker = invoker
                 return (
                     try state.subscribe(
@@ -408,5 +402,13 @@ struct SubscriberRecordTests {
         shutdownDone.wait()
         #expect(weakFlow == nil)
         _ = watcher
+    }
+}
+
+/// The invoker of a C subscriber `void (*)(Int, void *)`: a new one each call (the tests watch
+/// it go away once no record holds it).
+private func cIntInvoker() -> ForeignCallback<Int> {
+    ForeignCallback<Int> { value, function, userdata in
+        unsafeBitCast(function, to: (@convention(c) (Int, UnsafeMutableRawPointer?) -> Void).self)(value, userdata)
     }
 }
