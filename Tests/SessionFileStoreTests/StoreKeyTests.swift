@@ -383,29 +383,11 @@ struct StoreKeyTests {
         mkdir(home, 0o700)
         let probe = try sessionProbeExecutable()
         let (lines, status) = try await onOwnThread { () throws -> ([String], Int32) in
-            // A keyring of its own (HOME), unlocked with a password on stdin; the daemon runs in
-            // the foreground beside the probe (registered on the bus before the probe starts) and
-            // is stopped after it, so that nothing outlives the test.
-            let script = """
-                printf pw | gnome-keyring-daemon --unlock --components=secrets --foreground >/dev/null 2>&1 &
-                daemon=$!
-                tries=0
-                until dbus-send --session --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \\
-                    org.freedesktop.DBus.NameHasOwner string:org.freedesktop.secrets 2>/dev/null | grep -q 'boolean true'; do
-                    tries=$((tries + 1))
-                    if [ $tries -gt 200 ]; then echo "FAIL gnome-keyring-daemon never registered"; kill $daemon; exit 1; fi
-                    sleep 0.05
-                done
-                "$0" --keyring "$1"
-                status=$?
-                kill -9 $daemon
-                wait $daemon
-                exit $status
-                """
-            let child = try ChildProcess("/usr/bin/env", [
-                "-u", "XDG_RUNTIME_DIR", "-u", "DISPLAY", "-u", "WAYLAND_DISPLAY", "-u", "DBUS_SESSION_BUS_ADDRESS",
-                "HOME=\(home)", "XDG_DATA_HOME=\(home)/data",
-                "/usr/bin/dbus-run-session", "--", "/bin/sh", "-c", script, probe, tmp.store,
+            // A keyring of its own (HOME), unlocked, on a session bus of its own: the daemon is
+            // registered before the probe starts and stopped after it, so that nothing outlives
+            // the test.
+            let child = try ChildProcess("/bin/bash", [
+                repositoryPath("scripts/with-private-keyring.sh"), home, probe, "--keyring", tmp.store,
             ])
             let lines = child.readToEnd(timeout: .seconds(45))
             let raw = child.waitForExit()

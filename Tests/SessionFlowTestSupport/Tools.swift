@@ -22,9 +22,12 @@ package func sessionProbeExecutable() throws(MissingTool) -> String {
     return path
 }
 
-/// Tools/.build/debug/session-probe beside this package's sources.
-private var defaultProbePath: String {
+/// `relative` (e.g. "scripts/with-private-keyring.sh") in the repository these tests are in.
+public func repositoryPath(_ relative: String) -> String {
     URL(fileURLWithPath: #filePath)  // Tests/SessionFlowTestSupport/Tools.swift
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        .appendingPathComponent("Tools/.build/debug/session-probe").path
+        .appendingPathComponent(relative).path
 }
+
+/// Tools/.build/debug/session-probe beside this package's sources.
+private var defaultProbePath: String { repositoryPath("Tools/.build/debug/session-probe") }

@@ -167,31 +167,9 @@ func secretServiceStartupRow(library: String, runs: Int, floor: Double, executab
     }
     let directory = temporaryDirectory("sessionflow-bench-keyring")
     defer { removeTree(directory) }
-    let script = directory + "/session.sh"
-    let text = """
-        printf pw | gnome-keyring-daemon --unlock --components=secrets --foreground >/dev/null 2>&1 &
-        daemon=$!
-        tries=0
-        until dbus-send --session --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \\
-            org.freedesktop.DBus.NameHasOwner string:org.freedesktop.secrets 2>/dev/null | grep -q 'boolean true'; do
-            tries=$((tries + 1))
-            if [ $tries -gt 400 ]; then echo "FAIL gnome-keyring-daemon never registered"; kill $daemon; exit 1; fi
-            sleep 0.05
-        done
-        "$1" --startup-host "$2" "$3" "$4"
-        status=$?
-        kill -9 $daemon
-        wait $daemon 2>/dev/null
-        exit $status
-
-        """
-    guard let file = fopen(script, "w") else { return absent("cannot write \(script)") }
-    fputs(text, file)
-    fclose(file)
-    mkdir(directory + "/home", 0o700)
-    let command = "env -u DBUS_SESSION_BUS_ADDRESS -u XDG_RUNTIME_DIR -u DISPLAY -u WAYLAND_DISPLAY "
-        + "HOME='\(directory)/home' XDG_DATA_HOME='\(directory)/home/data' "
-        + "dbus-run-session -- /bin/sh '\(script)' '\(executable)' '\(library)' '\(directory)' \(runs) 2>&1"
+    let root = parentDirectory(parentDirectory(parentDirectory(parentDirectory(#filePath))))
+    let command = "bash '\(root)/scripts/with-private-keyring.sh' '\(directory)/home' "
+        + "'\(executable)' --startup-host '\(library)' '\(directory)' \(runs) 2>&1"
     guard let pipe = popen(command, "r") else { return absent("popen failed") }
     let output = drain(pipe).output
     let lines = output.split(separator: "\n")
