@@ -116,6 +116,12 @@ script=$(bash Bindings/header-functions.sh --version-script)
 map="$root/$scratch/sessionflow-$(sha256sum <<<"$script" | cut -c1-16).map"
 [ -f "$map" ] || printf '%s\n' "$script" >"$map"
 find "$scratch" -maxdepth 1 -name 'sessionflow-*.map' ! -name "$(basename "$map")" -delete
+# The start-up path's functions, for lld to put together (scripts/startup-order.sh made the
+# list: an idle C host then faults in fewer 64 KiB windows of code). Copied under a name with
+# its hash, like the map, so that a new list relinks.
+order="$root/$scratch/startup-order-$(sha256sum <Bindings/startup-order.txt | cut -c1-16).txt"
+[ -f "$order" ] || cp Bindings/startup-order.txt "$order"
+find "$scratch" -maxdepth 1 -name 'startup-order-*.txt' ! -name "$(basename "$order")" -delete
 
 # --disable-local-rpath: no RUNPATH $ORIGIN (SwiftPM's default) in a library for others.
 # --no-undefined-version: a name in the version script that nothing defines fails the link.
@@ -128,13 +134,16 @@ find "$scratch" -maxdepth 1 -name 'sessionflow-*.map' ! -name "$(basename "$map"
 # --wrap=hypotf (x86_64): the one glibc 2.35 symbol (Sources/CLinkShims/link_shims.c): then
 # glibc 2.34 is enough.
 # (--gc-sections is SwiftPM's default for release builds.)
+# --symbol-ordering-file (above) and -Xcc -ffunction-sections (C code in sections of its own,
+# so that it can be ordered; Swift code is already): the start-up path packed together.
 # (The command-line tool below is built in the same scratch path with the same compiler flags:
 # only its own modules are compiled, and only the linker's flags differ.)
-compile=(-c release --scratch-path "$scratch" -Xswiftc -static-stdlib -Xswiftc -use-ld=lld)
+compile=(-c release --scratch-path "$scratch" -Xswiftc -static-stdlib -Xswiftc -use-ld=lld -Xcc -ffunction-sections)
 wrap=()
 [ "$(uname -m)" != x86_64 ] || wrap=(-Xlinker --wrap=hypotf)
 swift build "${compile[@]}" --product sessionflow --disable-local-rpath \
     -Xlinker --version-script="$map" -Xlinker --no-undefined-version -Xlinker -z -Xlinker now \
+    -Xlinker --symbol-ordering-file="$order" -Xlinker --no-warn-symbol-ordering \
     "${wrap[@]}" -Xlinker -soname -Xlinker "$soname"
 built="$scratch/release/libsessionflow.so"
 
