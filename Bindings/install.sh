@@ -120,7 +120,7 @@ find "$scratch" -maxdepth 1 -name 'sessionflow-*.map' ! -name "$(basename "$map"
 # list: an idle C host then faults in fewer 64 KiB windows of code). Copied under a name with
 # its hash, like the map, so that a new list relinks.
 order="$root/$scratch/startup-order-$(sha256sum <Bindings/startup-order.txt | cut -c1-16).txt"
-[ -f "$order" ] || cp Bindings/startup-order.txt "$order"
+[ -f "$order" ] || { cp Bindings/startup-order.txt "$order.partial" && mv "$order.partial" "$order"; }
 find "$scratch" -maxdepth 1 -name 'startup-order-*.txt' ! -name "$(basename "$order")" -delete
 
 # --disable-local-rpath: no RUNPATH $ORIGIN (SwiftPM's default) in a library for others.
@@ -134,11 +134,13 @@ find "$scratch" -maxdepth 1 -name 'startup-order-*.txt' ! -name "$(basename "$or
 # --wrap=hypotf (x86_64): the one glibc 2.35 symbol (Sources/CLinkShims/link_shims.c): then
 # glibc 2.34 is enough.
 # (--gc-sections is SwiftPM's default for release builds.)
-# --symbol-ordering-file (above) and -Xcc -ffunction-sections (C code in sections of its own,
-# so that it can be ordered; Swift code is already): the start-up path packed together.
+# --symbol-ordering-file (above), -Xcc -ffunction-sections and Swift's -function-sections (each
+# function in a section of its own, so that it can be ordered — without it swiftc gives one only
+# to public functions): the start-up path packed together.
 # (The command-line tool below is built in the same scratch path with the same compiler flags:
 # only its own modules are compiled, and only the linker's flags differ.)
-compile=(-c release --scratch-path "$scratch" -Xswiftc -static-stdlib -Xswiftc -use-ld=lld -Xcc -ffunction-sections)
+compile=(-c release --scratch-path "$scratch" -Xswiftc -static-stdlib -Xswiftc -use-ld=lld -Xcc -ffunction-sections
+    -Xswiftc -Xfrontend -Xswiftc -function-sections)
 wrap=()
 [ "$(uname -m)" != x86_64 ] || wrap=(-Xlinker --wrap=hypotf)
 swift build "${compile[@]}" --product sessionflow --disable-local-rpath \

@@ -13,7 +13,8 @@ source "$(dirname "$0")/setup.sh"
 # it: release, the Swift runtime linked in statically, in install.sh's scratch path and flags.
 swift build -c release --product sessionflow >&2
 swift build -c release --product watch-session --scratch-path .build-release-static -Xswiftc -static-stdlib \
-    -Xswiftc -use-ld=lld -Xcc -ffunction-sections -Xlinker -z -Xlinker now >&2
+    -Xswiftc -use-ld=lld -Xcc -ffunction-sections -Xswiftc -Xfrontend -Xswiftc -function-sections \
+    -Xlinker -z -Xlinker now >&2
 # The library as it is shipped (Bindings/install.sh: the runtime linked in, the same scratch path
 # and compiler flags as the CLI above): idle rows of its own.
 shipped=$(mktemp -d)

@@ -20,15 +20,16 @@ if [ "${1:-}" = "--inside" ]; then
         tries=$((tries + 1))
         if [ $tries -gt 400 ]; then
             echo "FAIL gnome-keyring-daemon never registered"
-            kill $daemon
+            kill "$daemon" 2>/dev/null || true
             exit 1
         fi
         sleep 0.05
     done
     status=0
     "$@" || status=$?
-    kill -9 $daemon
-    wait $daemon 2>/dev/null || true
+    # The daemon may be gone already (the command's status must come back all the same).
+    kill -9 "$daemon" 2>/dev/null || true
+    wait "$daemon" 2>/dev/null || true
     exit $status
 fi
 

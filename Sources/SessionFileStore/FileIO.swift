@@ -64,13 +64,18 @@ enum FileIO {
             case .failed(_, let message), .refused(let message): return .failed(message)
             }
             var read = readAll(fd, name, in: directory)
+            // The file read must still be the one the name holds, unchanged since it was opened:
+            // the store file before the last write is the spare the next write overwrites in
+            // place — it may have been written over while this read had it open, with bytes
+            // never published (a writer that failed before its exchange), and even have come
+            // back under the name since. Read the name again then (a torn read the timestamps
+            // miss is the decode's to catch: `loadKeepingKeys`).
+            var moved = false
+            if read.bytes != nil, let before = read.info {
+                moved = !directory.names(name, inode: (before.st_dev, before.st_ino)) || Self.changed(fd, since: before)
+            }
             close(fd)
-            // The file read must still be the one the name holds: the store file before the
-            // last write is the spare the next write overwrites in place — it may have been
-            // written over while this read had it open, with bytes never published (a writer
-            // that failed before its exchange). Read the name again then (a torn read that
-            // comes back under the name is the decode's to catch: `loadKeepingKeys`).
-            if read.bytes != nil, attempts < 8, let inode = read.inode, !directory.names(name, inode: inode) {
+            if moved && attempts < 8 {
                 read.bytes?.zeroSecretBytes()  // key files pass through here
                 continue
             }
@@ -83,8 +88,17 @@ enum FileIO {
         /// What was read, or why not.
         var bytes: [UInt8]?
         var failure: String?
-        /// The opened file's device and inode (nil if fstat failed).
-        var inode: (dev_t, ino_t)?
+        /// The opened file's status before the read (nil if fstat failed).
+        var info: stat?
+    }
+
+    /// Whether the file open as `fd` was written to or truncated since `before` (its change
+    /// time or size moved).
+    private static func changed(_ fd: Int32, since before: stat) -> Bool {
+        var now = stat()
+        guard fstat(fd, &now) == 0 else { return true }
+        return now.st_size != before.st_size || now.st_ctim.tv_sec != before.st_ctim.tv_sec
+            || now.st_ctim.tv_nsec != before.st_ctim.tv_nsec
     }
 
     private static func readAll(_ fd: Int32, _ name: String, in directory: TrustedDirectory) -> OneRead {
@@ -96,20 +110,22 @@ enum FileIO {
         var bytes: [UInt8] = []
         let inspected = fstat(fd, &status) == 0
         if inspected, status.st_size > 0 { bytes.reserveCapacity(Int(status.st_size) + 1) }
-        let inode = inspected ? (status.st_dev, status.st_ino) : nil
+        let info = inspected ? status : nil
         var chunk = [UInt8](repeating: 0, count: 16384)
         defer { chunk.zeroSecretBytes() }
         while true {
             let count = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
-                return OneRead(failure: "cannot read \(directory.display(name)): \(errnoText())", inode: inode)
+                bytes.zeroSecretBytes()  // what a key file's read got before the error
+                return OneRead(failure: "cannot read \(directory.display(name)): \(errnoText())", info: info)
             }
             if count == 0 { break }
             bytes.append(contentsOf: chunk[0..<count])
         }
-        return OneRead(bytes: bytes, inode: inode)
+        return OneRead(bytes: bytes, info: info)
     }
+
     /// Writes `name` only if it does not exist, atomically (temp file, fsync, link, fsync
     /// directory). Returns false, writing nothing, if it exists already (whatever it is).
     static func createExclusively(

@@ -31,7 +31,8 @@ static void on_fault(int signal_number, siginfo_t *info, void *context) {
     if (address >= text_start && address < text_end) {
         uintptr_t page = address & ~(uintptr_t)4095;
         touched[(page - text_start) >> 12] = 1;
-        mprotect((void *)page, 4096, PROT_READ | PROT_EXEC);
+        /* Failing (too many mappings), the same instruction would fault forever. */
+        if (mprotect((void *)page, 4096, PROT_READ | PROT_EXEC) != 0) _exit(2);
         return;
     }
     signal(signal_number, SIG_DFL);
