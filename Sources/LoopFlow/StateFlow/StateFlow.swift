@@ -109,7 +109,7 @@ extension StateFlow: DeliverySource {
             withValueAddress(value) { address in
                 var walk = core.live
                 while let subscriber = walk.next() {
-                    callSubscriber(subscriber, value, at: address)
+                    callSubscriber(subscriber, value, at: address, invokerInCursor: true)
                 }
             }
         } else {
@@ -117,7 +117,7 @@ extension StateFlow: DeliverySource {
             // exactly one delivery, so none of them has it yet).
             withValueAddress(value) { address in
                 core.forEachNewcomer { subscriber in
-                    callSubscriber(subscriber, value, at: address)
+                    callSubscriber(subscriber, value, at: address, invokerInCursor: true)
                 }
             }
         }

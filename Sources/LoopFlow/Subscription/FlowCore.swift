@@ -225,7 +225,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         nextID += 1
         table.makePage(for: slot)
         let entry = table.entry(slot)
-        entry.cursor = 0
+        // A StateFlow's walk finds a C subscriber's invoker here (SharedFlow's `prepareLocked`
+        // puts its sequence here instead): see `SubscriberEntry`.
+        entry.cursor = UInt64(UInt(bitPattern: foreign))
         entry.word0 = words.0
         entry.word1 = words.1
         var tag = id << SubscriberEntry.idShift

@@ -75,7 +75,9 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
         // through a reference this handle guarantees, the call not inlined (`FlowCore.close`
         // is `@inline(never)`): either alone still left a retain and a release of the core
         // around it — two atomic operations on its count, a third of the pair's cost beside
-        // its one lock (subscribe+close on the loop thread 9.7–10.2 → 13.9–14.0 M/s).
+        // its one lock (subscribe+close on the loop thread 9.7–10.2 → 13.9–14.0 M/s). Sound
+        // because this method borrows the handle: its caller keeps it, and so the core, alive
+        // until it returns (a `consuming` close on a noncopyable handle would not be).
         let (entry, slot, id) = (entry, slot, id)
         return Unmanaged.passUnretained(core)._withUnsafeGuaranteedRef { core in
             let closed = core.close(entry: entry, slot: slot, id: id, onLoop: onLoop)
@@ -230,11 +232,20 @@ struct BorrowedValueCallback<Value>: ~Copyable {
 /// `address`: where `value` is for the whole walk (`withValueAddress`), which a by-pointer C
 /// callback gets — taken once per walk, not once per callback (in this unspecialized code a
 /// `withUnsafePointer` per callback was a generic call and a copy of the value).
+///
+/// `invokerInCursor`: a StateFlow's records carry a C subscriber's invoker in their cursor
+/// word too, so its walk reads 32 bytes per subscriber, not 48 (at a million C subscribers the
+/// walk is memory-bound); a SharedFlow's cursor is its sequence, and its walk reads the side
+/// record.
 @inline(__always)
-func callSubscriber<Value>(_ walked: WalkedEntry, _ value: Value, at address: UnsafeRawPointer) {
+func callSubscriber<Value>(
+    _ walked: WalkedEntry, _ value: Value, at address: UnsafeRawPointer, invokerInCursor: Bool = false
+) {
     let entry = walked.entry
     if walked.tag & SubscriberEntry.foreignBit != 0 {
-        let foreign = walked.side.foreign.unsafelyUnwrapped
+        let foreign = invokerInCursor
+            ? UnsafeRawPointer(bitPattern: UInt(entry.cursor)).unsafelyUnwrapped
+            : walked.side.foreign.unsafelyUnwrapped
         let function = entry.word0.unsafelyUnwrapped
         let userdata = UnsafeMutableRawPointer(mutating: entry.word1)
         Unmanaged<ForeignCallback<Value>>.fromOpaque(foreign)._withUnsafeGuaranteedRef { invoker in

@@ -7,7 +7,7 @@ import Synchronization
 /// | offset | field | |
 /// |---|---|---|
 /// | 0 | `tag`, atomic | `id << 4 \| foreign (8) \| extras (4) \| registered (2) \| closed (1)`; 1 when free |
-/// | 8 | `cursor` | SharedFlow: its first live sequence (StateFlow: unused) |
+/// | 8 | `cursor` | SharedFlow: its first live sequence. StateFlow: a C subscriber's `ForeignCallback` (unretained: the side record holds the reference), so that its walk reads no side record |
 /// | 16, 24 | callback | a Swift subscriber's value closure (function, context; the context retained), or a C subscriber's function pointer and userdata |
 ///
 /// What most subscribers do not have lives in the record's *side record* (`SubscriberSide`,
