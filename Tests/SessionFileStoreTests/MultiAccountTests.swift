@@ -196,6 +196,32 @@ struct MultiAccountTests {
         await s.stop()
     }
 
+    /// The C API's order: a background account's logout answered once the session changed in
+    /// memory, then the host lets go (`sf_runtime_destroy` waits for the store work). That
+    /// account's session leaves the list at once; its clear, on its own worker, must still be
+    /// waited for — a slow disk (each read of the store file paused) makes it land late.
+    @Test func aBackgroundAccountsLogoutHasLandedWhenTheHostLetsGo() async throws {
+        let tmp = TemporaryDirectory()
+        let s = try await session(tmp)
+        try await s.manager.signIn(account("alice"))
+        try await s.manager.addAccount(account("bob"))
+        try await s.manager.switchAccount(to: "alice")
+        let paused = LockedBox(0)
+        FileIO.injectedPausesAfterOpen.withLockedValue {
+            $0[tmp.store] = { name in
+                guard name == "session.sfstore" else { return }
+                paused.withLockedValue { $0 += 1 }
+                usleep(300_000)
+            }
+        }
+        try s.manager.logoutAndWait(account: "bob")
+        s.manager.waitForStoreWork()
+        _ = FileIO.injectedPausesAfterOpen.withLockedValue { $0.removeValue(forKey: tmp.store) }
+        #expect(paused.withLockedValue { $0 } > 0, "no store read was paused: the test tested nothing")
+        #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice"])
+        await s.stop()
+    }
+
     @Test func aRestartRestoresTheActiveAccountAndStartsTheOthersInTheBackground() async throws {
         let tmp = TemporaryDirectory()
         let authority = PerAccountAuthority()

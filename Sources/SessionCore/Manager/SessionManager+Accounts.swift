@@ -247,10 +247,18 @@ extension SessionManager {
     }
 
     /// A session that is no longer anyone's: closed on a later turn (never inside its own
-    /// entry point), its store work finishing on its worker.
+    /// entry point), its store work finishing on its worker — waited for by `waitForStoreWork`
+    /// and `afterStoreWork` until it has landed (a background account's logout clears its
+    /// record there: a host that destroys its runtime next must find it gone).
     func retire(_ engine: SessionEngine) {
         engine.onStateChange = nil
-        try? loop.execute { engine.close() }
+        let worker = engine.worker
+        let id = ObjectIdentifier(worker)
+        sessions.withLockedValue { $0.retired[id] = worker }
+        try? loop.execute { [sessions] in
+            engine.close()
+            worker.afterPendingWork { sessions.withLockedValue { _ = $0.retired.removeValue(forKey: id) } }
+        }
     }
 
     /// A session's state changed: a background account signed out leaves; the list is read

@@ -53,6 +53,9 @@ public final class SessionManager: Sendable {
         /// The account list and the active-account pointer (`AccountsMachine`): changed only
         /// through its events (`accountsEvent`), under this box's lock.
         var accounts = AccountsMachine()
+        /// The workers of sessions let go of (`retire`) whose store work has not landed yet —
+        /// a background account's logout clears its record there: waited for like the others.
+        var retired: [ObjectIdentifier: StoreWorker] = [:]
 
         var all: [SessionEngine] { Array(background.values) + [active] }
     }
@@ -150,7 +153,8 @@ public final class SessionManager: Sendable {
     /// Calls `body` once the store work every one of `engines` (and the active-account
     /// pointer's worker) submitted so far has landed.
     func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
-        afterWork(of: engines.map(\.worker) + [pointerWorker].compactMap { $0 }, body)
+        let retired = sessions.withLockedValue { Array($0.retired.values) }
+        afterWork(of: engines.map(\.worker) + retired + [pointerWorker].compactMap { $0 }, body)
     }
 
     private func afterWork(of workers: [StoreWorker], _ body: @escaping @Sendable () -> Void) {
@@ -165,7 +169,9 @@ public final class SessionManager: Sendable {
     /// Blocks until the store work the session submitted so far has run. Never on the loop
     /// thread. For hosts that let go of the session and may exit next (the C API's destroy).
     package func waitForStoreWork() {
-        for engine in sessions.withLockedValue({ $0.all }) { engine.worker.waitUntilIdle() }
+        let (engines, retired) = sessions.withLockedValue { ($0.all, Array($0.retired.values)) }
+        for engine in engines { engine.worker.waitUntilIdle() }
+        for worker in retired { worker.waitUntilIdle() }
         pointerWorker?.waitUntilIdle()
     }
 
