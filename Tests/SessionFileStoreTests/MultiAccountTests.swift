@@ -214,8 +214,12 @@ struct MultiAccountTests {
                 usleep(300_000)
             }
         }
-        try s.manager.logoutAndWait(account: "bob")
-        s.manager.waitForStoreWork()
+        // Blocking calls, as a C host makes them: on a thread of their own, not the pool's.
+        let manager = s.manager
+        try await onOwnThread {
+            try manager.logoutAndWait(account: "bob")
+            manager.waitForStoreWork()
+        }
         _ = FileIO.injectedPausesAfterOpen.withLockedValue { $0.removeValue(forKey: tmp.store) }
         #expect(paused.withLockedValue { $0 } > 0, "no store read was paused: the test tested nothing")
         #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice"])

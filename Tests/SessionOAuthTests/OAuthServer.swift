@@ -86,6 +86,8 @@ final class OAuthServer: @unchecked Sendable {
         let fault: String?
         /// When the server received it (seconds since the epoch; 0 if not recorded).
         let time: Double
+        /// The status the server answered with; nil while it has not answered yet.
+        let status: Int?
 
         func header(_ name: String) -> String? {
             headers.first { $0.key.lowercased() == name.lowercased() }?.value
@@ -99,6 +101,7 @@ final class OAuthServer: @unchecked Sendable {
             body = object["body"] as? String
             fault = object["fault"] as? String
             time = object["time"] as? Double ?? 0
+            status = object["status"] as? Int
         }
     }
 
