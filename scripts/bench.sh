@@ -8,25 +8,20 @@
 #                                                    and how many runs met its target
 source "$(dirname "$0")/setup.sh"
 # Build output to stderr: stdout carries only the report (so --json stays parseable).
-# libsessionflow.so for the C fan-out comes from the root package's release build; watch-session
-# for the cli rows (token vs --version, stripped size) is built as Bindings/install.sh installs
-# it: release, the Swift runtime linked in statically, in install.sh's scratch path and flags.
+# libsessionflow.so for the C fan-out comes from the root package's release build; the library
+# as it is shipped (idle rows of its own) and watch-session for the cli rows (token vs
+# --version, stripped size) are what Bindings/install.sh --cli installs.
 swift build -c release --product sessionflow >&2
-swift build -c release --product watch-session --scratch-path .build-release-static -Xswiftc -static-stdlib \
-    -Xswiftc -use-ld=lld -Xcc -ffunction-sections -Xswiftc -Xfrontend -Xswiftc -function-sections \
-    -Xlinker -z -Xlinker now >&2
-# The library as it is shipped (Bindings/install.sh: the runtime linked in, the same scratch path
-# and compiler flags as the CLI above): idle rows of its own.
 shipped=$(mktemp -d)
 trap 'rm -rf "$shipped"' EXIT
-bash Bindings/install.sh --prefix "$shipped" >&2
+bash Bindings/install.sh --cli --prefix "$shipped" >&2
 swift build -c release --package-path Tools --product loopflow-allocs >&2
 swift build -c release --package-path Tools --product loopflow-bench >&2
 # loopflow-bench takes the first --sessionflow-lib (--node-script) it is given: one in ARGS wins.
 bench() {
     Tools/.build/release/loopflow-bench "$@" --sessionflow-lib "$PWD/.build/release/libsessionflow.so" \
         --shipped-lib "$shipped/lib/libsessionflow.so" \
-        --node-script "$PWD/Tools/node/eventemitter-bench.js" --watch-session "$PWD/.build-release-static/release/watch-session"
+        --node-script "$PWD/Tools/node/eventemitter-bench.js" --watch-session "$shipped/bin/watch-session"
 }
 # --runs N: the whole table N times (JSON each), then per row the median and the runs that met
 # the target (scripts/bench-runs.py).
