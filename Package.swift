@@ -98,8 +98,9 @@ let package = Package(
             name: "SessionFlowErrors",
             cSettings: [.headerSearchPath("../../Bindings/include")]
         ),
-        // What the shipped library's link needs from C: the old hypotf behind --wrap=hypotf
-        // (Bindings/install.sh), so that the library runs on glibc 2.34.
+        // What the shipped library's link and load need from C: the old hypotf behind
+        // --wrap=hypotf (Bindings/install.sh), so that the library runs on glibc 2.34; its
+        // relocation tables released once applied (relocation_release.c).
         .target(name: "CLinkShims"),
         // The C ABI: the functions of one area per file (translation only: types, ownership, threads), each checked against the header.
         .target(

@@ -99,7 +99,8 @@
     XX(token_info_the_scope_asked_for_when_granted_whole)           \
     XX(token_info_bad_arguments_are_einval)                          \
     XX(dpop_options_and_a_bad_key_are_einval)                        \
-    XX(dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop)
+    XX(dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop)   \
+    XX(load_relocation_tables_are_released_after_load)
 
 #define SF_DECLARE_(name) void test_##name(void);
 SF_TEST_LIST(SF_DECLARE_)
