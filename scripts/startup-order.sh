@@ -10,8 +10,9 @@
 # Swift runtime's and BoringSSL's functions (-ffunction-sections); the static standard
 # library's and Foundation's objects come whole.
 #
-# Rounds (default 3): install with the current list, trace (Tools/CHost/trace_pages.c: the
-# code mapping made inaccessible, each first touch recorded), add the functions on the touched
+# Rounds (default 3): install with the current list, trace (Tools/CHost/trace_pages.c drives
+# the library, Tools/CHost/trace_audit.c as LD_AUDIT makes its code mapping inaccessible from
+# the moment it is mapped and records each first touch), add the functions on the touched
 # pages. A function that no longer exists costs nothing (lld skips it); a stale list only packs
 # less well. Run it after a change that moves start-up work; commit the file.
 # Usage: bash scripts/startup-order.sh [ROUNDS]      (needs cc, python3, nm, libcurl)
@@ -23,13 +24,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cc=${CC:-cc}
 "$cc" -O1 -Wall -Wextra -Werror -IBindings/include -o "$work/trace_pages" Tools/CHost/trace_pages.c -ldl
+# The tracing itself: an LD_AUDIT library, so that the load-time code (the library's
+# initializers) is recorded too.
+"$cc" -O1 -Wall -Wextra -Werror -shared -fPIC -o "$work/trace_audit.so" Tools/CHost/trace_audit.c
 [ -f "$order" ] || : >"$order"
 for round in $(seq 1 "$rounds"); do
     bash Bindings/install.sh --prefix "$work/prefix" >&2
     # The unstripped library install.sh linked (same code, with its symbol table).
     library=.build-release-static/release/libsessionflow.so
     rm -rf "$work/store"
-    "$work/trace_pages" "$library" "$work/store" 3 "$work/pages.txt"
+    SF_TRACE_OUTPUT="$work/pages.txt" LD_AUDIT="$work/trace_audit.so" "$work/trace_pages" "$library" "$work/store" 5 -
     python3 - "$library" "$work/pages.txt" "$order" <<'PY'
 import subprocess, sys
 library, pages_file, order_file = sys.argv[1:4]

@@ -8,7 +8,9 @@
  * thereby out of the picture: the pages recorded are the ones executed.
  *
  * Usage: trace_pages LIBRARY STORE_DIRECTORY SECONDS OUTPUT
- * OUTPUT: one line per touched page, its offset from the library's load address (hex).
+ * OUTPUT: one line per touched page, its offset from the library's load address (hex); "-"
+ * when Tools/CHost/trace_audit.c traces (LD_AUDIT: from the library's mapping on, which
+ * includes its load-time code).
  * Prints "TRACE <text KiB> <touched pages>". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -77,18 +79,24 @@ int main(int argc, char **argv) {
         (int (*)(const sf_options *, sf_runtime **))dlsym(library, "sf_runtime_create");
     int (*sign_in)(sf_runtime *, const sf_tokens *) =
         (int (*)(sf_runtime *, const sf_tokens *))dlsym(library, "sf_session_sign_in");
+    /* OUTPUT "-": Tools/CHost/trace_audit.c (LD_AUDIT) traces, from before the library's
+     * initializers; this program only drives the library. */
+    int audited = strcmp(argv[4], "-") == 0;
     Dl_info loaded;
-    if (!options_init || !runtime_create || !sign_in || !dladdr((void *)runtime_create, &loaded) || find_text() != 0) {
+    if (!options_init || !runtime_create || !sign_in || !dladdr((void *)runtime_create, &loaded) ||
+        (!audited && find_text() != 0)) {
         fprintf(stderr, "trace_pages: not a libsessionflow\n");
         return 1;
     }
-    touched = calloc((text_end - text_start) >> 12, 1);
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_sigaction = on_fault;
-    action.sa_flags = SA_SIGINFO | SA_NODEFER;
-    sigaction(SIGSEGV, &action, NULL);
-    mprotect((void *)text_start, text_end - text_start, PROT_NONE);
+    if (!audited) {
+        touched = calloc((text_end - text_start) >> 12, 1);
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = on_fault;
+        action.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigaction(SIGSEGV, &action, NULL);
+        mprotect((void *)text_start, text_end - text_start, PROT_NONE);
+    }
 
     sf_options options;
     options_init(&options);
@@ -102,6 +110,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     sleep((unsigned)atoi(argv[3]));
+    if (audited) _exit(0); /* the audit library wrote the pages as they were touched */
 
     FILE *output = fopen(argv[4], "w");
     if (!output) return 1;
