@@ -249,10 +249,13 @@ func idleRows(library: String, shipped: String?, seconds: Double, executable: St
         Row(name: "idle, CPU time per minute", ours: ours.map { $0.cpu * perMinute } ?? .nan,
             floor: floor.map { $0.cpu * perMinute } ?? .nan, unit: "ms", baseline: "libuv loop + 1-hour timer", note: why),
     ]
-    rows += memoryRows(ours, floor, what: "", why: why)
+    // The target (≤ 8 MiB) is the shipped library's: what a host installs (Bindings/install.sh,
+    // the packages). The development build's row is for comparison — the Swift runtime in
+    // shared libraries of its own, every one of them loaded whole.
+    rows += memoryRows(ours, floor, what: " (development build)", target: shipped == nil ? .atMost(8) : nil, why: why)
     if shipped != nil {
         let why = shippedReading == nil || floor == nil ? "the idle host failed" : flatters
-        rows += memoryRows(shippedReading, floor, what: ", the shipped library", why: why)
+        rows += memoryRows(shippedReading, floor, what: ", the shipped library", target: .atMost(8), why: why)
     }
     return rows
 }
@@ -263,11 +266,11 @@ struct IdleReading {
 }
 
 /// RSS above the floor, the library's mapped pages and the anonymous memory above the floor's.
-private func memoryRows(_ ours: IdleReading?, _ floor: IdleReading?, what: String, why: String?) -> [Row] {
+private func memoryRows(_ ours: IdleReading?, _ floor: IdleReading?, what: String, target: Row.Target?, why: String?) -> [Row] {
     [
         Row(name: "idle, RSS above a libuv + libcurl host\(what)",
             ours: ours.flatMap { o in floor.map { (o.rss - $0.rss) / 1024 } } ?? .nan,
-            floor: .nan, unit: "MiB", target: .atMost(8), note: why),
+            floor: .nan, unit: "MiB", target: target, note: why),
         Row(name: "  … of which libsessionflow.so's mapped pages", ours: ours.map { $0.library / 1024 } ?? .nan,
             floor: .nan, unit: "MiB", note: why),
         // The rest of the RSS above is clean file pages (the library's code, the Swift runtime's
