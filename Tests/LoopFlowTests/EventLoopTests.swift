@@ -348,8 +348,15 @@ struct ManualClockTests {
             try await loop.submit {
                 try loop.scheduleTimer(after: .seconds(1), repeating: .seconds(1)) { fired.append(loop.now) }
             }
+            // Concurrent: both advances are made at time 0 (each target is now + its duration),
+            // before any step runs — the loop thread is held until both wait.
+            let hold = DispatchSemaphore(value: 0)
+            try loop.execute { hold.wait() }
             async let a: Void = clock.advance(by: .seconds(2))
             async let b: Void = clock.advance(by: .seconds(3))
+            let bothWaiting = await eventually { clock.waitingAdvances == 2 }
+            hold.signal()
+            #expect(bothWaiting)
             _ = await (a, b)
             #expect(clock.now == .seconds(3))
             #expect(fired.all == [.seconds(1), .seconds(2), .seconds(3)])

@@ -30,6 +30,9 @@
     /// How many timers are armed.
     public var armedTimerCount: Int { lock.withLock { pending.count } }
 
+    /// How many `advance(by:)` calls are waiting for time to reach their target.
+    public var waitingAdvances: Int { lock.withLock { advances.count } }
+
     /// The deadline of the next timer to fire, if any.
     public var nextDeadline: Duration? { lock.withLock { pending.first?.deadline } }
 
