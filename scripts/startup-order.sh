@@ -13,8 +13,8 @@
 # Rounds (default 3): install with the current list, trace (Tools/CHost/trace_pages.c drives
 # the library, Tools/CHost/trace_audit.c as LD_AUDIT makes its code mapping inaccessible from
 # the moment it is mapped and records each first touch), add the functions on the touched
-# pages. A function that no longer exists costs nothing (lld skips it); a stale list only packs
-# less well. Run it after a change that moves start-up work; commit the file.
+# pages; names the library no longer defines leave the list. A stale list only packs less
+# well. Run it after a change that moves start-up work; commit the file.
 # Usage: bash scripts/startup-order.sh [ROUNDS]      (needs cc, python3, nm, libcurl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,10 +38,14 @@ for round in $(seq 1 "$rounds"); do
 import subprocess, sys
 library, pages_file, order_file = sys.argv[1:4]
 pages = {int(line, 16) for line in open(pages_file)}
-listed = [line.strip() for line in open(order_file) if line.strip()]
+symbols = subprocess.run(["nm", "-S", "--defined-only", library], capture_output=True, text=True, check=True).stdout
+code = {fields[3].strip() for fields in (line.split(None, 3) for line in symbols.splitlines())
+        if len(fields) == 4 and fields[2] in ("t", "T")}
+# Names the library no longer defines (renamed, removed) leave the list.
+kept = [line.strip() for line in open(order_file) if line.strip()]
+listed = [name for name in kept if name in code]
 seen = set(listed)
 found = []
-symbols = subprocess.run(["nm", "-S", "--defined-only", library], capture_output=True, text=True, check=True).stdout
 for line in symbols.splitlines():
     fields = line.split(None, 3)
     if len(fields) != 4 or fields[2] not in ("t", "T"):
@@ -58,6 +62,6 @@ with open(order_file, "w") as out:
         out.write(name + "\n")
 windows = {page >> 16 for page in pages}
 print(f"startup-order: {len(pages)} code pages touched, in {len(windows)} 64 KiB windows; "
-      f"{len(listed)} functions listed, {len(found)} added")
+      f"{len(listed)} functions listed, {len(found)} added, {len(kept) - len(listed)} no longer defined")
 PY
 done
