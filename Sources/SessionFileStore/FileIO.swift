@@ -35,8 +35,21 @@ enum FileIO {
     /// before it reads (another process's write landing in between).
     static let injectedPausesAfterOpen = LockedBox<[String: @Sendable (String) -> Void]>([:])
 
+    /// Tests only: the next N writes of files under a directory fail with EIO, then writes
+    /// succeed again (a disk that fails once).
+    static let injectedWriteFailuresLeft = LockedBox<[String: Int]>([:])
+
     /// -1 with `errno` set when a fault is injected for `path`, else nil.
     private static func injectedWriteError(_ path: String) -> Int? {
+        let counted = injectedWriteFailuresLeft.withLockedValue { left -> Bool in
+            guard let key = left.first(where: { path.hasPrefix($0.key + "/") && $0.value > 0 })?.key else { return false }
+            left[key]! -= 1
+            return true
+        }
+        if counted {
+            errno = EIO
+            return -1
+        }
         let code = injectedWriteErrors.withLockedValue { faults in
             faults.first { path.hasPrefix($0.key + "/") }?.value
         }

@@ -226,6 +226,29 @@ struct MultiAccountTests {
         await s.stop()
     }
 
+    /// A background account's logout whose clear the disk refuses once: the session leaves
+    /// the list at once, but is closed only after that answer came — and a closing session
+    /// gives a store that missed a write one last try. Closed before the answer (as it was),
+    /// nothing tried again, and the account's tokens came back at the next start.
+    @Test func aBackgroundLogoutWhoseClearFailedGetsALastTry() async throws {
+        let tmp = TemporaryDirectory()
+        let s = try await session(tmp)
+        try await s.manager.signIn(account("alice"))
+        try await s.manager.addAccount(account("bob"))
+        try await s.manager.switchAccount(to: "alice")
+        await s.manager.storeWorkDone()
+        FileIO.injectedWriteFailuresLeft.withLockedValue { $0[tmp.store] = 1 }
+        defer { _ = FileIO.injectedWriteFailuresLeft.withLockedValue { $0.removeValue(forKey: tmp.store) } }
+        let manager = s.manager
+        try await onOwnThread {
+            try manager.logoutAndWait(account: "bob")
+            manager.waitForStoreWork()
+        }
+        #expect(FileIO.injectedWriteFailuresLeft.withLockedValue { $0[tmp.store] } == 0, "no write failed: the test tested nothing")
+        #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice"])
+        await s.stop()
+    }
+
     @Test func aRestartRestoresTheActiveAccountAndStartsTheOthersInTheBackground() async throws {
         let tmp = TemporaryDirectory()
         let authority = PerAccountAuthority()

@@ -206,7 +206,9 @@ extension SessionManager {
 
     func closeOnLoop() {
         loop.assertInEventLoop()
-        let (active, background) = sessions.withLockedValue { ($0.active, Array($0.background.values)) }
+        let (active, background) = sessions.withLockedValue {
+            ($0.active, Array($0.background.values) + $0.retired.values)
+        }
         for engine in background { engine.close() }
         // Last: it completes the manager's flows.
         active.close()
@@ -234,30 +236,60 @@ extension SessionManager {
         next.onStoreChanged = { [weak self] in self?.storeChanged() }
         next.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
         next.attach(surface)
+        let leaves = previousState.state == .loggedOut || previousState.account == nil
         sessions.withLockedValue { sessions in
             sessions.active = next
-            if let key = previousState.account, previousState.state != .loggedOut {
+            if leaves {
+                // In the same step: a wait for the store work never misses it.
+                sessions.retired[ObjectIdentifier(previous)] = previous
+            } else if let key = previousState.account {
                 sessions.background[key] = previous
             }
         }
-        if previousState.state == .loggedOut || previousState.account == nil {
-            retire(previous)
-        }
+        if leaves { retire(previous) }
         accountsChanged()
     }
 
-    /// A session that is no longer anyone's: closed on a later turn (never inside its own
-    /// entry point), its store work finishing on its worker — waited for by `waitForStoreWork`
-    /// and `afterStoreWork` until it has landed (a background account's logout clears its
-    /// record there: a host that destroys its runtime next must find it gone).
+    /// A session that is no longer anyone's. It stays among the `retired` — its store work
+    /// waited for by `waitForStoreWork` and `afterStoreWork` (a background account's logout
+    /// clears its record there: a host that destroys its runtime next must find it gone) —
+    /// and is closed on a later turn (never inside its own entry point) once the store work it
+    /// submitted so far has answered: a logout's clear that failed then gets the last try a
+    /// closing session gives a store that missed a write (`StoreSyncMachine.close`; closed
+    /// before the answer, nothing would try it again). Let go of once its worker has run
+    /// everything it was given, the close's work included.
     func retire(_ engine: SessionEngine) {
         engine.onStateChange = nil
+        let id = ObjectIdentifier(engine)
+        sessions.withLockedValue { $0.retired[id] = engine }
+        let (loop, sessions) = (self.loop, self.sessions)
+        engine.worker.afterPendingWork {
+            do {
+                try loop.execute {
+                    engine.close()
+                    Self.forget(engine, in: sessions, loop: loop)
+                }
+            } catch {
+                // The loop is gone: the teardown closed it (`closeOnLoop`); nothing runs now.
+                sessions.withLockedValue { _ = $0.retired.removeValue(forKey: id) }
+            }
+        }
+    }
+
+    /// Drops a closed retired session once its worker has run all it was given: an answer
+    /// delivered after the close may submit more (a refresh lease released), so the marker
+    /// is queued again while anything was submitted after it. On the loop thread, where the
+    /// session submits (or on the worker, the loop gone).
+    private static func forget(_ engine: SessionEngine, in sessions: LockedBox<Sessions>, loop: EventLoop) {
         let worker = engine.worker
-        let id = ObjectIdentifier(worker)
-        sessions.withLockedValue { $0.retired[id] = worker }
-        try? loop.execute { [sessions] in
-            engine.close()
-            worker.afterPendingWork { sessions.withLockedValue { _ = $0.retired.removeValue(forKey: id) } }
+        let before = worker.jobsQueued
+        worker.afterPendingWork {
+            // More than the marker itself queued since (an inline store queues nothing).
+            if loop.inEventLoop && worker.jobsQueued > before + 1 {
+                forget(engine, in: sessions, loop: loop)
+                return
+            }
+            sessions.withLockedValue { _ = $0.retired.removeValue(forKey: ObjectIdentifier(engine)) }
         }
     }
 
@@ -267,7 +299,11 @@ extension SessionManager {
         loop.assertInEventLoop()
         let leaving = sessions.withLockedValue { sessions -> [SessionEngine] in
             let gone = sessions.background.filter { $0.value.published.isSignedOut }
-            for key in gone.keys { sessions.background[key] = nil }
+            for (key, engine) in gone {
+                sessions.background[key] = nil
+                // In the same step: a wait for the store work never misses it.
+                sessions.retired[ObjectIdentifier(engine)] = engine
+            }
             return Array(gone.values)
         }
         for engine in leaving { retire(engine) }

@@ -53,9 +53,10 @@ public final class SessionManager: Sendable {
         /// The account list and the active-account pointer (`AccountsMachine`): changed only
         /// through its events (`accountsEvent`), under this box's lock.
         var accounts = AccountsMachine()
-        /// The workers of sessions let go of (`retire`) whose store work has not landed yet —
-        /// a background account's logout clears its record there: waited for like the others.
-        var retired: [ObjectIdentifier: StoreWorker] = [:]
+        /// Sessions let go of (`retire`) whose store work has not landed yet — a background
+        /// account's logout clears its record there: waited for like the others' (closed with
+        /// them, if the manager closes first).
+        var retired: [ObjectIdentifier: SessionEngine] = [:]
 
         var all: [SessionEngine] { Array(background.values) + [active] }
     }
@@ -153,7 +154,7 @@ public final class SessionManager: Sendable {
     /// Calls `body` once the store work every one of `engines` (and the active-account
     /// pointer's worker) submitted so far has landed.
     func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
-        let retired = sessions.withLockedValue { Array($0.retired.values) }
+        let retired = sessions.withLockedValue { $0.retired.values.map(\.worker) }
         afterWork(of: engines.map(\.worker) + retired + [pointerWorker].compactMap { $0 }, body)
     }
 
@@ -169,9 +170,8 @@ public final class SessionManager: Sendable {
     /// Blocks until the store work the session submitted so far has run. Never on the loop
     /// thread. For hosts that let go of the session and may exit next (the C API's destroy).
     package func waitForStoreWork() {
-        let (engines, retired) = sessions.withLockedValue { ($0.all, Array($0.retired.values)) }
+        let engines = sessions.withLockedValue { $0.all + $0.retired.values }
         for engine in engines { engine.worker.waitUntilIdle() }
-        for worker in retired { worker.waitUntilIdle() }
         pointerWorker?.waitUntilIdle()
     }
 

@@ -45,6 +45,8 @@ final class StoreWorker: @unchecked Sendable {
     private var target: any CredentialStore
     private var queue: [Job] = []
     private var running = false
+    /// Every job ever queued (a count): whether any was submitted since a moment.
+    private var queued: UInt64 = 0
     /// For tests: how many saves were merged into one still waiting.
     private var coalescedSaves = 0
 
@@ -65,6 +67,10 @@ final class StoreWorker: @unchecked Sendable {
 
     /// For tests: how many saves were merged into a save still waiting.
     var coalesced: Int { lock.withLock { coalescedSaves } }
+
+    /// How many jobs were ever queued (merged saves not counted): compared before and after,
+    /// whether anything was submitted in between.
+    var jobsQueued: UInt64 { lock.withLock { queued } }
 
     // MARK: - Jobs
 
@@ -179,6 +185,7 @@ final class StoreWorker: @unchecked Sendable {
     private func enqueue(_ job: (any CredentialStore) -> Job) {
         let start = lock.withLock { () -> Bool in
             queue.append(job(target))
+            queued += 1
             if running { return false }
             running = true
             return true
