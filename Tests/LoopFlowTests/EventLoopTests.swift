@@ -352,12 +352,14 @@ struct ManualClockTests {
             // before any step runs — the loop thread is held until both wait.
             let hold = DispatchSemaphore(value: 0)
             try loop.execute { hold.wait() }
-            async let a: Void = clock.advance(by: .seconds(2))
+            // Each returns once time reached its target: `a` after the 2 s tick at the least.
+            async let a: Int = { await clock.advance(by: .seconds(2)); return fired.count }()
             async let b: Void = clock.advance(by: .seconds(3))
             let bothWaiting = await eventually { clock.waitingAdvances == 2 }
             hold.signal()
             #expect(bothWaiting)
-            _ = await (a, b)
+            let (firedWhenAReturned, _) = await (a, b)
+            #expect(firedWhenAReturned >= 2)
             #expect(clock.now == .seconds(3))
             #expect(fired.all == [.seconds(1), .seconds(2), .seconds(3)])
         }

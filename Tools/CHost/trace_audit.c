@@ -8,9 +8,11 @@
  * library (hex, one per line) to $SF_TRACE_OUTPUT and opens the page again. Written as it
  * happens (write(2) is async-signal-safe), so the traced process may end any way it likes.
  * Usage: SF_TRACE_OUTPUT=pages.txt LD_AUDIT=./trace_audit.so trace_pages LIBRARY STORE SECONDS -
- * Test-tooling only (Linux, glibc): not part of the library.
+ * Test-tooling only (Linux, glibc, 4 KiB pages): not part of the library. Run with
+ * SWIFT_BACKTRACE=enable=no: the Swift runtime's backtracer would take SIGSEGV over.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <link.h>
 #include <signal.h>
@@ -42,6 +44,7 @@ static void record(uintptr_t page) {
 
 static void on_fault(int signal_number, siginfo_t *info, void *context) {
     (void)context;
+    int saved = errno;
     uintptr_t address = (uintptr_t)info->si_addr;
     if (address >= text_start && address < text_end) {
         uintptr_t page = address & ~(uintptr_t)4095;
@@ -51,6 +54,7 @@ static void on_fault(int signal_number, siginfo_t *info, void *context) {
         }
         /* Failing (too many mappings), the same instruction would fault forever. */
         if (mprotect((void *)page, 4096, PROT_READ | PROT_EXEC) != 0) _exit(2);
+        errno = saved;
         return;
     }
     signal(signal_number, SIG_DFL);
