@@ -34,7 +34,7 @@ for round in $(seq 1 "$rounds"); do
     library=.build-release-static/release/libsessionflow.so
     rm -rf "$work/store"
     SWIFT_BACKTRACE=enable=no SF_TRACE_OUTPUT="$work/pages.txt" LD_AUDIT="$work/trace_audit.so" \
-        "$work/trace_pages" "$library" "$work/store" 5 -
+        "$work/trace_pages" "$library" "$work/store" 5
     python3 - "$library" "$work/pages.txt" "$order" <<'PY'
 import subprocess, sys
 library, pages_file, order_file = sys.argv[1:4]

@@ -254,9 +254,10 @@ print(f"benchmark json: {len(rows)} rows ({len(node)} of Node.js), every one mea
 [ "$(python3 scripts/bench-runs.py "$smoke_json" "$smoke_json" | grep -c 'from C through libsessionflow')" -eq 2 ] ||
     { echo "scripts/bench-runs.py merged the fan-out sizes' sub-rows" >&2; exit 1; }
 rm -f "$smoke_json"
-# The tracer behind Bindings/startup-order.txt (scripts/startup-order.sh, run by hand) still
-# compiles cleanly against the header.
+# The tracer behind Bindings/startup-order.txt (scripts/startup-order.sh, run by hand: its
+# driver and its LD_AUDIT library) still compiles cleanly against the header.
 cc -Wall -Wextra -Werror -fsyntax-only -IBindings/include Tools/CHost/trace_pages.c
+cc -Wall -Wextra -Werror -fsyntax-only -fPIC Tools/CHost/trace_audit.c
 
 stage "soak (short: 30 s; the full run is --seconds 600)"
 Tools/.build/debug/session-soak --seconds 30

@@ -56,6 +56,25 @@ struct MultiAccountTests {
         try await SessionHarness(loopName: "accounts", authority: authority, store: FileCredentialStore(directory: tmp.store, key: .keyFile))
     }
 
+    private func aliceActiveBobInTheBackground(_ tmp: TemporaryDirectory) async throws -> Session {
+        let s = try await session(tmp)
+        try await s.manager.signIn(account("alice"))
+        try await s.manager.addAccount(account("bob"))
+        try await s.manager.switchAccount(to: "alice")
+        return s
+    }
+
+    /// The C API's order: `sf_logout_account` (answered once the session changed in memory),
+    /// then what `sf_runtime_destroy` waits for. Blocking calls: on a thread of their own, not
+    /// the pool's.
+    private func logOutBobAndLetGoAsACHostDoes(_ s: Session) async throws {
+        let manager = s.manager
+        try await onOwnThread {
+            try manager.logoutAndWait(account: "bob")
+            manager.waitForStoreWork()
+        }
+    }
+
     @Test func twoAccountsAreListedSwitchedAndEachKeepsItsOwnTokens() async throws {
         let tmp = TemporaryDirectory()
         let s = try await session(tmp)
@@ -202,10 +221,7 @@ struct MultiAccountTests {
     /// waited for — a slow disk (each read of the store file paused) makes it land late.
     @Test func aBackgroundAccountsLogoutHasLandedWhenTheHostLetsGo() async throws {
         let tmp = TemporaryDirectory()
-        let s = try await session(tmp)
-        try await s.manager.signIn(account("alice"))
-        try await s.manager.addAccount(account("bob"))
-        try await s.manager.switchAccount(to: "alice")
+        let s = try await aliceActiveBobInTheBackground(tmp)
         let paused = LockedBox(0)
         FileIO.injectedPausesAfterOpen.withLockedValue {
             $0[tmp.store] = { name in
@@ -214,12 +230,7 @@ struct MultiAccountTests {
                 usleep(300_000)
             }
         }
-        // Blocking calls, as a C host makes them: on a thread of their own, not the pool's.
-        let manager = s.manager
-        try await onOwnThread {
-            try manager.logoutAndWait(account: "bob")
-            manager.waitForStoreWork()
-        }
+        try await logOutBobAndLetGoAsACHostDoes(s)
         _ = FileIO.injectedPausesAfterOpen.withLockedValue { $0.removeValue(forKey: tmp.store) }
         #expect(paused.withLockedValue { $0 } > 0, "no store read was paused: the test tested nothing")
         #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice"])
@@ -232,18 +243,11 @@ struct MultiAccountTests {
     /// nothing tried again, and the account's tokens came back at the next start.
     @Test func aBackgroundLogoutWhoseClearFailedGetsALastTry() async throws {
         let tmp = TemporaryDirectory()
-        let s = try await session(tmp)
-        try await s.manager.signIn(account("alice"))
-        try await s.manager.addAccount(account("bob"))
-        try await s.manager.switchAccount(to: "alice")
+        let s = try await aliceActiveBobInTheBackground(tmp)
         await s.manager.storeWorkDone()
         FileIO.injectedWriteFailuresLeft.withLockedValue { $0[tmp.store] = 1 }
         defer { _ = FileIO.injectedWriteFailuresLeft.withLockedValue { $0.removeValue(forKey: tmp.store) } }
-        let manager = s.manager
-        try await onOwnThread {
-            try manager.logoutAndWait(account: "bob")
-            manager.waitForStoreWork()
-        }
+        try await logOutBobAndLetGoAsACHostDoes(s)
         #expect(FileIO.injectedWriteFailuresLeft.withLockedValue { $0[tmp.store] } == 0, "no write failed: the test tested nothing")
         #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice"])
         await s.stop()

@@ -1,13 +1,13 @@
 /* An LD_AUDIT library for scripts/startup-order.sh: records the code pages of libsessionflow
  * that a process executes, from the moment the library is mapped — before its relocation and
  * its initializers (the Swift runtime's image registration, BoringSSL's set-up), which a tracer
- * that starts after dlopen (Tools/CHost/trace_pages.c alone) never sees, and so never ordered.
+ * that starts after dlopen (as the first one did) never sees, and so never ordered.
  *
  * la_objopen (the object mapped, not yet relocated) makes the library's executable mapping
  * inaccessible; each first touch faults, and the handler writes the page's offset in the
  * library (hex, one per line) to $SF_TRACE_OUTPUT and opens the page again. Written as it
  * happens (write(2) is async-signal-safe), so the traced process may end any way it likes.
- * Usage: SF_TRACE_OUTPUT=pages.txt LD_AUDIT=./trace_audit.so trace_pages LIBRARY STORE SECONDS -
+ * Usage: SF_TRACE_OUTPUT=pages.txt LD_AUDIT=./trace_audit.so trace_pages LIBRARY STORE SECONDS
  * Test-tooling only (Linux, glibc, 4 KiB pages): not part of the library. Run with
  * SWIFT_BACKTRACE=enable=no: the Swift runtime's backtracer would take SIGSEGV over.
  */

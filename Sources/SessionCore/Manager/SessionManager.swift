@@ -5,6 +5,10 @@
 import LoopFlow
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// An authenticated session that keeps itself alive, on an `EventLoop`.
 ///
 /// - `state` is a `StateFlow<SessionState>` (current value first, distinct, conflated);
@@ -153,9 +157,17 @@ public final class SessionManager: Sendable {
 
     /// Calls `body` once the store work every one of `engines` (and the active-account
     /// pointer's worker) submitted so far has landed.
+    /// Retired sessions (`retire`) are waited for until they leave: each is closed once its
+    /// work answered, and its close may submit more (a failed clear's last try).
     func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
         let retired = sessions.withLockedValue { $0.retired.values.map(\.worker) }
-        afterWork(of: engines.map(\.worker) + retired + [pointerWorker].compactMap { $0 }, body)
+        afterWork(of: engines.map(\.worker) + retired + [pointerWorker].compactMap { $0 }) { [self] in
+            if retired.isEmpty || sessions.withLockedValue({ $0.retired.isEmpty }) {
+                body()
+            } else {
+                afterStoreWork(of: [], body)
+            }
+        }
     }
 
     private func afterWork(of workers: [StoreWorker], _ body: @escaping @Sendable () -> Void) {
@@ -169,10 +181,17 @@ public final class SessionManager: Sendable {
 
     /// Blocks until the store work the session submitted so far has run. Never on the loop
     /// thread. For hosts that let go of the session and may exit next (the C API's destroy).
+    /// Retired sessions (`retire`) are waited for until they leave: each is closed once its work
+    /// answered (on the loop, or at once if the loop is gone), and its close may submit more.
     package func waitForStoreWork() {
-        let engines = sessions.withLockedValue { $0.all + $0.retired.values }
-        for engine in engines { engine.worker.waitUntilIdle() }
-        pointerWorker?.waitUntilIdle()
+        while true {
+            let engines = sessions.withLockedValue { $0.all + $0.retired.values }
+            for engine in engines { engine.worker.waitUntilIdle() }
+            pointerWorker?.waitUntilIdle()
+            if sessions.withLockedValue({ $0.retired.isEmpty }) { return }
+            // One is being closed on the loop (or forgotten): its next step is a job away.
+            usleep(1000)
+        }
     }
 
     /// What happens to the session (the active account's), observable.
