@@ -27,8 +27,8 @@ static uintptr_t run_time_address(const struct link_map *map, uintptr_t value) {
     return value >= map->l_addr ? value : value + map->l_addr;
 }
 
-/* What `release` asks of `inside_read_only_segment`: a range, and whether a loaded
- * segment of the object without write permission holds all of it. */
+/* What `release` asks `find_segment` (through dl_iterate_phdr): whether a loaded segment
+ * of the object at `bias`, without write permission, holds all of [first, end). */
 typedef struct segment_query {
     uintptr_t bias, first, end;
     int inside;
