@@ -27,7 +27,7 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         self.current = initial
         self.snapshot = initial
         self.lastBroadcast = initial
-        self.core = FlowCore(loop: loop)
+        self.core = FlowCore(loop: loop, admitsLocally: true)
         core.source = self
     }
 

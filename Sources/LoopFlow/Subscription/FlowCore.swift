@@ -16,9 +16,10 @@ import Synchronization
 /// snapshot and its broadcast (`DeliverySource`).
 ///
 /// Subscribers live in `table`, pooled records at fixed addresses (`SubscriberTable`):
-/// subscribing takes a record under the lock, fills it, and queues its slot as an arrival;
-/// the next delivery registers the arrivals (sets their `registered` bit), then walks the
-/// records. Closing sets the record's `closed` bit (one compare-and-swap, any thread) and
+/// subscribing takes a record under the lock, fills it, and queues its slot as an arrival
+/// (a StateFlow's loop-thread subscribe: in the loop's own list, and into a spare record
+/// without the lock when there is one — `admitLocally`); the next delivery registers the
+/// arrivals (sets their `registered` bit), then walks the records. Closing sets the record's `closed` bit (one compare-and-swap, any thread) and
 /// queues the slot for retirement; retirement is batched — every close since the last
 /// retire job costs that one job — and runs on the loop thread outside any walk, where it
 /// releases the record's callbacks (running `onRelease`) and returns the slot to the pool.
@@ -68,11 +69,34 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     unowned(unsafe) var source: (any DeliverySource)?
     /// The loop's walk gate (one load less per walk than through `loop`).
     let gate: WalkGate
+    /// A StateFlow's core: its admissions need nothing read under the lock (a SharedFlow's
+    /// take their first sequence there), so those on the loop thread may keep their arrival
+    /// in the loop's own list (`admit`).
+    private let admitsLocally: Bool
     /// The records themselves, at fixed addresses (read without the lock: see there).
     private let table = SubscriberPages()
 
     // Loop-confined.
     @exclusivity(unchecked) private var arrivalBatch: [Int32] = []
+    /// A StateFlow's admissions made on the loop thread since the last delivery took them
+    /// (the delivery appends them to its batch). Never without a delivery pending
+    /// (`localClaimed`).
+    @exclusivity(unchecked) private var localArrivals = SlotStack()
+    /// Records a loop-thread close freed at once (`reclaimLocally`): free, still counted in
+    /// the pool, for the next loop-thread admission to take without the lock; the next
+    /// delivery returns the rest to the pool. Never without a delivery pending.
+    @exclusivity(unchecked) private var spareSlots = SlotStack()
+    /// The callback contexts of the records `reclaimLocally` freed, let go of by the next
+    /// delivery (never inside `close()`: a captured object's deinit is user code).
+    @exclusivity(unchecked) private var reclaimedContexts: [UnsafeRawPointer] = []
+    @exclusivity(unchecked) private var releasingContexts: [UnsafeRawPointer] = []
+    /// A delivery is pending that has not started yet: it will take `localArrivals` and
+    /// `spareSlots`. Set by a loop-thread admission under the lock; cleared by the delivery
+    /// (and wherever else a pending delivery is dropped).
+    @exclusivity(unchecked) private var localClaimed = false
+    /// The loop thread's own block of ids for lock-free admissions.
+    @exclusivity(unchecked) private var localNextID: UInt64 = 0
+    @exclusivity(unchecked) private var localIDLimit: UInt64 = 0
     /// The arrivals the delivery under way registered.
     @exclusivity(unchecked) private var newcomers: [Int32] = []
     /// The table's high-water mark at the delivery's snapshot: every registered slot is below.
@@ -110,18 +134,22 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let id: UInt64
     }
 
-    init(loop: EventLoop) {
+    init(loop: EventLoop, admitsLocally: Bool = false) {
         self.loop = loop
         self.gate = loop.walkGate
+        self.admitsLocally = admitsLocally
     }
 
     deinit {
         // The loop held the core while a record was in use: none is.
         table.deallocate()
+        localArrivals.deallocate()
+        spareSlots.deallocate()
     }
 
     /// Subscriptions not yet retired (a closed one counts until the loop has released it,
-    /// within a loop turn). Caller holds `lock`.
+    /// within a loop turn), and the loop's spare records (`spareSlots`, a loop turn at most:
+    /// a delivery is pending and returns them). Caller holds `lock`.
     @usableFromInline var liveCount: Int { pool.inUse }
 
     // MARK: Subscription count
@@ -182,12 +210,18 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// the callbacks will ever run.
     ///
     /// `callback`'s references come retained; on a refusal they are released here.
+    ///
+    /// A StateFlow (`admitsLocally`) admitting on the loop thread keeps the arrival in
+    /// `localArrivals`, which its pending delivery takes; with a delivery pending and a spare
+    /// record (`reclaimLocally`) at hand, it takes neither the lock nor the pool — unless the
+    /// subscription count is observed (a spare is counted already: taking it would not
+    /// raise the count).
     func admit(
         _ callback: AdmittedCallback,
         onError: (@Sendable (any Error) -> Void)?,
         onComplete: (@Sendable () -> Void)?,
         onRelease: (@Sendable () -> Void)?,
-        prepareLocked: (SubscriberEntry, UInt64) -> Void = { _, _ in }
+        prepareLocked: ((SubscriberEntry, UInt64) -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
         let words = callback.words
         let foreign = callback.foreign
@@ -199,6 +233,13 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         #if DEBUG
         admissionsBegun.wrappingAdd(1, ordering: .sequentiallyConsistent)
         #endif
+        assert(!admitsLocally || prepareLocked == nil, "a flow that admits locally reads nothing under the lock")
+        let local = admitsLocally && loop.inEventLoop
+        if local && localClaimed && foreign == nil && extras == nil && !countObserved.load(ordering: .relaxed),
+            let slot = spareSlots.pop()
+        {
+            return admitLocally(slot, words: words)
+        }
         lock.lock()
         guard !tornDown, let slot = pool.take() else {
             let full = !tornDown
@@ -240,12 +281,40 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             if extras != nil { tag |= SubscriberEntry.extrasBit }
         }
         entry.tag.pointee.store(tag, ordering: .releasing)
-        prepareLocked(entry, id)
-        arrivals.append(slot)
+        prepareLocked?(entry, id)
         let post = claimDeliveryLocked()
+        if local {
+            // A delivery is pending now (claimed here, or before and not started: it runs on
+            // this thread), and takes the local arrivals with it.
+            localArrivals.push(slot)
+            localClaimed = true
+        } else {
+            arrivals.append(slot)
+        }
         lock.unlock()
         if post { postDelivery() }
         publishCount()
+        return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
+    }
+
+    /// A loop-thread admission into a spare record: no lock, no pool. The record is free and
+    /// on an existing page, no other thread writes it (only a closer holding an old handle
+    /// reads its tag, which no longer names that handle's id), and the pending delivery
+    /// (`localClaimed`) registers it. Only for a callback without a side record; the count
+    /// is unchanged (the spare was counted).
+    private func admitLocally(_ slot: Int32, words: (UnsafeRawPointer?, UnsafeRawPointer?)) -> FlowSubscription {
+        if localNextID == localIDLimit {
+            localNextID = FlowSubscription.reserveIDs()
+            localIDLimit = localNextID + FlowSubscription.idBlock
+        }
+        let id = localNextID
+        localNextID += 1
+        let entry = table.entry(slot)
+        entry.cursor = 0
+        entry.word0 = words.0
+        entry.word1 = words.1
+        entry.tag.pointee.store(id << SubscriberEntry.idShift, ordering: .releasing)
+        localArrivals.push(slot)
         return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
     }
 
@@ -313,8 +382,14 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         }
         // Not registered yet: its arrival is still to be handled, on the loop thread, and the
         // registration (which sets `registered` on this same word) sees it closed and releases
-        // it. Nothing to retire.
-        guard current & SubscriberEntry.registeredBit != 0 else { return true }
+        // it. Nothing to retire — unless it is the loop thread's latest arrival, freed here.
+        guard current & SubscriberEntry.registeredBit != 0 else {
+            if onLoop && current & (SubscriberEntry.extrasBit | SubscriberEntry.foreignBit) == 0
+                && localArrivals.last == slot {
+                reclaimLocally(entry, slot: slot)
+            }
+            return true
+        }
         let closed = ClosedSlot(slot: slot, id: id)
         if onLoop {
             closedHere.append(closed)
@@ -338,6 +413,24 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
 
     // MARK: Loop thread
 
+    /// A loop-thread close of the loop thread's latest arrival (never registered: no callback
+    /// of it ran, and none will): its record is freed now and kept as a spare for the next
+    /// loop-thread admission, so subscribing and closing on the loop thread reuses one warm
+    /// record without the lock. Only a record without a side record (no `onRelease` to
+    /// defer); the closure's context is let go of by the next delivery, as the registration
+    /// would have (a captured object's deinit is user code: never inside `close()`). Not
+    /// while the subscription count is observed: a closed subscription counts until the loop
+    /// releases it, and the record's next subscriber would not raise the count.
+    private func reclaimLocally(_ entry: SubscriberEntry, slot: Int32) {
+        guard !countObserved.load(ordering: .relaxed) else { return }
+        _ = localArrivals.pop()
+        if let context = entry.word1 { reclaimedContexts.append(context) }
+        entry.word0 = nil
+        entry.word1 = nil
+        entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .releasing)
+        spareSlots.push(slot)
+    }
+
     /// The one delivery of every flow: under the lock, the flow's snapshot, the arrivals
     /// and the terminal state; then, without it, the arrivals registered, the flow's
     /// broadcast and the terminal callbacks, inside one walk over the records.
@@ -350,6 +443,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         lock.lock()
         guard let source = pendingSource.take() else {
             lock.unlock()
+            assert(
+                localArrivals.isEmpty && spareSlots.isEmpty && reclaimedContexts.isEmpty,
+                "loop-thread arrivals without a pending delivery")
             return nil
         }
         deliveryRefused = false
@@ -358,6 +454,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let terminal = self.terminal
         source.takeSnapshotLocked()
         lock.unlock()
+        takeLocalArrivals()
 
         registerArrivals()
         gate.begin(ObjectIdentifier(self))
@@ -369,6 +466,30 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         gate.end()
         returnFreed()
         return source
+    }
+
+    /// The delivery has begun: the loop thread's arrivals join its batch, its spare records
+    /// go back to the pool with the records this delivery frees, the callbacks of the records
+    /// reclaimed are let go of (as the registration lets go of those closed before it), and
+    /// the next loop-thread admission claims a delivery again.
+    private func takeLocalArrivals() {
+        localClaimed = false
+        if !localArrivals.isEmpty {
+            arrivalBatch.append(contentsOf: localArrivals.elements)
+            localArrivals.removeAll()
+        }
+        if !spareSlots.isEmpty {
+            freeing.append(contentsOf: spareSlots.elements)
+            spareSlots.removeAll()
+        }
+        guard !reclaimedContexts.isEmpty else { return }
+        // Last, the lists settled: a deinit may subscribe and close again (into the next
+        // delivery's lists: it claims one).
+        swap(&reclaimedContexts, &releasingContexts)
+        for context in releasingContexts {
+            Unmanaged<AnyObject>.fromOpaque(context).release()
+        }
+        releasingContexts.removeAll(keepingCapacity: true)
     }
 
     /// In a delivery, before the walk: registers the arrivals still open. One closed before
@@ -468,8 +589,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let context = entry.word1
         entry.word0 = nil
         entry.word1 = nil
-        // Releasing is enough: the record is handed out again only through the lock, and a
-        // closer holding an old handle only needs to see that the id is no longer its own.
+        // Releasing is enough: the record is handed out again only through the lock (or, a
+        // loop-thread spare, on this thread), and a closer holding an old handle only needs to
+        // see that the id is no longer its own.
         entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .releasing)
         freeing.append(slot)
         if let foreign {

@@ -21,8 +21,9 @@ import Synchronization
 /// recycled for a newer subscription finds another id there and closes nothing. The other
 /// fields (and the side record, and the `foreign`/`extras` bits, which never change while
 /// the record is held) are written under the flow's lock at admission (before the loop may
-/// read them: the arrival reaches the loop through the same lock) and afterwards only on the
-/// loop thread.
+/// read them: the arrival reaches the loop through the same lock) — or, a StateFlow's
+/// loop-thread admission into a spare record, on the loop thread — and afterwards only on
+/// the loop thread.
 struct SubscriberEntry: @unchecked Sendable {
     static let stride = 32
     static let closedBit: UInt64 = 1
@@ -341,5 +342,55 @@ struct SlotPool {
         } else {
             free.append(slot)
         }
+    }
+}
+
+/// A stack of slots in memory of its own, for the loop thread's hot lists (`FlowCore`'s local
+/// arrivals and spare records: a subscribe+close on the loop thread pushes and pops one of
+/// each): no copy-on-write check per push and pop, as an `Array` stored in a class makes. Its
+/// owner frees it (`deallocate`). Made on first push (a flow never subscribed to on its loop
+/// thread allocates nothing); grows, never shrinks (like the arrays kept with their capacity
+/// beside it).
+struct SlotStack {
+    private var base: UnsafeMutablePointer<Int32>?
+    private var capacity = 0
+    private(set) var count = 0
+
+    func deallocate() { base?.deallocate() }
+
+    @inline(__always) var isEmpty: Bool { count == 0 }
+
+    @inline(__always) var last: Int32? { count == 0 ? nil : base.unsafelyUnwrapped[count - 1] }
+
+    @inline(__always)
+    mutating func push(_ slot: Int32) {
+        if count == capacity { grow() }
+        base.unsafelyUnwrapped[count] = slot
+        count += 1
+    }
+
+    @inline(__always)
+    mutating func pop() -> Int32? {
+        guard count > 0 else { return nil }
+        count -= 1
+        return base.unsafelyUnwrapped[count]
+    }
+
+    /// The slots, oldest first, valid until the next change.
+    @inline(__always)
+    var elements: UnsafeBufferPointer<Int32> { UnsafeBufferPointer(start: base, count: count) }
+
+    @inline(__always)
+    mutating func removeAll() { count = 0 }
+
+    private mutating func grow() {
+        let larger = max(16, capacity * 2)
+        let bigger = UnsafeMutablePointer<Int32>.allocate(capacity: larger)
+        if let base {
+            bigger.moveInitialize(from: base, count: count)
+            base.deallocate()
+        }
+        base = bigger
+        capacity = larger
     }
 }
