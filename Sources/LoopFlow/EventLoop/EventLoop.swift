@@ -137,7 +137,7 @@ public final class EventLoop: @unchecked Sendable {
         try self.init(
             mode: .borrowed, name: "borrowed", uvLoop: loop, clock: clock, boundedJobLimit: boundedJobLimit,
             logger: logger)
-        loopThread.store(UInt(pthread_self()), ordering: .releasing)
+        loopThread.store(UInt(sf_thread_identity()), ordering: .releasing)
         selfRetain = Unmanaged.passRetained(self)
     }
 
@@ -185,7 +185,7 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     fileprivate func runOwnedLoop() {
-        loopThread.store(UInt(pthread_self()), ordering: .releasing)
+        loopThread.store(UInt(sf_thread_identity()), ordering: .releasing)
         var threadName = Array(name.utf8.prefix(15)).map { CChar(bitPattern: $0) }
         threadName.append(0)
         pthread_setname_np(pthread_self(), threadName)
@@ -204,7 +204,7 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Whether the caller is running on this loop's thread.
     public var inEventLoop: Bool {
-        loopThread.load(ordering: .acquiring) == UInt(pthread_self())
+        loopThread.load(ordering: .acquiring) == UInt(sf_thread_identity())
     }
 
     /// Stops the program if called off the loop thread (in every build configuration).
