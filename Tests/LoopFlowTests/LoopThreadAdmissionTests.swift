@@ -304,6 +304,9 @@ struct LoopThreadAdmissionTests {
             let calls = Counter()
             let stop = Flag()
             let stopped = Counter()
+            // Two closers, each pausing between tries: spinning, they took both of this
+            // machine's cores from the suites running beside this test (the async views' 20 s
+            // hang guards fired in a loaded CI run).
             for _ in 0..<2 {
                 Thread {
                     while !stop.isSet {
@@ -312,6 +315,7 @@ struct LoopThreadAdmissionTests {
                             _ = handle.isClosed
                         }
                         _ = state.core.openSubscriptionCount()
+                        usleep(20)
                     }
                     stopped.increment()
                 }.start()
@@ -336,5 +340,28 @@ struct LoopThreadAdmissionTests {
             #expect(state.core.recordHighWater == 0)
             #expect(state.core.lock.withLock { state.core.liveCount } == 0)
         }
+    }
+
+    @Test func aLoopThreadSubscribeOnceShutdownIsRequestedIsRefusedEvenWithASpare() async throws {
+        let loop = try EventLoop(name: "test-loop")
+        let state = MutableStateFlow(0, on: loop)
+        let refused = LockedBox<Bool?>(nil)
+        let spareMade = Flag()
+        try loop.execute {
+            try! state.subscribe(onState: { _ in }).close()  // a spare, a delivery pending
+            spareMade.set()
+            // The test thread asks for the shutdown meanwhile (it waits for this job).
+            while loop.acceptsWork { usleep(100) }
+            do {
+                _ = try state.subscribe(onState: { _ in })
+                refused.withLockedValue { $0 = false }
+            } catch {
+                refused.withLockedValue { $0 = (error as? LoopFlowError)?.code == .loopShutDown }
+            }
+        }
+        #expect(await eventually { spareMade.isSet })
+        let report = try loop.shutdown()
+        #expect(refused.withLockedValue { $0 } == true)
+        #expect(report.unclosedSubscriptions == 0)
     }
 }

@@ -53,7 +53,13 @@ public class StateFlow<Value: Sendable & Equatable>: @unchecked Sendable {
         onComplete: (@Sendable () -> Void)? = nil,
         onRelease: (@Sendable () -> Void)? = nil
     ) throws(LoopFlowError) -> FlowSubscription {
-        try core.admit(.swift(onState), onError: onError, onComplete: onComplete, onRelease: onRelease)
+        let callback = AdmittedCallback.swift(onState)
+        if onError == nil && onComplete == nil && onRelease == nil,
+            let subscription = core.admitIntoSpare(words: callback.words)
+        {
+            return subscription
+        }
+        return try core.admit(callback, onError: onError, onComplete: onComplete, onRelease: onRelease)
     }
 
     /// Subscribes a C (FFI) observer: `callback` calls `function` with each value and

@@ -18,7 +18,7 @@ import Synchronization
 /// Subscribers live in `table`, pooled records at fixed addresses (`SubscriberTable`):
 /// subscribing takes a record under the lock, fills it, and queues its slot as an arrival
 /// (a StateFlow's loop-thread subscribe: in the loop's own list, and into a spare record
-/// without the lock when there is one — `admitLocally`); the next delivery registers the
+/// without the lock when there is one — `admitIntoSpare`); the next delivery registers the
 /// arrivals (sets their `registered` bit), then walks the records. Closing sets the record's `closed` bit (one compare-and-swap, any thread) and
 /// queues the slot for retirement; retirement is batched — every close since the last
 /// retire job costs that one job — and runs on the loop thread outside any walk, where it
@@ -212,10 +212,8 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// `callback`'s references come retained; on a refusal they are released here.
     ///
     /// A StateFlow (`admitsLocally`) admitting on the loop thread keeps the arrival in
-    /// `localArrivals`, which its pending delivery takes; with a delivery pending and a spare
-    /// record (`reclaimLocally`) at hand, it takes neither the lock nor the pool — unless the
-    /// subscription count is observed (a spare is counted already: taking it would not
-    /// raise the count).
+    /// `localArrivals`, which its pending delivery takes (its value-only subscribe tries
+    /// `admitIntoSpare` first).
     func admit(
         _ callback: AdmittedCallback,
         onError: (@Sendable (any Error) -> Void)?,
@@ -235,11 +233,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         #endif
         assert(!admitsLocally || prepareLocked == nil, "a flow that admits locally reads nothing under the lock")
         let local = admitsLocally && loop.inEventLoop
-        if local && localClaimed && foreign == nil && extras == nil && !countObserved.load(ordering: .relaxed),
-            let slot = spareSlots.pop()
-        {
-            return admitLocally(slot, words: words)
-        }
         lock.lock()
         guard !tornDown, let slot = pool.take() else {
             let full = !tornDown
@@ -297,12 +290,24 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
     }
 
-    /// A loop-thread admission into a spare record: no lock, no pool. The record is free and
-    /// on an existing page, no other thread writes it (only a closer holding an old handle
-    /// reads its tag, which no longer names that handle's id), and the pending delivery
-    /// (`localClaimed`) registers it. Only for a callback without a side record; the count
-    /// is unchanged (the spare was counted).
-    private func admitLocally(_ slot: Int32, words: (UnsafeRawPointer?, UnsafeRawPointer?)) -> FlowSubscription {
+    /// A StateFlow's value-only subscribe on the loop thread into a spare record
+    /// (`reclaimLocally`), with a delivery pending: no lock, no pool. Nil when it cannot be one
+    /// (another thread, no spare, no delivery pending, the loop shutting down, the count
+    /// observed: a spare is counted already, and taking it would not raise the count) — then
+    /// `admit`, with the same retained `words`.
+    ///
+    /// The record is free and on an existing page, no other thread writes it (only a closer
+    /// holding an old handle reads its tag, which no longer names that handle's id), and the
+    /// pending delivery (`localClaimed`) registers it.
+    @inline(__always)
+    func admitIntoSpare(words: (UnsafeRawPointer?, UnsafeRawPointer?)) -> FlowSubscription? {
+        // The loop thread first: everything after it is the loop's own state.
+        guard admitsLocally, loop.inEventLoop, localClaimed, !spareSlots.isEmpty, loop.acceptsWork,
+            !countObserved.load(ordering: .relaxed), let slot = spareSlots.pop()
+        else { return nil }
+        #if DEBUG
+        admissionsBegun.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        #endif
         if localNextID == localIDLimit {
             localNextID = FlowSubscription.reserveIDs()
             localIDLimit = localNextID + FlowSubscription.idBlock
