@@ -615,7 +615,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     private func returnFreed() {
         guard !freeing.isEmpty else { return }
         lock.lock()
-        for slot in freeing { pool.give(slot) }
+        pool.give(contentsOf: freeing)
         var unused: (any SubscriptionOwner)?
         var refused: (any DeliverySource)?
         if pool.inUse == 0 {
