@@ -1,6 +1,7 @@
 // One type in one file (over 500 lines): its lock-guarded state (pending delivery, arrivals, the
 // terminal, the slots) is `private`/`private(set)` so that only this file changes it, under the
-// one lock. What can stand apart already does: SubscriberTable.swift, WalkGate.swift.
+// one lock. What can stand apart already does: SubscriberTable.swift, SlotStack.swift,
+// WalkGate.swift.
 
 import Synchronization
 
