@@ -27,7 +27,7 @@ struct WatchSessionHardeningTests {
             let out = Pipe()
             process.standardOutput = out
             process.standardError = out
-            out.fileHandleForReading.readabilityHandler = { [collected] in collected.append($0.availableData) }
+            collected.collect(out)
             try process.run()
         }
 

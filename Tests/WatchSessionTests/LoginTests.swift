@@ -167,10 +167,8 @@ final class Running: @unchecked Sendable {
         process.standardOutput = out
         process.standardError = err
         process.standardInput = input
-        let stdout = self.stdout
-        let stderr = self.stderr
-        out.fileHandleForReading.readabilityHandler = { stdout.append($0.availableData) }
-        err.fileHandleForReading.readabilityHandler = { stderr.append($0.availableData) }
+        stdout.collect(out)
+        stderr.collect(err)
         try process.run()
     }
 

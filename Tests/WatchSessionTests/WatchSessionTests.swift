@@ -140,7 +140,7 @@ struct WatchSessionLiveTests {
         let out = Pipe()
         process.standardOutput = out
         let collected = LockedText()
-        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
+        collected.collect(out)
         try process.run()
         #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains("\"state\":\"loggedOut\"") })
         // Another process (this test) signs in through the store...
@@ -171,7 +171,7 @@ struct WatchSessionLiveTests {
         let out = Pipe()
         process.standardOutput = out
         let collected = LockedText()
-        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
+        collected.collect(out)
         try process.run()
         let bobActive = #"{"active":true,"key":"bob","state":"loggedIn"}"#
         #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains(bobActive) })
@@ -215,7 +215,7 @@ struct WatchSessionLiveTests {
         let out = Pipe()
         process.standardOutput = out
         let collected = LockedText()
-        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
+        collected.collect(out)
         try process.run()
         defer { if process.isRunning { process.terminate() } }
         func lines() -> [[String: Any]] {
@@ -317,8 +317,8 @@ struct WatchSessionKeyTests {
         process.standardError = err
         let collected = LockedText()
         let errors = LockedText()
-        out.fileHandleForReading.readabilityHandler = { collected.append($0.availableData) }
-        err.fileHandleForReading.readabilityHandler = { errors.append($0.availableData) }
+        collected.collect(out)
+        errors.collect(err)
         try process.run()
         _ = await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains(until) || !process.isRunning }
         if process.isRunning { kill(process.processIdentifier, SIGINT) }
@@ -402,4 +402,22 @@ final class LockedText: @unchecked Sendable {
     private var data = Data()
     func append(_ chunk: Data) { lock.withLock { data.append(chunk) } }
     var text: String { lock.withLock { String(decoding: data, as: UTF8.self) } }
+
+    /// Collects what `pipe` carries, as it comes, until its end (the child exited): blocking
+    /// reads on a thread of its own. Not `readabilityHandler`: its dispatch read source,
+    /// registered with libdispatch's epoll while the child still holds the pipe, is how a
+    /// Linux libdispatch bug crashes the test process (a segfault in
+    /// `_dispatch_event_loop_drain`, seen in a full run; swiftlang/swift-subprocess#47).
+    func collect(_ pipe: Pipe) {
+        let handle = pipe.fileHandleForReading
+        let thread = Thread { [self] in
+            while true {
+                let chunk = handle.availableData
+                if chunk.isEmpty { return }
+                append(chunk)
+            }
+        }
+        thread.name = "test output reader"
+        thread.start()
+    }
 }
