@@ -351,8 +351,19 @@ extension SessionManager {
             engine.onStateChange = { [weak self] in self?.accountsChanged() }
             made[key] = engine
         }
-        sessions.withLockedValue { sessions in
-            sessions.background.merge(made) { old, _ in old }
+        // A session another list read made meanwhile stays; the one made here for the same
+        // account is retired like any other (its worker, its timers), never just dropped.
+        let duplicates = sessions.withLockedValue { sessions -> [SessionEngine] in
+            var duplicates: [SessionEngine] = []
+            for (key, engine) in made {
+                if sessions.background[key] == nil {
+                    sessions.background[key] = engine
+                } else {
+                    duplicates.append(engine)
+                }
+            }
+            return duplicates
         }
+        for engine in duplicates { retire(engine) }
     }
 }
