@@ -108,6 +108,16 @@ package final class LockedBox<Value>: @unchecked Sendable {
         defer { lock.unlock() }
         return try body(&value)
     }
+
+    /// Waits, asleep with the lock released, until `ready` holds for the value; checked under
+    /// the lock first and again after each broadcast of `condition` (a writer's, after its
+    /// change). Returns the value that was ready. Never on a loop thread.
+    package func wait(on condition: Condition, until ready: (Value) -> Bool) -> Value {
+        lock.lock()
+        defer { lock.unlock() }
+        while !ready(value) { condition.wait(lock) }
+        return value
+    }
 }
 
 /// A one-shot gate a thread can block on until another opens it (used for joins and tests).

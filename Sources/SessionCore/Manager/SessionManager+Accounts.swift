@@ -271,7 +271,7 @@ extension SessionManager {
                 }
             } catch {
                 // The loop is gone: the teardown closed it (`closeOnLoop`); nothing runs now.
-                sessions.withLockedValue { _ = $0.retired.removeValue(forKey: id) }
+                sessions.withLockedValue { $0.leave(id) }
             }
         }
     }
@@ -289,7 +289,7 @@ extension SessionManager {
                 forget(engine, in: sessions, loop: loop)
                 return
             }
-            sessions.withLockedValue { _ = $0.retired.removeValue(forKey: ObjectIdentifier(engine)) }
+            sessions.withLockedValue { $0.leave(ObjectIdentifier(engine)) }
         }
     }
 

@@ -61,6 +61,17 @@ public final class SessionManager: Sendable {
         /// account's logout clears its record there: waited for like the others' (closed with
         /// them, if the manager closes first).
         var retired: [ObjectIdentifier: SessionEngine] = [:]
+        /// Told each time a retired session leaves: `waitForStoreWork` waits on it, not on a timer.
+        let retiredLeft = Condition()
+        /// How many retired sessions have left so far (what a waiter compares).
+        private(set) var departures = 0
+
+        /// The retired session `id` leaves (its store work landed, or the loop is gone).
+        mutating func leave(_ id: ObjectIdentifier) {
+            guard retired.removeValue(forKey: id) != nil else { return }
+            departures &+= 1
+            retiredLeft.broadcast()
+        }
 
         var all: [SessionEngine] { Array(background.values) + [active] }
     }
@@ -185,12 +196,15 @@ public final class SessionManager: Sendable {
     /// answered (on the loop, or at once if the loop is gone), and its close may submit more.
     package func waitForStoreWork() {
         while true {
-            let engines = sessions.withLockedValue { $0.all + $0.retired.values }
+            let (engines, departures) = sessions.withLockedValue { ($0.all + $0.retired.values, $0.departures) }
             for engine in engines { engine.worker.waitUntilIdle() }
             pointerWorker?.waitUntilIdle()
-            if sessions.withLockedValue({ $0.retired.isEmpty }) { return }
-            // One is being closed on the loop (or forgotten): its next step is a job away.
-            usleep(1000)
+            // One is being closed on the loop (its next step is a job away): wait until one
+            // leaves, then wait for the work its close may have submitted.
+            let done = sessions.wait(on: sessions.withLockedValue { $0.retiredLeft }) {
+                $0.retired.isEmpty || $0.departures != departures
+            }
+            if done.retired.isEmpty { return }
         }
     }
 

@@ -183,7 +183,7 @@ if only.contains("setrate") {
 
 if only.contains("subscribe") {
     note("subscribe+close…")
-    rows += try subscribeCloseRows(pairs: pairs)
+    rows += try subscribeCloseRows(pairs: pairs, batches: smoke ? 1 : 5)
     if peers {
         // The same background as ours (no other listener live): removeListener scans the
         // event's listeners from the newest, so LIFO on/off pairs never pay its O(n).
