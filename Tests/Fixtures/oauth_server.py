@@ -15,6 +15,9 @@ says (drip/cut/rotate-late: the grant is revoked).
 /__fault (POST mode=..., count=N, retry_after=S, endpoint=token|revoke|introspect|metadata|openid) makes the
 next N requests to that endpoint (default: token) misbehave:
   delay:<s>      answer normally after <s> seconds      hang        never answer (until exit)
+  hold           answer normally once POST /__release arrives (every held answer then, and any
+                 later one at once; 120 s at most, a hang guard): a test that must act while
+                 the answer is held does not race a clock
   status:<code>  that status, a plain-text body          invalid_grant / invalid_client
   html           200 with an HTML page                   truncated   200 with cut-off JSON
   missing        200 JSON without access_token           huge        200 with a 4 MiB body
@@ -210,6 +213,7 @@ stats = {
 # endpoint -> [[mode, remaining, retry_after]]: the next requests to that endpoint misbehave
 faults = {"token": [], "revoke": [], "introspect": [], "metadata": [], "openid": []}
 hang_forever = threading.Event()
+released = threading.Event()  # POST /__release: the `hold` answers go
 requests_seen = collections.deque(maxlen=200)  # what /oauth/* was sent (see /__last_request)
 redirect_hits = []  # what the redirect target was sent
 redirect_target = {"port": None}
@@ -913,6 +917,12 @@ def create_app(expires_in):
             return jsonify([{"access_token": t.access_token, "refresh_token": t.refresh_token, "user": t.user_id,
                              "jkt": t.jkt, "revoked": t.revoked} for t in TOKENS])
 
+    @app.route("/__release", methods=["POST"])
+    def release_held():
+        """The answers held by the `hold` fault go (and later ones are not held)."""
+        released.set()
+        return jsonify(ok=True)
+
     @app.route("/__fault", methods=["POST"])
     def set_fault():
         retry_after = request.form.get("retry_after")
@@ -1222,6 +1232,9 @@ def misbehave(mode, retry_after, real_answer, endpoint):
     headers = {"Retry-After": retry_after} if retry_after else {}
     if mode.startswith("delay:"):
         time.sleep(float(mode.split(":", 1)[1]))
+        return real_answer()
+    if mode == "hold":
+        released.wait(120)
         return real_answer()
     if mode == "hang":
         hang_forever.wait()

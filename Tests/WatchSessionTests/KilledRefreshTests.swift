@@ -76,9 +76,11 @@ struct KilledRefreshTests {
         let server = try AuthServer(expiresIn: 3600)
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        // The server holds the answer 5 s (the time the test has to see the request and kill:
-        // ample on a loaded machine), then rotates and writes into the closed socket.
-        let (_, refresh) = try await killMidRefresh(server, fault: "delay:5", directory: directory)
+        // The server holds the answer until the test has seen the request and killed the
+        // process (no clock to race: a loaded CI machine once took longer than the 5 s this
+        // was), then rotates and writes into the closed socket.
+        let (_, refresh) = try await killMidRefresh(server, fault: "hold", directory: directory)
+        #expect(try await server.call("POST", "__release", form: [:]).status == 200)
         // The server has rotated and written its answer (to a closed socket) before we go on.
         let answered = try await eventually { try await refreshRequests(server).first?["status"] as? Int == 200 }
         #expect(answered, "the delayed refresh was not answered")
