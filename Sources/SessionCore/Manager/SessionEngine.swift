@@ -115,9 +115,12 @@ final class SessionEngine: @unchecked Sendable {
     ///     record of `account` (nil: the active account's, whichever it is — and none once it
     ///     signs out until it signs in again).
     ///   - active: whether it starts as its manager's active account.
+    ///   - onStateChange: set here, before the start job is queued: the loop reads it (a
+    ///     session made off the loop thread would race with its own start otherwise).
     init(
         loop: EventLoop, authority: any SessionAuthority, store: any CredentialStore,
-        configuration: SessionConfiguration, account: String? = nil, active: Bool = true
+        configuration: SessionConfiguration, account: String? = nil, active: Bool = true,
+        onStateChange: (() -> Void)? = nil
     ) throws(SessionError) {
         if let problem = configuration.policy.problem {
             throw SessionError(.invalidArgument, "unusable refresh policy: \(problem)")
@@ -129,6 +132,7 @@ final class SessionEngine: @unchecked Sendable {
         self.accountStore = accounts
         self.accountKey = account
         self.isActive = active
+        self.onStateChange = onStateChange
         let target: any CredentialStore =
             if let accounts {
                 account.map { accounts.account($0, isActive: active) } ?? ActiveAccountRecord(accounts)

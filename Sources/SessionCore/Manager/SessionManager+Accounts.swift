@@ -99,8 +99,7 @@ extension SessionManager {
         try active.checkOpen()
         let added = try SessionEngine(
             loop: loop, authority: authority, store: accountStore, configuration: configuration,
-            account: key, active: false)
-        added.onStateChange = { [weak self] in self?.accountsChanged() }
+            account: key, active: false, onStateChange: { [weak self] in self?.accountsChanged() })
         try makeActive(added)
         // Its record is being read (made on the loop): a new account's record, replaced by
         // this sign-in whatever the read finds (at most the same account's older tokens).
@@ -259,19 +258,26 @@ extension SessionManager {
     /// before the answer, nothing would try it again). Let go of once its worker has run
     /// everything it was given, the close's work included.
     func retire(_ engine: SessionEngine) {
-        engine.onStateChange = nil
+        // The loop reads it: cleared there (a change before then finds it no longer listed).
+        if loop.inEventLoop { engine.onStateChange = nil }
         let id = ObjectIdentifier(engine)
         sessions.withLockedValue { $0.retired[id] = engine }
         let (loop, sessions) = (self.loop, self.sessions)
         engine.worker.afterPendingWork {
             do {
                 try loop.execute {
+                    engine.onStateChange = nil
                     engine.close()
                     Self.forget(engine, in: sessions, loop: loop)
                 }
             } catch {
-                // The loop is gone: the teardown closed it (`closeOnLoop`); nothing runs now.
-                sessions.withLockedValue { $0.leave(id) }
+                // The loop is shutting down: the session's own teardown hook closes it (it
+                // holds the session weakly). Held here until the loop's last hook, so that
+                // the close happens and its store work is waited for; then it leaves.
+                let leave: @Sendable () -> Void = {
+                    engine.worker.afterPendingWork { sessions.withLockedValue { $0.leave(id) } }
+                }
+                if !loop.addFinalHook(leave) { leave() }
             }
         }
     }
@@ -333,27 +339,42 @@ extension SessionManager {
     func addBackgroundSessions(_ list: StoredAccounts) throws(SessionError) {
         guard let accountStore else { return }
         // The active engine's snapshot is read after the box's lock is released: one lock at a time.
-        let (background, active) = sessions.withLockedValue { (Set($0.background.keys), $0.active) }
-        let activeAccount = active.published.account
-        let known = background.union([activeAccount].compactMap { $0 })
+        let active = sessions.withLockedValue { $0.active }
         // The active account's own read tells which account it took (the same worker, earlier).
-        let activeKey = activeAccount ?? list.active
-        var made: [String: SessionEngine] = [:]
-        for key in list.keys where !known.contains(key) && key != activeKey {
-            let engine = try SessionEngine(
-                loop: loop, authority: authority, store: accountStore, configuration: configuration,
-                account: key, active: false)
-            guard loop.inEventLoop || engine.snapshot.withLockedValue({ $0.state }) != .loggedOut else {
-                // Read at creation (off the loop): the record went meanwhile.
-                retire(engine)
-                continue
+        let activeKey = active.published.account ?? list.active
+        // Each account's session is made once: its key is reserved under the lock before it is
+        // made, so a second list read meanwhile (a manager made off the loop thread, against
+        // one on it) makes none again — a second session of an account would start, and could
+        // refresh with the same refresh token as the first.
+        let keys = sessions.withLockedValue { sessions -> [String] in
+            let keys = list.keys.filter {
+                sessions.background[$0] == nil && !sessions.making.contains($0) && $0 != activeKey
             }
-            engine.onStateChange = { [weak self] in self?.accountsChanged() }
-            made[key] = engine
+            sessions.making.formUnion(keys)
+            return keys
         }
-        // A session another list read made meanwhile stays; the one made here for the same
-        // account is retired like any other (its worker, its timers), never just dropped.
+        var made: [String: SessionEngine] = [:]
+        do throws(SessionError) {
+            for key in keys {
+                let engine = try SessionEngine(
+                    loop: loop, authority: authority, store: accountStore, configuration: configuration,
+                    account: key, active: false, onStateChange: { [weak self] in self?.accountsChanged() })
+                guard loop.inEventLoop || engine.snapshot.withLockedValue({ $0.state }) != .loggedOut else {
+                    // Read at creation (off the loop): the record went meanwhile.
+                    retire(engine)
+                    continue
+                }
+                made[key] = engine
+            }
+        } catch {
+            sessions.withLockedValue { $0.making.subtract(keys) }
+            for engine in made.values { retire(engine) }
+            throw error
+        }
+        // A session another path listed for the account meanwhile stays; this one is retired
+        // (its worker, its timers), never just dropped.
         let duplicates = sessions.withLockedValue { sessions -> [SessionEngine] in
+            sessions.making.subtract(keys)
             var duplicates: [SessionEngine] = []
             for (key, engine) in made {
                 if sessions.background[key] == nil {

@@ -61,6 +61,8 @@ public final class SessionManager: Sendable {
         /// account's logout clears its record there: waited for like the others' (closed with
         /// them, if the manager closes first).
         var retired: [ObjectIdentifier: SessionEngine] = [:]
+        /// Accounts whose background session is being made (`addBackgroundSessions`): made once.
+        var making: Set<String> = []
         /// Told each time a retired session leaves: `waitForStoreWork` waits on it, not on a timer.
         let retiredLeft = Condition()
         /// How many retired sessions have left so far (what a waiter compares).
@@ -195,6 +197,7 @@ public final class SessionManager: Sendable {
     /// Retired sessions (`retire`) are waited for until they leave: each is closed once its work
     /// answered (on the loop, or at once if the loop is gone), and its close may submit more.
     package func waitForStoreWork() {
+        precondition(!loop.inEventLoop, "waitForStoreWork on the loop thread")
         while true {
             let (engines, departures) = sessions.withLockedValue { ($0.all + $0.retired.values, $0.departures) }
             for engine in engines { engine.worker.waitUntilIdle() }
