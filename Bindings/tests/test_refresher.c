@@ -267,11 +267,16 @@ static void ask_for_a_refreshed_token(sf_runtime *runtime, answers *a) {
     CHECK_CODE(sf_session_fresh_token(runtime, on_answer, a), SF_OK);
 }
 
+/* The refresh timeout of the two tests below: the library asks to cancel at it and gives the
+ * request up one timeout later, and each test must act between the two (a few calls and a
+ * 60 ms pause). 2 s: under a sanitizer on a loaded machine, 150 ms was a race with the clock. */
+#define CANCEL_TIMEOUT_MS 2000
+
 void test_refresher_cancel_waits_for_the_request_to_end(void) {
     /* At the timeout the host is asked to cancel; until it completes the request, nobody is
      * answered and no second refresh is sent (the first may have rotated the token). */
     cancellable host;
-    sf_runtime *runtime = cancellable_runtime(&host, 150);
+    sf_runtime *runtime = cancellable_runtime(&host, CANCEL_TIMEOUT_MS);
     answers a;
     ask_for_a_refreshed_token(runtime, &a);
     WAIT_FOR(atomic_load(&host.cancels) == 1);
@@ -298,7 +303,7 @@ void test_refresher_cancel_waits_for_the_request_to_end(void) {
 
 void test_refresher_tokens_after_cancel_are_kept(void) {
     cancellable host;
-    sf_runtime *runtime = cancellable_runtime(&host, 150);
+    sf_runtime *runtime = cancellable_runtime(&host, CANCEL_TIMEOUT_MS);
     answers a;
     ask_for_a_refreshed_token(runtime, &a);
     WAIT_FOR(atomic_load(&host.cancels) == 1);

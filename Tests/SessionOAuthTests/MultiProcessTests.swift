@@ -93,14 +93,23 @@ struct WatchSessionOAuthTests {
         let output = Pipe()
         process.standardInput = input
         process.standardOutput = output
+        let collected = LockedText()
+        collected.collect(output)
         try process.run()
         input.fileHandleForWriting.write(Data((tokens.refreshToken!.reveal() + "\n").utf8))
         try input.fileHandleForWriting.close()
         #expect(try await eventually(timeout: .seconds(10), every: .milliseconds(20)) { try await server.stats()["refresh_grants"] == 1 })
-        try await Task.sleep(for: .milliseconds(300))
+        // Signed in, and the session with its rotated refresh token stored: what is checked
+        // below, waited for (not a pause that assumed 300 ms were enough).
+        let store = FileCredentialStore(directory: directory)
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) {
+            guard case .present(let stored) = store.read() else { return false }
+            return stored.refreshToken != tokens.refreshToken && collected.text.contains("\"state\":\"loggedIn\"")
+        })
         kill(process.processIdentifier, SIGINT)
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
+        await offThePool { process.waitUntilExit() }
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.ended })
+        let text = collected.text
         #expect(process.terminationStatus == 130)
         #expect(text.contains("\"event\":\"signedIn\""))
         #expect(text.contains("\"state\":\"loggedIn\""))

@@ -209,8 +209,8 @@ final class Running: @unchecked Sendable {
             kill(process.processIdentifier, SIGKILL)
             return nil
         }
-        // Let the readers take the last output.
-        try? await Task.sleep(for: .milliseconds(200))
+        // The readers have taken the last output once both pipes ended.
+        _ = await eventually(timeout: .seconds(20), every: .milliseconds(20)) { stdout.ended && stderr.ended }
         return process.terminationStatus
     }
 }

@@ -322,7 +322,9 @@ struct WatchSessionKeyTests {
         try process.run()
         _ = await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.text.contains(until) || !process.isRunning }
         if process.isRunning { kill(process.processIdentifier, SIGINT) }
-        process.waitUntilExit()
+        await offThePool { process.waitUntilExit() }
+        // Everything it wrote, not what the readers had so far.
+        _ = await eventually(timeout: .seconds(20), every: .milliseconds(20)) { collected.ended && errors.ended }
         return (process.terminationStatus, collected.text, errors.text)
     }
 
@@ -394,30 +396,5 @@ func onTerminal(keys: String, after: String, store directory: String) async thro
         let screen = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
         return (process.terminationStatus, screen)
-    }
-}
-
-final class LockedText: @unchecked Sendable {
-    private let lock = NSLock()
-    private var data = Data()
-    func append(_ chunk: Data) { lock.withLock { data.append(chunk) } }
-    var text: String { lock.withLock { String(decoding: data, as: UTF8.self) } }
-
-    /// Collects what `pipe` carries, as it comes, until its end (the child exited): blocking
-    /// reads on a thread of its own. Not `readabilityHandler`: its dispatch read source,
-    /// registered with libdispatch's epoll while the child still holds the pipe, is how a
-    /// Linux libdispatch bug crashes the test process (a segfault in
-    /// `_dispatch_event_loop_drain`, seen in a full run; swiftlang/swift-subprocess#47).
-    func collect(_ pipe: Pipe) {
-        let handle = pipe.fileHandleForReading
-        let thread = Thread { [self] in
-            while true {
-                let chunk = handle.availableData
-                if chunk.isEmpty { return }
-                append(chunk)
-            }
-        }
-        thread.name = "test output reader"
-        thread.start()
     }
 }
