@@ -16,11 +16,14 @@ import Testing
 /// with a reuse grace period accepts.
 @Suite("A refresh whose answer is arriving", .serialized)
 struct ArrivingAnswerTests {
-    /// The refresh timeout of these tests; the drip takes about three of them, one piece of
-    /// the body every 0.2 s (five pieces per timeout: a loaded machine's scheduling does not
-    /// make that a stall).
-    static let timeout = Duration.seconds(1)
-    static let drip = "drip:3:0.2"
+    /// The refresh timeout of these tests; the drip takes about two of them, one piece of
+    /// the body every 0.2 s (fifteen pieces per timeout: a loaded machine's scheduling does not
+    /// make that a stall). The drip must end before the cap (four timeouts: 6 s of slack) and,
+    /// in the control, last past the timeout the unaware session cancels at (3 s of margin):
+    /// with a 1 s timeout and a 3 s drip the first margin was 1 s, which a server starved on a
+    /// loaded machine need not keep.
+    static let timeout = Duration.seconds(3)
+    static let drip = "drip:6:0.2"
 
     /// An authority that passes the request on without its timeout and hides that the answer
     /// is arriving: what the library did before (the session cancels at the timeout).
@@ -127,12 +130,12 @@ struct ArrivingAnswerTests {
     }
 
     @Test func aStalledAnswerEndsAtTheStallAndIsRetried() async throws {
-        // A byte every 5 s: after the first, nothing for five timeouts. The request ends one
-        // timeout after the last byte (not at the cap), and the retry goes out at once.
+        // A byte every 10 s: after the first, nothing for over three timeouts. The request ends
+        // one timeout after the last byte (not at the cap), and the retry goes out at once.
         let server = try OAuthServer(expiresIn: 3600)
         _ = try await server.call("POST", "__reuse_grace", form: ["seconds": "30"])
         let session = try await Self.session(server) { try Self.authority(server, loop: $0) }
-        try await server.fault("drip:60:5")
+        try await server.fault("drip:60:10")
         let token = try await session.manager.refreshNow()
         let stats = try await server.stats()
         #expect(stats["reuse_within_grace"] == 1)
