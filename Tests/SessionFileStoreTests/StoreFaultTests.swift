@@ -18,6 +18,12 @@ import Glibc
 // drops to nobody; where mounting is not permitted a fallback is taken and printed.
 
 /// Replaces `path` in one step (a new file renamed over it), as a foreign writer would.
+/// How many descriptors of this process are open on `path` (/proc/self/fd).
+func descriptors(openOn path: String) -> Int {
+    let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+    return fds.filter { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + $0)) == path }.count
+}
+
 func replaceFile(_ path: String, with bytes: [UInt8], staging: String) {
     let fd = open(staging, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
     _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
@@ -196,7 +202,14 @@ struct StoreFaultTests {
         let reader = FileCredentialStore(directory: directory)
         let thread = Thread { result.withLockedValue { $0 = reader.read() } }
         thread.start()
-        usleep(200_000)
+        // The reader has read the garbage once it opens the lock file to move it aside (it then
+        // tries the lock for up to 2 s): waited for, not assumed after a pause.
+        var waits = 0
+        while descriptors(openOn: writer.writeLockPath) < 2 && waits < 20_000 {
+            usleep(1000)
+            waits += 1
+        }
+        #expect(descriptors(openOn: writer.writeLockPath) >= 2, "the reader never tried the write lock")
         // ...and replaces the damaged file with a good one before letting go.
         let temporary = writer.path + ".other"
         _ = FileManager.default.createFile(atPath: temporary, contents: Data(good), attributes: [.posixPermissions: 0o600])

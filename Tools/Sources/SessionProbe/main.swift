@@ -228,7 +228,8 @@ func sessionMode(_ options: [String]) async -> Int32 {
             let subscription = try manager.events.subscribe(onEvent: { event in say("EVENT \(event)") })
             return (manager, subscription)
         }
-        try await Task.sleep(for: .milliseconds(100))
+        // The first STATE is the store's answer (made on the loop, the manager reads it there).
+        await manager.storeRead()
         say("STATE \(manager.state.value)")
         if logout { try await manager.logout() }
         if let signIn {
@@ -241,7 +242,10 @@ func sessionMode(_ options: [String]) async -> Int32 {
                 say("SIGN-IN refused \(error)")
             }
         }
-        try await Task.sleep(for: .milliseconds(200))
+        // The store work landed and its answers (a storeError) were handled on the loop; one more
+        // loop turn delivers the events they emitted (waited for, not paused for).
+        await manager.storeWorkDone()
+        try await loop.submit {}
         say("STATE \(manager.state.value)")
         say("READ \(describe(store.read()))")
         subscription.close()
