@@ -50,6 +50,10 @@ static void on_prompt(const sf_sign_in_prompt *prompt, void *userdata) {
     p->expires_in_ms = prompt->expires_in_ms;
     p->interval_ms = prompt->interval_ms;
     if (atomic_load(&p->cancel_in_prompt)) {
+        /* The test stores the handle once its call returned; a test thread descheduled past
+         * the sign-in's first round trips must not make this a cancel of handle 0 (10 s at
+         * most: a hang guard). */
+        for (int waited = 0; waited < 10000 && atomic_load(&p->handle) == 0; waited++) sf_test_sleep_ms(1);
         atomic_store(&p->cancel_in_prompt_result, sf_sign_in_cancel(atomic_load(&p->handle)));
     }
     atomic_fetch_add(&p->prompts, 1); /* last: the test reads the fields once it sees this */

@@ -113,7 +113,10 @@ struct DeviceFlowTests {
         #expect(try await server.deviceStats()["expired"] == 0)
         let log = try await server.deviceLog()
         let issued = try #require(log.device.first)
-        #expect(!log.polls.isEmpty && log.polls.allSatisfy { $0 < issued + 3.5 })
+        // Every poll was sent around the lifetime, not long after: 3 s announced, plus one
+        // interval and slack for a loaded machine (a poll decided at 2.9 s may arrive late; a
+        // client that ignored the lifetime polls on, which the check below sees).
+        #expect(!log.polls.isEmpty && log.polls.allSatisfy { $0 < issued + 8 })
         try await Task.sleep(for: .milliseconds(1500))
         #expect(try await server.deviceLog().polls.count == log.polls.count)
         #expect(session.manager.state.value == .loggedOut)
