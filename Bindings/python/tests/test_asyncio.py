@@ -14,9 +14,13 @@ from helpers import wait_for
 State = sf.State
 
 
-async def settle(seconds=0.2):
-    """Lets the loop thread's callbacks reach the event loop."""
-    await asyncio.sleep(seconds)
+async def until(condition, timeout=10.0):
+    """Waits on the event loop until `condition()` holds (the loop thread's callbacks reached
+    it); `timeout` is a hang guard, not a pause the test relies on."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.002)
 
 
 def test_states_gives_the_current_state_then_changes_on_the_event_loop_thread():
@@ -45,7 +49,9 @@ def test_a_slow_consumer_skips_intermediate_states_and_ends_on_the_latest():
                 rt.sign_in("access-1", "refresh-1", 3600)  # blocking calls: the consumer is away
                 rt.logout()
                 rt.sign_in("access-2", "refresh-2", 3600)
-                await settle()
+                # A round trip through the runtime's loop: the state deliveries queued before it
+                # have posted to the event loop, and their posts ran before this answer's.
+                await rt.fresh_token_async()
                 first = await states.__anext__()
                 assert states._channel.queue.empty()  # nothing older waits behind it
                 rt.logout()
@@ -98,7 +104,7 @@ def test_events_arrive_in_order_and_end_when_the_runtime_is_destroyed():
         task = asyncio.ensure_future(consume())
         rt.sign_in("access-1", "refresh-1", 3600, "m-1")
         rt.logout()
-        await settle()
+        await until(lambda: len([k for k in kinds if k != sf.EventKind.INITIAL_SESSION]) == 2)
         rt.destroy()  # completes the subscription: the iteration ends
         await asyncio.wait_for(task, 5)
         return [k for k in kinds if k != sf.EventKind.INITIAL_SESSION], events
@@ -207,7 +213,7 @@ def test_a_pending_callback_exception_ends_an_async_iteration():
             states = rt.states()
             assert await states.__anext__() == State.LOGGED_OUT
             rt.sign_in("access-1", "refresh-1", 3600)  # its SIGNED_IN event raises in the callback
-            await settle()
+            await until(lambda: rt._sink._pending is not None)
             with pytest.raises(sf.CallbackError):
                 await states.__anext__()
             assert states.subscription.close() is False
