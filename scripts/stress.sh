@@ -5,12 +5,14 @@
 # burners (BURNERS busy loops per core), each round a fresh `swift test` process. Prints, per
 # round, the suites' result, and at the end the rounds run, the failures by test, and the
 # sessions lost (a rotation-race or multi-process test that reports one). Optional: not part of
-# the whole suite (scripts/test.sh --stress runs it after the quick tier's build).
+# the whole suite (scripts/test.sh --stress runs it after the quick tier's build). Also the
+# suites whose tests act while a server holds an answer or a process runs (the killed refresh,
+# the fault matrix, discovery on first use, the device flow): none may fail for being slow.
 # Usage: bash scripts/stress.sh [ROUNDS] [BURNERS]      (defaults 50 and 2)
 source "$(dirname "$0")/setup.sh"
 rounds=${1:-50}
 burners=${2:-2}
-filter='ArrivingAnswerTests|RotationRaceTests|RefreshLeaseTests|StoreFaultTests|OAuthAuthorityTests|MultiProcessTests|SharedStoreTests'
+filter='ArrivingAnswerTests|RotationRaceTests|RefreshLeaseTests|StoreFaultTests|OAuthAuthorityTests|MultiProcessTests|SharedStoreTests|KilledRefreshTests|FaultMatrixTests|IssuerAuthorityTests|DeviceFlowTests'
 
 swift build --build-tests -Xswiftc -warnings-as-errors
 swift build --package-path Tools --product session-probe -Xswiftc -warnings-as-errors
