@@ -336,24 +336,23 @@ struct SlotPool {
     @inline(__always)
     mutating func give(contentsOf slots: [Int32]) {
         inUse -= slots.count
-        if inUse == 0 {
-            free.removeAll(keepingCapacity: true)
-            highWater = 0
-        } else {
-            free.append(contentsOf: slots)
-        }
+        if !startedOver() { free.append(contentsOf: slots) }
     }
 
-    /// Returns `slot` (its record released and marked free). When none is in use any more,
-    /// the pool starts over from slot 0, so walks stop scanning old holes.
+    /// Returns `slot` (its record released and marked free).
     @inline(__always)
     mutating func give(_ slot: Int32) {
         inUse -= 1
-        if inUse == 0 {
-            free.removeAll(keepingCapacity: true)
-            highWater = 0
-        } else {
-            free.append(slot)
-        }
+        if !startedOver() { free.append(slot) }
+    }
+
+    /// When none is in use any more, the pool starts over from slot 0, so walks stop scanning
+    /// old holes. Whether it did.
+    @inline(__always)
+    private mutating func startedOver() -> Bool {
+        guard inUse == 0 else { return false }
+        free.removeAll(keepingCapacity: true)
+        highWater = 0
+        return true
     }
 }
