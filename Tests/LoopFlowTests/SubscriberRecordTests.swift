@@ -129,16 +129,18 @@ struct SubscriberRecordTests {
     @Test func aWalkSkipsRecordsClosedBeforeItAndByACallbackAcrossPageBoundaries() async throws {
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
-            // Pages of 16, 32, 64, then 88 of page 3's 128: the walk ends inside a page.
-            let count = 200
+            // Pages of 16, 32, 64, …, 512, then 92 of page 6's 1 024 (the first page whose walk
+            // prefetches, `SubscriberPages.prefetchFromPage`): the walk ends inside a page.
+            let count = 1_100
             let calls = LockedBox([Int](repeating: 0, count: count))
             let handles = LockedBox<[FlowSubscription]>([])
             // What the closes inside the callback returned (checked here, on the test's task).
             let closedInWalk = LockedBox<[Bool]>([])
             // Closed during the walk by slot 15 (the last of page 0): the first and the last
-            // of page 1, one of page 3; closed before it: holes at either end of page 2.
-            let closedByCallback = [16, 47, 150]
-            let closedBefore = [48, 111, 0]
+            // of page 1, one of page 3, the first of page 6 and one just ahead of the last;
+            // closed before it: holes at either end of page 2, and in page 6.
+            let closedByCallback = [16, 47, 150, 1_008, 1_095]
+            let closedBefore = [48, 111, 0, 1_009, 1_050]
             handles.withLockedValue { list in
                 for index in 0..<count {
                     list.append(try! state.subscribe(onState: { value in
@@ -159,7 +161,7 @@ struct SubscriberRecordTests {
             state.value = 1
             #expect(await eventually { calls.withLockedValue { $0[count - 1] } == 1 })
             try await loop.submit {}
-            #expect(closedInWalk.withLockedValue { $0 } == [true, true, true])
+            #expect(closedInWalk.withLockedValue { $0 } == [true, true, true, true, true])
             let seen = calls.withLockedValue { $0 }
             for index in 0..<count {
                 let expected = closedBefore.contains(index) || closedByCallback.contains(index) ? 0 : 1
