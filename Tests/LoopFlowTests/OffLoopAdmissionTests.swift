@@ -141,13 +141,55 @@ struct OffLoopAdmissionTests {
         }
     }
 
+    /// The interleaving a reviewer found: a close's compare-and-swap, then (before the close
+    /// takes the lock) a delivery frees the record and a newer subscriber takes the same slot,
+    /// its arrival the latest again. The late close must leave the newer one alone.
+    @Test func aLateCloseLeavesTheNewerSubscriberOnItsSlotAlone() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(5, on: loop)
+            let first = Recorder<Int>()
+            let second = Recorder<Int>()
+            let armed = Flag()
+            let paused = Flag()
+            let resume = Latch()
+            state.core.beforeReclaimElsewhere = {
+                guard armed.isSet else { return }
+                armed.set(false)
+                paused.set()
+                resume.wait()
+            }
+            let holdOld = try await LoopHold.start(loop)
+            let old = try state.subscribe(onState: { first.append($0) })
+            armed.set()
+            let closedOld = LockedBox<Bool?>(nil)
+            let closer = Thread { closedOld.withLockedValue { $0 = old.close() } }
+            closer.start()
+            #expect(await eventually { paused.isSet })
+            // The delivery takes the old arrival, finds it closed and frees its record.
+            holdOld.release()
+            #expect(await eventually { state.core.recordHighWater == 0 })
+            // A newer subscriber on the same slot, its arrival the latest (the loop held again).
+            let holdNew = try await LoopHold.start(loop)
+            let new = try state.subscribe(onState: { second.append($0) })
+            #expect(new.slot == old.slot)
+            resume.signal()
+            #expect(await eventually { closedOld.withLockedValue { $0 } != nil })
+            #expect(closedOld.withLockedValue { $0 } == true)
+            #expect(!new.isClosed)
+            holdNew.release()
+            #expect(await eventually { second.all == [5] })
+            #expect(first.all.isEmpty)
+            #expect(new.close())
+        }
+    }
+
     @Test func aSpareLeftAtShutdownIsReturnedAndItsCallbackLetGoOfOnTheLoop() async throws {
         let loop = try EventLoop(name: "test-loop")
         let state = MutableStateFlow(0, on: loop)
         let releasedOnLoop = LockedBox<Bool?>(nil)
         let running = Flag()
         // Holds the loop until the shutdown is asked for: the delivery the spare needs is still
-        // pending then, and teardown's sweep (or the last jobs) must return it.
+        // pending then (its job accepted before the shutdown, it runs before the sweep).
         try loop.execute {
             running.set()
             while loop.acceptsWork { usleep(100) }

@@ -21,8 +21,8 @@ import Synchronization
 /// (a StateFlow's loop-thread subscribe: in the loop's own list, and into a spare record
 /// without the lock when there is one — `admitIntoSpare`); the next delivery registers the
 /// arrivals (sets their `registered` bit), then walks the records. A close of an arrival no
-/// delivery has taken yet frees its record at once for the closing thread's next subscribe
-/// (`reclaimLocally`, `reclaimElsewhere`). Closing sets the record's `closed` bit (one compare-and-swap, any thread) and
+/// delivery has taken yet, and is the latest, frees its record at once for the closing
+/// thread's next subscribe (`reclaimLocally`, `reclaimElsewhere`). Closing sets the record's `closed` bit (one compare-and-swap, any thread) and
 /// queues the slot for retirement; retirement is batched — every close since the last
 /// retire job costs that one job — and runs on the loop thread outside any walk, where it
 /// releases the record's callbacks (running `onRelease`) and returns the slot to the pool.
@@ -137,6 +137,10 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// Debug builds (the tests): admissions that passed the loop's check, so a test can see
     /// one waiting for `lock`. Absent from release builds (an atomic add per subscribe).
     let admissionsBegun = Atomic<Int>(0)
+    /// Debug builds (the tests): runs in an off-loop close between its compare-and-swap and
+    /// `reclaimElsewhere`'s lock, so a test can make a delivery and another admission happen
+    /// there. Set before the flow is shared.
+    var beforeReclaimElsewhere: (@Sendable () -> Void)?
     #endif
 
     private let countLock = Lock()
@@ -408,7 +412,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         guard current & SubscriberEntry.registeredBit != 0 else {
             if current & (SubscriberEntry.extrasBit | SubscriberEntry.foreignBit) == 0 {
                 if !onLoop {
-                    reclaimElsewhere(entry, slot: slot)
+                    reclaimElsewhere(entry, slot: slot, closedTag: current | SubscriberEntry.closedBit)
                 } else if localArrivals.last == slot {
                     reclaimLocally(entry, slot: slot)
                 }
@@ -446,13 +450,23 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// object's deinit is user code: never inside `close()`, never off the loop). Not while
     /// the subscription count is observed (see `reclaimLocally`), nor once teardown has begun
     /// (the sweep's delivery frees it).
-    private func reclaimElsewhere(_ entry: SubscriberEntry, slot: Int32) {
+    ///
+    /// `closedTag` is the tag this close left (its id, closed, not registered). Between that
+    /// compare-and-swap and the lock a delivery may have taken the arrival and freed the
+    /// record, and another subscriber taken it back (its arrival the latest again, the same
+    /// slot): only the tag tells the record is still this subscription's. While it holds this
+    /// id the record is not released, so the slot in `arrivals` is this one's arrival; a newer
+    /// admission writes its own id under this same lock.
+    private func reclaimElsewhere(_ entry: SubscriberEntry, slot: Int32, closedTag: UInt64) {
         guard !countObserved.load(ordering: .relaxed) else { return }
+        #if DEBUG
+        beforeReclaimElsewhere?()
+        #endif
         lock.lock()
         defer { lock.unlock() }
         // Still in `arrivals`: no delivery has taken it, and one is pending (it was claimed
         // when the arrival was queued, and takes `arrivals` and the spares in one section).
-        guard !tornDown, arrivals.last == slot else { return }
+        guard !tornDown, arrivals.last == slot, entry.tag.pointee.load(ordering: .relaxed) == closedTag else { return }
         arrivals.removeLast()
         if let context = entry.word1 { foreignReclaimedContexts.append(context) }
         entry.word0 = nil

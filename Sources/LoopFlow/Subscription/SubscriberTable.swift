@@ -16,9 +16,11 @@ import Synchronization
 /// release callbacks (`extras`). A walk streams the 32-byte records — two to a cache line —
 /// and reads a side record only for a record whose tag names it.
 ///
-/// The tag is the only field touched off the loop thread after admission: a closer
-/// compares its id and sets `closed` with one compare-and-swap, so a handle whose record was
-/// recycled for a newer subscription finds another id there and closes nothing. The other
+/// The tag is the only field touched off the loop thread after admission without the lock: a
+/// closer compares its id and sets `closed` with one compare-and-swap, so a handle whose record
+/// was recycled for a newer subscription finds another id there and closes nothing. (An
+/// off-loop close of a record no delivery has registered yet may then free it, under the lock:
+/// `FlowCore.reclaimElsewhere`.) The other
 /// fields (and the side record, and the `foreign`/`extras` bits, which never change while
 /// the record is held) are written under the flow's lock at admission (before the loop may
 /// read them: the arrival reaches the loop through the same lock) — or, a StateFlow's
