@@ -64,6 +64,55 @@ func loopFlowFanOut(_ subscribers: Int, updates: Int) throws -> Double {
     return median(measured)
 }
 
+/// The walk's own share of a Swift fan-out: `loopFlowFanOut` with closures that capture
+/// nothing (a nil context, like a C subscriber's NULL userdata), which count the callbacks in
+/// loop-confined globals instead of knowing their place. What `loopFlowFanOut` pays beyond
+/// this is its closures' contexts: at a million subscribers, the memory they take.
+func loopFlowFanOutWithoutCaptures(_ subscribers: Int, updates: Int) throws -> Double {
+    let loop = try EventLoop(name: "bench")
+    defer { _ = try? loop.shutdown() }
+    let flow = MutableStateFlow(0, on: loop)
+    let published = Published()
+    capturelessCalls = 0
+    capturelessTotal = subscribers + 1
+    capturelessPublished = published
+    defer { capturelessPublished = nil }
+    var subscriptions: [FlowSubscription] = []
+    subscriptions.reserveCapacity(subscribers + 1)
+    for _ in 0...subscribers {
+        subscriptions.append(try flow.subscribe(onState: { capturelessCallback($0) }))
+    }
+    published.waitFor(value: 0)
+    var measured: [Double] = []
+    for update in 1...updates {
+        flow.value = update
+        published.waitFor(value: update)
+        measured.append(published.fanOut.withLock { $0 })
+    }
+    for subscription in subscriptions { subscription.close() }
+    return median(measured)
+}
+
+// Loop thread only (one loop at a time: the rows run one after another).
+private nonisolated(unsafe) var capturelessCalls = 0
+private nonisolated(unsafe) var capturelessTotal = 0
+private nonisolated(unsafe) var capturelessFirst: UInt64 = 0
+private nonisolated(unsafe) var capturelessPublished: Published?
+
+/// Each callback of `loopFlowFanOutWithoutCaptures`: the first notes the time, the last
+/// computes the time per callback (as the floor's do, by their index).
+private func capturelessCallback(_ value: Int) {
+    capturelessCalls &+= 1
+    if capturelessCalls == 1 { capturelessFirst = bl_now_ns() }
+    if capturelessCalls == capturelessTotal {
+        let elapsed = bl_now_ns() - capturelessFirst
+        capturelessCalls = 0
+        guard let published = capturelessPublished else { return }
+        published.fanOut.withLock { $0 = Double(elapsed) / Double(capturelessTotal - 1) }
+        published.value.store(value, ordering: .releasing)
+    }
+}
+
 func baselineFanOut(_ subscribers: Int, updates: Int) -> Double {
     let runtime = bl_create(Int32(subscribers + 1))!
     defer { bl_destroy(runtime) }

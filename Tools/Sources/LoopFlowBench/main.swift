@@ -160,6 +160,9 @@ if only.contains("fanout") {
             name: "  … from C through libsessionflow",
             ours: sessionFlowCFanOut(subscribers, updates: fanOutUpdates, library: sessionFlowLibrary),
             floor: floor, unit: "ns", target: .ratioAtMost(2)))
+        rows.append(Row(
+            name: "  … Swift closures capturing nothing (the walk's own share)",
+            ours: try loopFlowFanOutWithoutCaptures(subscribers, updates: fanOutUpdates), floor: floor, unit: "ns"))
         guard peers else { continue }
         rows.append(Row(
             name: "  … OpenCombine CurrentValueSubject (sync sinks)",
