@@ -10,9 +10,9 @@ import Testing
 /// next off-loop subscribe takes that record back; the pending delivery returns the spares to
 /// the pool and lets go of their callbacks, on the loop thread.
 ///
-/// Each test holds the loop thread in a job while the test's thread subscribes and closes, so
-/// that no delivery can take the arrivals meanwhile (what the spares need), however the
-/// threads are scheduled.
+/// Most tests hold the loop thread in a job (`LoopBlocker`) while the test's thread subscribes
+/// and closes, so that no delivery can take the arrivals meanwhile (what the spares need),
+/// however the threads are scheduled; one lets real threads race the loop's deliveries.
 @Suite("Off-loop admissions")
 struct OffLoopAdmissionTests {
     /// Records whether its last reference went on the loop thread.
@@ -29,30 +29,11 @@ struct OffLoopAdmissionTests {
         }
     }
 
-    /// Holds the loop thread in a job until `release()`.
-    final class LoopHold: Sendable {
-        private let gate = Latch()
-
-        /// Returns once the job runs (waited for without blocking the test's task).
-        static func start(_ loop: EventLoop) async throws -> LoopHold {
-            let hold = LoopHold()
-            let running = Flag()
-            try loop.execute { [gate = hold.gate] in
-                running.set()
-                gate.wait()
-            }
-            #expect(await eventually { running.isSet })
-            return hold
-        }
-
-        func release() { gate.signal() }
-    }
-
     @Test func subscribeAndCloseOffTheLoopReuseOneRecord() async throws {
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
             let calls = Counter()
-            let hold = try await LoopHold.start(loop)
+            let hold = try LoopBlocker(loop)
             var slots = Set<Int32>()
             for _ in 0..<1_000 {
                 let handle = try state.subscribe(onState: { _ in calls.increment() })
@@ -63,7 +44,7 @@ struct OffLoopAdmissionTests {
             // waiting for the loop to free them).
             #expect(slots.count == 1)
             #expect(state.core.recordHighWater == 1)
-            hold.release()
+            hold.open()
             // The delivery the first one claimed returns the spare: the pool is empty again.
             try await loop.submit {}
             #expect(state.core.recordHighWater == 0)
@@ -78,7 +59,7 @@ struct OffLoopAdmissionTests {
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
             let releasedOnLoop = LockedBox<Bool?>(nil)
-            let hold = try await LoopHold.start(loop)
+            let hold = try LoopBlocker(loop)
             let handle: FlowSubscription
             do {
                 let captured = ThreadCanary(loop: loop, releasedOnLoop: releasedOnLoop)
@@ -91,7 +72,7 @@ struct OffLoopAdmissionTests {
             #expect(next.slot == handle.slot)
             #expect(releasedOnLoop.withLockedValue { $0 } == nil)
             #expect(next.close())
-            hold.release()
+            hold.open()
             try await loop.submit {}
             #expect(releasedOnLoop.withLockedValue { $0 } == true)
         }
@@ -102,7 +83,7 @@ struct OffLoopAdmissionTests {
             let state = MutableStateFlow(7, on: loop)
             let first = Recorder<Int>()
             let second = Recorder<Int>()
-            let hold = try await LoopHold.start(loop)
+            let hold = try LoopBlocker(loop)
             let old = try state.subscribe(onState: { first.append($0) })
             #expect(old.close())
             let new = try state.subscribe(onState: { second.append($0) })
@@ -111,7 +92,7 @@ struct OffLoopAdmissionTests {
             #expect(old.isClosed && !new.isClosed)
             #expect(!old.close())
             #expect(!new.isClosed)
-            hold.release()
+            hold.open()
             #expect(await eventually { second.all == [7] })
             state.value = 8
             #expect(await eventually { second.all == [7, 8] })
@@ -125,14 +106,14 @@ struct OffLoopAdmissionTests {
             let events = try MutableSharedFlow<Int>(on: loop, replay: 0)
             let first = Recorder<Int>()
             let second = Recorder<Int>()
-            let hold = try await LoopHold.start(loop)
+            let hold = try LoopBlocker(loop)
             #expect(events.emit(1))  // before either: neither receives it
             let old = try events.subscribe(onEvent: { first.append($0) })
             #expect(old.close())
             let new = try events.subscribe(onEvent: { second.append($0) })
             #expect(new.slot == old.slot)
             #expect(events.emit(2))
-            hold.release()
+            hold.open()
             #expect(await eventually { second.all == [2] })
             #expect(events.emit(3))
             #expect(await eventually { second.all == [2, 3] })
@@ -158,7 +139,7 @@ struct OffLoopAdmissionTests {
                 paused.set()
                 resume.wait()
             }
-            let holdOld = try await LoopHold.start(loop)
+            let holdOld = try LoopBlocker(loop)
             let old = try state.subscribe(onState: { first.append($0) })
             armed.set()
             let closedOld = LockedBox<Bool?>(nil)
@@ -166,20 +147,53 @@ struct OffLoopAdmissionTests {
             closer.start()
             #expect(await eventually { paused.isSet })
             // The delivery takes the old arrival, finds it closed and frees its record.
-            holdOld.release()
+            holdOld.open()
             #expect(await eventually { state.core.recordHighWater == 0 })
             // A newer subscriber on the same slot, its arrival the latest (the loop held again).
-            let holdNew = try await LoopHold.start(loop)
+            let holdNew = try LoopBlocker(loop)
             let new = try state.subscribe(onState: { second.append($0) })
             #expect(new.slot == old.slot)
             resume.signal()
             #expect(await eventually { closedOld.withLockedValue { $0 } != nil })
             #expect(closedOld.withLockedValue { $0 } == true)
             #expect(!new.isClosed)
-            holdNew.release()
+            holdNew.open()
             #expect(await eventually { second.all == [5] })
             #expect(first.all.isEmpty)
             #expect(new.close())
+        }
+    }
+
+    /// Real threads, the loop free: two threads subscribe and close at once (their records
+    /// reclaimed in their closes, or freed by deliveries that meet them) while a third keeps
+    /// subscribing with an `onRelease` and checks its own handle. No close may close or free
+    /// another subscription: each of the third's is open until its own close, which closes it,
+    /// and every one is released once.
+    @Test func churningThreadsCloseNothingOfAnotherSubscriber() async throws {
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let churnersDone = Counter()
+            let closedByOthers = Counter()
+            let subscribed = Counter()
+            let released = Counter()
+            onThreads(3) { index in
+                if index < 2 {
+                    for _ in 0..<20_000 {
+                        try! state.subscribe(onState: { _ in }).close()
+                    }
+                    churnersDone.increment()
+                } else {
+                    while churnersDone.current < 2 {
+                        let handle = try! state.subscribe(onState: { _ in }, onRelease: { released.increment() })
+                        subscribed.increment()
+                        if handle.isClosed || !handle.close() { closedByOthers.increment() }
+                    }
+                }
+            }
+            #expect(closedByOthers.current == 0)
+            #expect(await eventually { released.current == subscribed.current })
+            try await loop.submit {}
+            #expect(state.core.lock.withLock { state.core.liveCount } == 0)
         }
     }
 
@@ -213,13 +227,13 @@ struct OffLoopAdmissionTests {
             let counts = Recorder<Int>()
             let counter = try state.subscriptionCount.subscribe(onState: { counts.append($0) })
             #expect(await eventually { counts.last == 0 })
-            let hold = try await LoopHold.start(loop)
+            let hold = try LoopBlocker(loop)
             let old = try state.subscribe(onState: { _ in })
             #expect(old.close())
             let new = try state.subscribe(onState: { _ in })
             // Not reclaimed: a closed subscription counts until the loop releases it.
             #expect(new.slot != old.slot)
-            hold.release()
+            hold.open()
             #expect(await eventually { counts.last == 1 })
             #expect(new.close())
             #expect(await eventually { counts.last == 0 })
