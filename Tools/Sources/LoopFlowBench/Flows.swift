@@ -53,6 +53,14 @@ func loopFlowFanOut(_ subscribers: Int, updates: Int) throws -> Double {
             }
         }))
     }
+    return measureFanOut(flow, published: published, subscriptions: subscriptions, updates: updates)
+}
+
+/// Sets `updates` values and returns the median ns per callback the last subscriber
+/// published for each (after the first delivery, of 0); then closes the subscriptions.
+private func measureFanOut(
+    _ flow: MutableStateFlow<Int>, published: Published, subscriptions: [FlowSubscription], updates: Int
+) -> Double {
     published.waitFor(value: 0)
     var measured: [Double] = []
     for update in 1...updates {
@@ -82,15 +90,7 @@ func loopFlowFanOutWithoutCaptures(_ subscribers: Int, updates: Int) throws -> D
     for _ in 0...subscribers {
         subscriptions.append(try flow.subscribe(onState: { capturelessCallback($0) }))
     }
-    published.waitFor(value: 0)
-    var measured: [Double] = []
-    for update in 1...updates {
-        flow.value = update
-        published.waitFor(value: update)
-        measured.append(published.fanOut.withLock { $0 })
-    }
-    for subscription in subscriptions { subscription.close() }
-    return median(measured)
+    return measureFanOut(flow, published: published, subscriptions: subscriptions, updates: updates)
 }
 
 // Loop thread only (one loop at a time: the rows run one after another).
