@@ -176,17 +176,20 @@ struct OffLoopAdmissionTests {
             let closedByOthers = Counter()
             let subscribed = Counter()
             let released = Counter()
-            onThreads(3) { index in
-                if index < 2 {
-                    for _ in 0..<20_000 {
-                        try! state.subscribe(onState: { _ in }).close()
-                    }
-                    churnersDone.increment()
-                } else {
-                    while churnersDone.current < 2 {
-                        let handle = try! state.subscribe(onState: { _ in }, onRelease: { released.increment() })
-                        subscribed.increment()
-                        if handle.isClosed || !handle.close() { closedByOthers.increment() }
+            // On threads of their own, waited for off the cooperative pool.
+            await offThePool {
+                onThreads(3) { index in
+                    if index < 2 {
+                        for _ in 0..<20_000 {
+                            try! state.subscribe(onState: { _ in }).close()
+                        }
+                        churnersDone.increment()
+                    } else {
+                        while churnersDone.current < 2 {
+                            let handle = try! state.subscribe(onState: { _ in }, onRelease: { released.increment() })
+                            subscribed.increment()
+                            if handle.isClosed || !handle.close() { closedByOthers.increment() }
+                        }
                     }
                 }
             }
