@@ -72,7 +72,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// Records an off-loop close freed at once (`reclaimElsewhere`): free, still counted in
     /// the pool, for the next off-loop admission to take; the next delivery returns the rest
     /// to the pool. Never without a delivery pending (they came out of `arrivals`).
-    @exclusivity(unchecked) private var foreignSpares: [Int32] = []
+    @exclusivity(unchecked) private var foreignSpares = SlotStack()
     /// The callback contexts of those records, let go of by that delivery, on the loop.
     @exclusivity(unchecked) private var foreignReclaimedContexts: [UnsafeRawPointer] = []
 
@@ -163,6 +163,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         table.deallocate()
         localArrivals.deallocate()
         spareSlots.deallocate()
+        foreignSpares.deallocate()
     }
 
     /// Subscriptions not yet retired (a closed one counts until the loop has released it,
@@ -254,7 +255,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         lock.lock()
         // Off the loop thread, a spare an off-loop close left first: counted in the pool
         // already, its lines still in this thread's cache (`reclaimElsewhere`).
-        let spare = tornDown || local ? nil : foreignSpares.popLast()
+        let spare = tornDown || local ? nil : foreignSpares.pop()
         guard !tornDown, let slot = spare ?? pool.take() else {
             let full = !tornDown
             lock.unlock()
@@ -468,11 +469,8 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         // when the arrival was queued, and takes `arrivals` and the spares in one section).
         guard !tornDown, arrivals.last == slot, entry.tag.pointee.load(ordering: .relaxed) == closedTag else { return }
         arrivals.removeLast()
-        if let context = entry.word1 { foreignReclaimedContexts.append(context) }
-        entry.word0 = nil
-        entry.word1 = nil
-        entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .releasing)
-        foreignSpares.append(slot)
+        if let context = Self.empty(entry) { foreignReclaimedContexts.append(context) }
+        foreignSpares.push(slot)
     }
 
     // MARK: Loop thread
@@ -488,11 +486,20 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     private func reclaimLocally(_ entry: SubscriberEntry, slot: Int32) {
         guard !countObserved.load(ordering: .relaxed) else { return }
         _ = localArrivals.pop()
-        if let context = entry.word1 { reclaimedContexts.append(context) }
+        if let context = Self.empty(entry) { reclaimedContexts.append(context) }
+        spareSlots.push(slot)
+    }
+
+    /// A reclaim's record, never registered and without a side record, made free (its next
+    /// holder rewrites it); returns its closure's context, which the caller has let go of on
+    /// the loop by the next delivery.
+    @inline(__always)
+    private static func empty(_ entry: SubscriberEntry) -> UnsafeRawPointer? {
+        let context = entry.word1
         entry.word0 = nil
         entry.word1 = nil
         entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .releasing)
-        spareSlots.push(slot)
+        return context
     }
 
     /// The one delivery of every flow: under the lock, the flow's snapshot, the arrivals
@@ -517,8 +524,8 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         swap(&arrivals, &arrivalBatch)
         if !foreignSpares.isEmpty {
             // Back to the pool with the records this delivery frees (`returnFreed`).
-            freeing.append(contentsOf: foreignSpares)
-            foreignSpares.removeAll(keepingCapacity: true)
+            freeing.append(contentsOf: foreignSpares.elements)
+            foreignSpares.removeAll()
         }
         if !foreignReclaimedContexts.isEmpty {
             // Let go of with the loop thread's own (`takeLocalArrivals`).
