@@ -369,7 +369,11 @@ struct Demo {
         configuration.policy.minimumInterval = Duration.milliseconds(500).compressed(by: speed)
         configuration.policy.initialBackoff = Duration.seconds(1).compressed(by: speed)
         configuration.policy.maximumBackoff = Duration.seconds(30).compressed(by: speed)
-        configuration.policy.timeout = Duration.seconds(5).compressed(by: speed)
+        // Compressed, but never below a second: the attempt's timeout also bounds its wait for
+        // the store's refresh lease, taken on the I/O worker behind the sign-in's fsync, and a
+        // loaded disk takes longer than 100 ms (speed 50) for that. Below a second the demo
+        // would show the machine's load as the authority's failure.
+        configuration.policy.timeout = max(Duration.seconds(5).compressed(by: speed), .seconds(1))
         configuration.storeRetryInterval = Duration.seconds(5).compressed(by: speed)
         configuration.logger = SessionConfiguration.logging(at: logLevel).logger
         let latency = Duration.milliseconds(150).compressed(by: speed)

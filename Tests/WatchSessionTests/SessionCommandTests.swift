@@ -367,7 +367,7 @@ struct SessionCommandTests {
         let status = try await watchSession(["status"], environment: ["XDG_STATE_HOME": state])
         #expect(status.status == 0 && status.stdout.contains("carol (active): loggedIn"), "\(status)")
 
-        let demo = try await watchSession(["demo", "--json", "--speed", "50", "--scenario", "401-storm"])
+        let demo = try await watchSession(["demo", "--json", "--speed", "10", "--scenario", "401-storm"])
         #expect(demo.status == 0, "\(demo)")
         #expect(demo.stdout.contains("one refresh answered twenty 401s"))
         let script = try String(contentsOfFile: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
