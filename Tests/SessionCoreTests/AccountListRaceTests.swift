@@ -100,6 +100,39 @@ struct AccountListRaceTests {
     }
 }
 
+extension AccountListRaceTests {
+    /// Made off the loop thread, the manager makes a session for each other account it lists,
+    /// waiting for each record; if the active session takes one of those accounts meanwhile
+    /// (it followed another process's sign-in), the account keeps one session, the active one.
+    @Test func anAccountTheActiveSessionTookMeanwhileGetsNoSecondSession() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob")  // listed; the active pointer is unset, so the active session has none
+        let signedIn = LockedBox<Bool?>(nil)
+        let session = try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
+            // What the loop does while bob's session is made: the active session takes bob.
+            let done = DispatchSemaphore(value: 0)
+            try? loop.execute {
+                let tokens = SessionTokens(
+                    accessToken: Secret("bob-a2"), refreshToken: Secret("bob-r2"), expiresIn: .seconds(3600),
+                    memberID: "bob")
+                signedIn.withLockedValue { $0 = (try? manager.signInOnLoop(tokens)) != nil }
+                done.signal()
+            }
+            done.wait()
+        }) {
+            try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        }
+        #expect(signedIn.withLockedValue { $0 } == true)
+        let accounts = session.accounts
+        #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
+        #expect(accounts.first?.isActive == true)
+        #expect(session.sessions.withLockedValue { $0.background.isEmpty && $0.making.isEmpty })
+        await session.close()
+        _ = try loop.shutdown()
+    }
+}
+
 /// Polls `condition` (every 10 ms, up to 5 s).
 private func eventually(_ condition: @escaping () -> Bool) async -> Bool {
     for _ in 0..<500 {

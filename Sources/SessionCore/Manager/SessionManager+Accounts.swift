@@ -371,13 +371,18 @@ extension SessionManager {
             for engine in made.values { retire(engine) }
             throw error
         }
-        // A session another path listed for the account meanwhile stays; this one is retired
-        // (its worker, its timers), never just dropped.
+        #if DEBUG
+        Self.beforeBackgroundInsertion?(self)
+        #endif
+        // A session another path listed for the account meanwhile stays, and so does the active
+        // one if it took the account (it followed another process's sign-in; read under the
+        // box's lock, as `accountsChanged` does): this one is retired, never just dropped.
         let duplicates = sessions.withLockedValue { sessions -> [SessionEngine] in
             sessions.making.subtract(keys)
+            let activeNow = sessions.active.published.account
             var duplicates: [SessionEngine] = []
             for (key, engine) in made {
-                if sessions.background[key] == nil {
+                if sessions.background[key] == nil && key != activeNow {
                     sessions.background[key] = engine
                 } else {
                     duplicates.append(engine)

@@ -1,0 +1,8 @@
+// Debug builds only: where a test stops a thread between two steps of the manager's.
+#if DEBUG
+extension SessionManager {
+    /// Tests only: runs in `addBackgroundSessions` between the making of the sessions and
+    /// their insertion, on the thread that made them.
+    @TaskLocal static var beforeBackgroundInsertion: (@Sendable (SessionManager) -> Void)?
+}
+#endif
