@@ -6,20 +6,36 @@ import Testing
 @testable import LoopFlow
 
 /// A value whose `==` (run by `set` under the flow's lock) can be made to block once,
-/// to hold a race window open deterministically.
+/// to hold a race window open deterministically. A gate's latches open once: each test arms
+/// a fresh one (the suite is serialized).
 final class EqualityGate: Sendable {
-    static let shared = EqualityGate()
-    let armed = Atomic<Bool>(false)
+    private static let current = LockedBox<EqualityGate?>(nil)
+    private let armed = Atomic<Bool>(true)
     let entered = Latch()
     let proceed = Latch()
+
+    /// A fresh gate: the next `==` involving 99 signals `entered` and waits for `proceed`.
+    static func arm() -> EqualityGate {
+        let gate = EqualityGate()
+        current.withLockedValue { $0 = gate }
+        return gate
+    }
+
+    /// The armed gate, disarmed (nil if none is armed).
+    static func take() -> EqualityGate? {
+        guard let gate = current.withLockedValue({ $0 }),
+            gate.armed.exchange(false, ordering: .acquiringAndReleasing)
+        else { return nil }
+        return gate
+    }
 }
 
 struct GatedValue: Equatable, Sendable {
     let n: Int
     static func == (a: GatedValue, b: GatedValue) -> Bool {
-        if a.n == 99 || b.n == 99, EqualityGate.shared.armed.exchange(false, ordering: .acquiringAndReleasing) {
-            EqualityGate.shared.entered.signal()
-            EqualityGate.shared.proceed.wait()
+        if a.n == 99 || b.n == 99, let gate = EqualityGate.take() {
+            gate.entered.signal()
+            gate.proceed.wait()
         }
         return a.n == b.n
     }
@@ -45,10 +61,10 @@ struct TeardownRaceTests {
         #expect(await eventually { seen.current == 1 })
 
         let blocker = try LoopBlocker(loop)
-        EqualityGate.shared.armed.store(true, ordering: .releasing)
+        let gate = EqualityGate.arm()
         let setterDone = Latch()
         Thread { flow.value = GatedValue(n: 99); setterDone.signal() }.start()  // holds the flow's lock in ==
-        EqualityGate.shared.entered.wait()
+        gate.entered.wait()
 
         let subscriberDone = Latch()
         Thread {
@@ -69,7 +85,7 @@ struct TeardownRaceTests {
         stoppingEntered.wait()
 
         other.value = 1  // delivered in teardown's last batch, where it closes the target
-        EqualityGate.shared.proceed.signal()
+        gate.proceed.signal()
         setterDone.wait()
         subscriberDone.wait()
         stoppingGate.signal()
@@ -77,6 +93,95 @@ struct TeardownRaceTests {
 
         #expect(target.withLockedValue { $0 }?.isClosed == true)
         #expect(releases.current == 1)
+    }
+
+    /// An off-loop subscriber admitted across the stop request, whose delivery the loop
+    /// refused (teardown had begun), closes before the sweep: its record is freed as a spare
+    /// (`reclaimElsewhere`), and the sweep's delivery returns it to the pool and lets go of its
+    /// closure, on the loop thread. Nothing stays in use; nothing is reported unclosed.
+    @Test func aSpareAnOffLoopCloseLeftBeforeTheSweepIsReturnedByIt() async throws {
+        let loop = try EventLoop(name: "race")
+        let flow = MutableStateFlow(GatedValue(n: 0), on: loop)
+        // Its callback holds teardown's last batch (teardown has begun, the sweep not yet).
+        let other = MutableStateFlow(0, on: loop)
+        let seen = Counter()
+        let inLastBatch = Latch()
+        let lastBatchGate = Latch()
+        let otherSubscription = try other.subscribe(onState: { value in
+            _ = seen.increment()
+            if value == 1 {
+                inLastBatch.signal()
+                lastBatchGate.wait()
+            }
+        })
+        // A subscriber that keeps the flow's core held by the loop (once teardown has begun a
+        // core can no longer be held: a flow's first subscriber is refused).
+        let kept = Counter()
+        let keeper = try flow.subscribe(onState: { _ in _ = kept.increment() })
+        #expect(await eventually { seen.current == 1 && kept.current == 1 })
+
+        let blocker = try LoopBlocker(loop)
+        let gate = EqualityGate.arm()
+        let setterDone = Latch()
+        Thread { flow.value = GatedValue(n: 99); setterDone.signal() }.start()  // holds the flow's lock in ==
+        gate.entered.wait()
+
+        let releasedOnLoop = LockedBox<Bool?>(nil)
+        let calls = Counter()
+        let subscribed = Latch()
+        let closeNow = Latch()
+        let subscriberDone = Latch()
+        let closed = LockedBox(false)
+        Thread {
+            let canary = OffLoopAdmissionTests.ThreadCanary(loop: loop, releasedOnLoop: releasedOnLoop)
+            let subscription = try! flow.subscribe(onState: { _ in withExtendedLifetime(canary) { _ = calls.increment() } })
+            subscribed.signal()
+            closeNow.wait()
+            closed.withLockedValue { $0 = subscription.close() }
+            subscriberDone.signal()
+        }.start()
+        // The subscriber passed the loop's check (after the keeper) and waits for the flow's lock.
+        #expect(await eventually { flow.core.admissionsBegun.load(ordering: .sequentiallyConsistent) == 2 })
+
+        let stoppingEntered = Latch()
+        let stoppingGate = Latch()
+        try loop.execute { stoppingEntered.signal(); stoppingGate.wait() }
+        let report = LockedBox<EventLoop.ShutdownReport?>(nil)
+        let shutdownDone = Latch()
+        Thread {
+            let result = try? loop.shutdown()
+            report.withLockedValue { $0 = result }
+            shutdownDone.signal()
+        }.start()
+        #expect(await eventually { !loop.acceptsWork })
+        blocker.open()
+        stoppingEntered.wait()
+        other.value = 1  // delivered in teardown's last batch, where its callback waits
+        stoppingGate.signal()
+        inLastBatch.wait()
+
+        // Teardown has begun: the setter's delivery and the subscriber's are refused, and the
+        // close frees the record (the arrival is the latest, no delivery took it).
+        gate.proceed.signal()
+        setterDone.wait()
+        subscribed.wait()
+        closeNow.signal()
+        subscriberDone.wait()
+        #expect(closed.withLockedValue { $0 })
+        #expect(flow.core.foreignSpareCount == 1)
+        #expect(releasedOnLoop.withLockedValue { $0 } == nil)  // the sweep's delivery lets go of it
+
+        lastBatchGate.signal()
+        shutdownDone.wait()
+        #expect(flow.core.foreignSpareCount == 0)
+        #expect(flow.core.lock.withLock { flow.core.liveCount } == 0)
+        #expect(releasedOnLoop.withLockedValue { $0 } == true)
+        #expect(calls.current == 0)
+        #expect(kept.current == 2)  // the sweep's delivery: 99
+        // The keeper and the other flow's subscriber were never closed; the closed one is not
+        // counted.
+        #expect(report.withLockedValue { $0 }?.unclosedSubscriptions == 2)
+        withExtendedLifetime((otherSubscription, keeper)) {}
     }
 
     /// Rule 4 without widening: subscribe + close on foreign threads racing shutdown().

@@ -141,6 +141,8 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// `reclaimElsewhere`'s lock, so a test can make a delivery and another admission happen
     /// there. Set before the flow is shared.
     var beforeReclaimElsewhere: (@Sendable () -> Void)?
+    /// Debug builds (the tests): records an off-loop close freed for the next admission.
+    var foreignSpareCount: Int { lock.withLock { foreignSpares.count } }
     #endif
 
     private let countLock = Lock()
