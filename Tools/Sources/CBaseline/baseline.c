@@ -1,5 +1,6 @@
 #define _DEFAULT_SOURCE
 #include "cbaseline.h"
+#include "fanout_visit.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -9,7 +10,12 @@
 #include <time.h>
 #include <uv.h>
 
-typedef void (*bl_callback)(bl_runtime *runtime, int64_t value, int index);
+/* A registered callback, as any C observer list keeps one: a function and its userdata. */
+typedef void (*bl_callback)(int64_t value, void *userdata);
+typedef struct bl_entry {
+    bl_callback callback;
+    void *userdata;
+} bl_entry;
 
 struct bl_runtime {
     uv_loop_t loop;
@@ -20,11 +26,9 @@ struct bl_runtime {
     int64_t latest;      /* guarded by lock */
     int64_t delivered;   /* loop thread: last value handed out */
     int subscribers;
-    bl_callback *callbacks;
-    uint64_t first_ns;   /* loop thread */
-    /* What the measuring thread spins on, on a line of its own (see sessionflow_fanout.c). */
-    _Alignas(64) _Atomic double fanout_ns;
-    _Atomic int64_t published;
+    bl_entry *entries;
+    fanout_slot *slots;  /* the subscribers' userdata */
+    fanout_shared shared;
 };
 
 uint64_t bl_now_ns(void) {
@@ -33,14 +37,9 @@ uint64_t bl_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void on_value(bl_runtime *rt, int64_t value, int index) {
-    if (index == 0) rt->first_ns = bl_now_ns();
-    if (index == rt->subscribers - 1) {
-        if (rt->subscribers > 1) {
-            atomic_store(&rt->fanout_ns, (double)(bl_now_ns() - rt->first_ns) / (rt->subscribers - 1));
-        }
-        atomic_store_explicit(&rt->published, value, memory_order_release);
-    }
+/* The same body as libsessionflow's C subscribers in sessionflow_fanout.c. */
+static void on_value(int64_t value, void *userdata) {
+    fanout_visit(userdata, value);
 }
 
 static void on_wake(uv_async_t *handle) {
@@ -50,7 +49,7 @@ static void on_wake(uv_async_t *handle) {
     pthread_mutex_unlock(&rt->lock);
     if (value == rt->delivered) return; /* conflated: nothing new */
     rt->delivered = value;
-    for (int i = 0; i < rt->subscribers; i++) rt->callbacks[i](rt, value, i);
+    for (int i = 0; i < rt->subscribers; i++) rt->entries[i].callback(value, rt->entries[i].userdata);
 }
 
 static void on_stop(uv_async_t *handle) {
@@ -70,8 +69,13 @@ bl_runtime *bl_create(int subscribers) {
     bl_runtime *rt = aligned_alloc(_Alignof(bl_runtime), sizeof *rt);
     memset(rt, 0, sizeof *rt);
     rt->subscribers = subscribers;
-    rt->callbacks = malloc(sizeof(bl_callback) * (size_t)subscribers);
-    for (int i = 0; i < subscribers; i++) rt->callbacks[i] = on_value;
+    rt->shared.subscribers = subscribers;
+    rt->entries = malloc(sizeof(bl_entry) * (size_t)subscribers);
+    rt->slots = malloc(sizeof(fanout_slot) * (size_t)subscribers);
+    for (int i = 0; i < subscribers; i++) {
+        rt->slots[i] = (fanout_slot){.shared = &rt->shared, .index = i};
+        rt->entries[i] = (bl_entry){.callback = on_value, .userdata = &rt->slots[i]};
+    }
     rt->delivered = -1;
     pthread_mutex_init(&rt->lock, NULL);
     uv_loop_init(&rt->loop);
@@ -88,7 +92,8 @@ void bl_destroy(bl_runtime *rt) {
     pthread_join(rt->thread, NULL);
     uv_loop_close(&rt->loop);
     pthread_mutex_destroy(&rt->lock);
-    free(rt->callbacks);
+    free(rt->entries);
+    free(rt->slots);
     free(rt);
 }
 
@@ -100,11 +105,11 @@ void bl_set(bl_runtime *rt, int64_t value) {
 }
 
 int64_t bl_published(bl_runtime *rt) {
-    return atomic_load_explicit(&rt->published, memory_order_acquire);
+    return atomic_load_explicit(&rt->shared.published, memory_order_acquire);
 }
 
 double bl_last_fanout_ns_per_callback(bl_runtime *rt) {
-    return atomic_load(&rt->fanout_ns);
+    return atomic_load(&rt->shared.fanout_ns);
 }
 
 void bl_trim_heap(void) {

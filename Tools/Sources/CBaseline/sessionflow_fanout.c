@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "cbaseline.h"
+#include "fanout_visit.h"
 
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -26,41 +27,16 @@ typedef struct sf_api {
     int (*logout)(sf_runtime *);
 } sf_api;
 
-/* What the callbacks read and write during a walk (`subscribers`, `first_ns`) is kept off the
- * cache line the measuring thread spins on (`deliveries`), as in the floor's runtime: on a
- * shared line each spin read takes the line back from the loop thread, and the last
- * subscriber's read before its clock paid a cross-core miss (~80-130 ns here) the walk does not
- * cost.
- *
- * And it lives on the heap, as the floor's runtime does, not on the measuring thread's stack:
+/* The callbacks' shared state and slots are fanout_visit.h's, as the floor's are. The shared
+ * part lives on the heap, as the floor's runtime does, not on the measuring thread's stack:
  * `sf_session_sign_in` and `sf_session_logout` return while the loop walks (they wait for the
  * loop's job, which wakes them just before the delivery), and on the stack the callbacks paid
  * ~70 ns in about half the updates (2 subscribers, 400 updates: each ~30 or ~100 ns; from an
  * aligned heap block, ~30 ns) — most likely the lines beside it, written as the woken caller
  * unwinds (the adjacent-line prefetcher pairs lines). The floor's caller does not wait. */
-typedef struct fanout_shared {
-    _Alignas(64) int subscribers;
-    uint64_t first_ns;
-    _Alignas(64) _Atomic double fanout_ns;
-    _Atomic int64_t deliveries; /* deliveries seen by the last subscriber */
-} fanout_shared;
-
-typedef struct fanout_slot {
-    fanout_shared *shared;
-    int index;
-} fanout_slot;
 
 static void on_state(sf_session_state state, void *userdata) {
-    (void)state;
-    fanout_slot *slot = userdata;
-    fanout_shared *shared = slot->shared;
-    if (slot->index == 0) shared->first_ns = bl_now_ns();
-    if (slot->index == shared->subscribers - 1) {
-        if (shared->subscribers > 1) {
-            atomic_store(&shared->fanout_ns, (double)(bl_now_ns() - shared->first_ns) / (shared->subscribers - 1));
-        }
-        atomic_fetch_add_explicit(&shared->deliveries, 1, memory_order_release);
-    }
+    fanout_visit(userdata, (int64_t)state);
 }
 
 static int fail(char *error, size_t length, const char *what, int code) {

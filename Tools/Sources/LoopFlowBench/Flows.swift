@@ -31,29 +31,62 @@ func baselineLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
 // MARK: fan-out: ns per callback, from subscriber 0 (a probe) to the last of `subscribers` more
 
 /// Median ns per callback over `updates` updates, `subscribers` subscribers after a probe.
+/// Each closure captures its subscriber's own object and nothing else, so that object is the
+/// closure's context: what a C observer's userdata slot is to the floor's callbacks.
 func loopFlowFanOut(_ subscribers: Int, updates: Int) throws -> Double {
     let loop = try EventLoop(name: "bench")
     defer { _ = try? loop.shutdown() }
     let flow = MutableStateFlow(0, on: loop)
-    let first = Box<UInt64>(0)
     let published = Published()
+    let shared = FanOutShared(total: subscribers + 1, published: published)
     var subscriptions: [FlowSubscription] = []
     subscriptions.reserveCapacity(subscribers + 1)
-    let total = subscribers + 1
-    for index in 0..<total {
-        let isFirst = index == 0
-        let isLast = index == total - 1
-        subscriptions.append(try flow.subscribe(onState: { value in
-            if isFirst { first.value = bl_now_ns() }
-            if isLast {
-                // The time first, as the floor's last callback does (then the bookkeeping).
-                let elapsed = bl_now_ns() - first.value
-                published.fanOut.withLock { $0 = Double(elapsed) / Double(total - 1) }
-                published.value.store(value, ordering: .releasing)
-            }
-        }))
+    for index in 0...subscribers {
+        let subscriber = FanOutSubscriber(shared: shared, index: index)
+        subscriptions.append(try flow.subscribe(onState: { subscriber.visit($0) }))
     }
     return measureFanOut(flow, published: published, subscriptions: subscriptions, updates: updates)
+}
+
+/// What the fan-out's subscribers share (`fanout_shared` in CBaseline's fanout_visit.h). The
+/// padding keeps what the callbacks read and write on lines of this object's own: small
+/// objects sit side by side in the heap, and a line shared with `Published` (which the
+/// measuring thread spins on and locks) cost the first callbacks a cross-core miss.
+final class FanOutShared: @unchecked Sendable {
+    private let before: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0, 0, 0)
+    /// Loop thread only; unchecked like `Box`'s value (the floor's is a plain field).
+    @exclusivity(unchecked) var first: UInt64 = 0
+    let total: Int
+    let published: Published
+    private let after: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0, 0, 0)
+
+    init(total: Int, published: Published) {
+        self.total = total
+        self.published = published
+    }
+}
+
+/// One fan-out subscriber's own state (`fanout_slot`): the walk's shared state and its place.
+final class FanOutSubscriber: Sendable {
+    let shared: FanOutShared
+    let index: Int
+
+    init(shared: FanOutShared, index: Int) {
+        self.shared = shared
+        self.index = index
+    }
+
+    /// `fanout_visit`: the first notes the time, the last computes the time per callback
+    /// (the time first, then the bookkeeping).
+    @inline(__always)
+    func visit(_ value: Int) {
+        if index == 0 { shared.first = bl_now_ns() }
+        if index == shared.total - 1 {
+            let elapsed = bl_now_ns() - shared.first
+            shared.published.fanOut.withLock { $0 = Double(elapsed) / Double(shared.total - 1) }
+            shared.published.value.store(value, ordering: .releasing)
+        }
+    }
 }
 
 /// Sets `updates` values and returns the median ns per callback the last subscriber

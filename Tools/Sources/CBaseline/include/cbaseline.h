@@ -1,6 +1,7 @@
 /* The raw libuv floor the benchmarks compare against: a producer stores the latest value
  * under a mutex and wakes the loop with uv_async_send; the loop thread hands it to a C
- * array of function pointers. No flows, no subscriptions, no safety — just the floor. */
+ * array of callbacks (a function and its userdata, a slot of the subscriber's own). No flows,
+ * no subscriptions, no safety — just the floor. */
 #ifndef SESSIONFLOW_CBASELINE_H
 #define SESSIONFLOW_CBASELINE_H
 #include <stddef.h>
