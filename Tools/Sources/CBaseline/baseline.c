@@ -133,3 +133,7 @@ double bl_alloc_lock_pairs_per_second(int pairs, size_t size) {
     }
     return pairs / ((double)(bl_now_ns() - start) / 1e9);
 }
+
+size_t bl_userdata_bytes_per_subscriber(void) {
+    return sizeof(fanout_slot);
+}

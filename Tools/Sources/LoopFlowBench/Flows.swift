@@ -281,12 +281,14 @@ func subscribeCloseRows(pairs: Int, batches: Int) throws -> [Row] {
 
 // MARK: memory per subscription
 
-/// RSS delta per open subscription over `count` subscriptions, against the floor's C array.
+/// RSS delta per open subscription over `count` subscriptions, against the floor's C array of
+/// `{callback, userdata}` entries (the subscribers' own slots, which the floor allocates too,
+/// are not the list's: ours are counted with captureless closures).
 func bytesPerSubscriptionRow(count: Int) throws -> Row {
     trimHeap()
     let floorBefore = residentBytes()
     let runtime = bl_create(Int32(count))!
-    let floor = Double(residentBytes() - floorBefore) / Double(count)
+    let floor = Double(residentBytes() - floorBefore) / Double(count) - Double(bl_userdata_bytes_per_subscriber())
     bl_destroy(runtime)
 
     let loop = try EventLoop(name: "bench")

@@ -17,6 +17,9 @@ void bl_destroy(bl_runtime *runtime);
 void bl_set(bl_runtime *runtime, int64_t value);
 /* The value the last subscriber saw (acquire load). */
 int64_t bl_published(bl_runtime *runtime);
+/* The bytes of each subscriber's own slot (its userdata), which bl_create allocates beside its
+ * entries: the subscriber's state, not the observer list's. */
+size_t bl_userdata_bytes_per_subscriber(void);
 /* Nanoseconds between the first and the last callback of the last delivery, per callback. */
 double bl_last_fanout_ns_per_callback(bl_runtime *runtime);
 /* The fan-out of libsessionflow's C API: loads the library at `path` (dlopen), subscribes
