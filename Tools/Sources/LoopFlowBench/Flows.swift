@@ -31,8 +31,10 @@ func baselineLatencies(_ samples: Int, paced: Bool) -> [UInt64] {
 // MARK: fan-out: ns per callback, from subscriber 0 (a probe) to the last of `subscribers` more
 
 /// Median ns per callback over `updates` updates, `subscribers` subscribers after a probe.
-/// Each closure captures its subscriber's own object and nothing else, so that object is the
-/// closure's context: what a C observer's userdata slot is to the floor's callbacks.
+/// Each closure captures the two values of a C subscriber's userdata slot (`fanout_slot`:
+/// the shared state and its place), so its context — a heap box of those two — is what the
+/// slot is to the floor's callbacks. (A closure capturing one object of the subscriber's own
+/// has a box too, holding a reference to that object: a second pointer to chase.)
 func loopFlowFanOut(_ subscribers: Int, updates: Int) throws -> Double {
     let loop = try EventLoop(name: "bench")
     defer { _ = try? loop.shutdown() }
@@ -42,8 +44,7 @@ func loopFlowFanOut(_ subscribers: Int, updates: Int) throws -> Double {
     var subscriptions: [FlowSubscription] = []
     subscriptions.reserveCapacity(subscribers + 1)
     for index in 0...subscribers {
-        let subscriber = FanOutSubscriber(shared: shared, index: index)
-        subscriptions.append(try flow.subscribe(onState: { subscriber.visit($0) }))
+        subscriptions.append(try flow.subscribe(onState: { fanOutVisit(shared, index, $0) }))
     }
     return measureFanOut(flow, published: published, subscriptions: subscriptions, updates: updates)
 }
@@ -66,26 +67,15 @@ final class FanOutShared: @unchecked Sendable {
     }
 }
 
-/// One fan-out subscriber's own state (`fanout_slot`): the walk's shared state and its place.
-final class FanOutSubscriber: Sendable {
-    let shared: FanOutShared
-    let index: Int
-
-    init(shared: FanOutShared, index: Int) {
-        self.shared = shared
-        self.index = index
-    }
-
-    /// `fanout_visit`: the first notes the time, the last computes the time per callback
-    /// (the time first, then the bookkeeping).
-    @inline(__always)
-    func visit(_ value: Int) {
-        if index == 0 { shared.first = bl_now_ns() }
-        if index == shared.total - 1 {
-            let elapsed = bl_now_ns() - shared.first
-            shared.published.fanOut.withLock { $0 = Double(elapsed) / Double(shared.total - 1) }
-            shared.published.value.store(value, ordering: .releasing)
-        }
+/// `fanout_visit` for subscriber `index`: the first notes the time, the last computes the
+/// time per callback (the time first, then the bookkeeping).
+@inline(__always)
+func fanOutVisit(_ shared: FanOutShared, _ index: Int, _ value: Int) {
+    if index == 0 { shared.first = bl_now_ns() }
+    if index == shared.total - 1 {
+        let elapsed = bl_now_ns() - shared.first
+        shared.published.fanOut.withLock { $0 = Double(elapsed) / Double(shared.total - 1) }
+        shared.published.value.store(value, ordering: .releasing)
     }
 }
 
