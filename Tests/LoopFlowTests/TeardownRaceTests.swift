@@ -133,8 +133,11 @@ struct TeardownRaceTests {
         let subscriberDone = Latch()
         let closed = LockedBox(false)
         Thread {
-            let canary = OffLoopAdmissionTests.ThreadCanary(loop: loop, releasedOnLoop: releasedOnLoop)
-            let subscription = try! flow.subscribe(onState: { _ in withExtendedLifetime(canary) { _ = calls.increment() } })
+            let subscription: FlowSubscription
+            do {  // the closure holds the only reference to the canary
+                let canary = OffLoopAdmissionTests.ThreadCanary(loop: loop, releasedOnLoop: releasedOnLoop)
+                subscription = try! flow.subscribe(onState: { _ in withExtendedLifetime(canary) { _ = calls.increment() } })
+            }
             subscribed.signal()
             closeNow.wait()
             closed.withLockedValue { $0 = subscription.close() }
