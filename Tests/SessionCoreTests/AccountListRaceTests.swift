@@ -22,8 +22,8 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
         return body()
     }
 
-    func put(_ key: String, active makeActive: Bool = false) {
-        let expiry = Duration.seconds(Date().timeIntervalSince1970 + 3600)
+    func put(_ key: String, active makeActive: Bool = false, expiresIn: Double = 3600) {
+        let expiry = Duration.seconds(Date().timeIntervalSince1970 + expiresIn)
         locked {
             records[key] = StoredSession(
                 accessToken: Secret("\(key)-a"), refreshToken: Secret("\(key)-r"), accessTokenExpiresAt: expiry,
@@ -101,13 +101,26 @@ struct AccountListRaceTests {
 }
 
 extension AccountListRaceTests {
+    /// Counts the refreshes asked of it (on the loop thread) and refuses them.
+    final class CountingAuthority: SessionAuthority {
+        let refreshes = Atomic<Int>(0)
+        func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+            refreshes.add(1, ordering: .relaxed)
+            _ = completion.fail(.transient("not used"))
+        }
+    }
+
     /// Made off the loop thread, the manager makes a session for each other account it lists,
     /// waiting for each record; if the active session takes one of those accounts meanwhile
     /// (it followed another process's sign-in), the account keeps one session, the active one.
+    /// The session made for it is retired before it ever starts: bob's record is due for a
+    /// refresh, and a started duplicate would refresh with bob's refresh token.
     @Test func anAccountTheActiveSessionTookMeanwhileGetsNoSecondSession() async throws {
         let loop = try EventLoop(name: "accounts")
         let store = GatedAccountStore()
-        store.put("bob")  // listed; the active pointer is unset, so the active session has none
+        // Listed, and due; the active pointer is unset, so the active session has no account.
+        store.put("bob", expiresIn: -60)
+        let authority = CountingAuthority()
         let signedIn = LockedBox<Bool?>(nil)
         let session = try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
             // What the loop does while bob's session is made: the active session takes bob.
@@ -121,9 +134,11 @@ extension AccountListRaceTests {
             }
             done.wait()
         }) {
-            try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+            try SessionManager(loop: loop, authority: authority, store: store)
         }
         #expect(signedIn.withLockedValue { $0 } == true)
+        try await loop.submit {}  // every start queued so far has run
+        #expect(authority.refreshes.load(ordering: .relaxed) == 0)
         let accounts = session.accounts
         #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
         #expect(accounts.first?.isActive == true)

@@ -1,4 +1,4 @@
-// Over 400 lines (428): the engine's state and its entry points stay together; its actions, store
+// Over 400 lines (436): the engine's state and its entry points stay together; its actions, store
 // and account work already live in SessionEngine+Actions/+Store/+Accounts.swift.
 import LoopFlow
 import Logging
@@ -117,10 +117,13 @@ final class SessionEngine: @unchecked Sendable {
     ///   - active: whether it starts as its manager's active account.
     ///   - onStateChange: set here, before the start job is queued: the loop reads it (a
     ///     session made off the loop thread would race with its own start otherwise).
+    ///   - startsLater: its start job is not queued here but by `queueStart()` (a session made
+    ///     for the account list starts once it is in the list: one retired as a duplicate
+    ///     before never starts, so never refreshes with the account's refresh token).
     init(
         loop: EventLoop, authority: any SessionAuthority, store: any CredentialStore,
         configuration: SessionConfiguration, account: String? = nil, active: Bool = true,
-        onStateChange: (() -> Void)? = nil
+        onStateChange: (() -> Void)? = nil, startsLater: Bool = false
     ) throws(SessionError) {
         if let problem = configuration.policy.problem {
             throw SessionError(.invalidArgument, "unusable refresh policy: \(problem)")
@@ -164,15 +167,19 @@ final class SessionEngine: @unchecked Sendable {
         }
         state.value = machine.state
         publishSnapshot()
-        if configuration.startsAutomatically {
-            do {
-                try loop.execute { [self] in start() }
-            } catch {
-                throw SessionError(.shutDown, "the event loop is shut down")
-            }
-        }
+        if !startsLater { try queueStart() }
         // When the loop goes, waiters are answered and timers stopped.
         guard loop.addTeardownHook({ [weak self] in self?.close() }) else {
+            throw SessionError(.shutDown, "the event loop is shut down")
+        }
+    }
+
+    /// Queues the start, unless the host starts the session itself (`startsAutomatically` off).
+    func queueStart() throws(SessionError) {
+        guard configuration.startsAutomatically else { return }
+        do {
+            try loop.execute { [self] in start() }
+        } catch {
             throw SessionError(.shutDown, "the event loop is shut down")
         }
     }

@@ -338,7 +338,8 @@ extension SessionManager {
     /// the accounts machine took (`AccountsMachine.listAnswered`).
     func addBackgroundSessions(_ list: StoredAccounts) throws(SessionError) {
         guard let accountStore else { return }
-        // The active engine's snapshot is read after the box's lock is released: one lock at a time.
+        // The active engine's snapshot is read after the box's lock is released (the insertion
+        // below reads it under the lock, in the order sessions → snapshot).
         let active = sessions.withLockedValue { $0.active }
         // The active account's own read tells which account it took (the same worker, earlier).
         let activeKey = active.published.account ?? list.active
@@ -358,7 +359,8 @@ extension SessionManager {
             for key in keys {
                 let engine = try SessionEngine(
                     loop: loop, authority: authority, store: accountStore, configuration: configuration,
-                    account: key, active: false, onStateChange: { [weak self] in self?.accountsChanged() })
+                    account: key, active: false, onStateChange: { [weak self] in self?.accountsChanged() },
+                    startsLater: true)
                 guard loop.inEventLoop || engine.snapshot.withLockedValue({ $0.state }) != .loggedOut else {
                     // Read at creation (off the loop): the record went meanwhile.
                     retire(engine)
@@ -377,19 +379,22 @@ extension SessionManager {
         // A session another path listed for the account meanwhile stays, and so does the active
         // one if it took the account (it followed another process's sign-in; read under the
         // box's lock, as `accountsChanged` does): this one is retired, never just dropped.
-        let duplicates = sessions.withLockedValue { sessions -> [SessionEngine] in
+        let (inserted, duplicates) = sessions.withLockedValue { sessions -> ([SessionEngine], [SessionEngine]) in
             sessions.making.subtract(keys)
             let activeNow = sessions.active.published.account
-            var duplicates: [SessionEngine] = []
+            var (inserted, duplicates): ([SessionEngine], [SessionEngine]) = ([], [])
             for (key, engine) in made {
                 if sessions.background[key] == nil && key != activeNow {
                     sessions.background[key] = engine
+                    inserted.append(engine)
                 } else {
                     duplicates.append(engine)
                 }
             }
-            return duplicates
+            return (inserted, duplicates)
         }
         for engine in duplicates { retire(engine) }
+        // Started once listed (a duplicate never starts); a loop shut down meanwhile closes them.
+        for engine in inserted { try? engine.queueStart() }
     }
 }
