@@ -148,6 +148,32 @@ extension AccountListRaceTests {
     }
 }
 
+extension AccountListRaceTests {
+    /// A signed-out active session follows the store's active account; when another process
+    /// makes an account active that has a session here in the background, the account keeps one
+    /// session.
+    @Test func followingAnotherProcessToABackgroundAccountMakesNoSecondSession() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob")  // listed, not active: bob's session is in the background
+        let session = try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        #expect(await eventually { session.accounts.map(\.key) == ["bob"] })
+        #expect(session.accounts.first?.isActive == false)
+        // Another process makes bob the active account; the active session sees the store change.
+        try store.setActiveAccount("bob")
+        try await loop.submit { session.engine.storeChanged() }
+        #expect(await eventually { session.accounts.contains { $0.isActive } })
+        try await loop.submit {}
+        let accounts = session.accounts
+        #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
+        #expect(accounts.first?.isActive == true, "\(accounts)")
+        #expect(session.state.value == .loggedIn)
+        #expect(session.sessions.withLockedValue { $0.background.isEmpty })
+        await session.close()
+        _ = try loop.shutdown()
+    }
+}
+
 /// Polls `condition` (every 10 ms, up to 5 s).
 private func eventually(_ condition: @escaping () -> Bool) async -> Bool {
     for _ in 0..<500 {

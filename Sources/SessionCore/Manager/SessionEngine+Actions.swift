@@ -197,6 +197,11 @@ extension SessionEngine {
     }
 
     func followSignIn(_ stored: StoredSession, access: Secret) {
+        if accountStore != nil, accountKey == nil,
+            onFollowSignIn?(stored.account ?? Self.accountKey(for: stored.memberID)) == true
+        {
+            return  // that account has its session here: the manager switches to it
+        }
         guard (try? machine.apply(.signIn)) != nil else { return }
         let abandoned = endSession()
         memberID = stored.memberID

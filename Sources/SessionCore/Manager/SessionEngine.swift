@@ -1,4 +1,4 @@
-// Over 400 lines (436): the engine's state and its entry points stay together; its actions, store
+// Over 400 lines (439): the engine's state and its entry points stay together; its actions, store
 // and account work already live in SessionEngine+Actions/+Store/+Accounts.swift.
 import LoopFlow
 import Logging
@@ -88,6 +88,9 @@ final class SessionEngine: @unchecked Sendable {
     /// Called on the loop thread when the store took one of this session's writes (the
     /// manager records the active account again if that failed before).
     var onWriteLanded: (() -> Void)?
+    /// Asked on the loop thread before this session, signed out, follows another process's
+    /// sign-in of an account: true if the manager has that account's session and takes over.
+    var onFollowSignIn: ((String) -> Bool)?
     /// Records whose clear failed, cleared again with the store's retries (`clearRecord`).
     var recordsToClear: Set<String> = []
 

@@ -1,3 +1,5 @@
+// Over 400 lines (420): the accounts' entry points, the making of their sessions and the
+// switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
 /// Several accounts (a store that keeps several: `AccountCredentialStore`).
@@ -213,6 +215,22 @@ extension SessionManager {
         active.close()
     }
 
+    /// The active session, signed out, is about to follow another process's sign-in of `key`:
+    /// if `key` has a session here (in the background), that session becomes the active one
+    /// instead — on a later turn, not inside the active session's store answer, and only if
+    /// the asking session is still active and signed out then (a sign-in here meanwhile wins)
+    /// — and the active session does not take the record (one session per account).
+    func followingSignIn(to key: String) -> Bool {
+        loop.assertInEventLoop()
+        guard sessions.withLockedValue({ $0.background[key] }) != nil else { return false }
+        let asking = engine
+        try? loop.execute { [weak self] in
+            guard let self, engine === asking, asking.published.state == .loggedOut else { return }
+            try? switchAccountOnLoop(to: key)
+        }
+        return true
+    }
+
     /// Another process changed the store (the active session saw it): accounts it signed in
     /// join the list, each with a session of its own in the background.
     func storeChanged() {
@@ -232,8 +250,10 @@ extension SessionManager {
         }
         previous.onStoreChanged = nil
         previous.onWriteLanded = nil
+        previous.onFollowSignIn = nil
         next.onStoreChanged = { [weak self] in self?.storeChanged() }
         next.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
+        next.onFollowSignIn = { [weak self] key in self?.followingSignIn(to: key) ?? false }
         next.attach(surface)
         let leaves = previousState.state == .loggedOut || previousState.account == nil
         sessions.withLockedValue { sessions in

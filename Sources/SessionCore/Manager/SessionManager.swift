@@ -114,6 +114,7 @@ public final class SessionManager: Sendable {
         first.onStateChange = { [weak self] in self?.accountsChanged() }
         first.onStoreChanged = { [weak self] in self?.storeChanged() }
         first.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
+        first.onFollowSignIn = { [weak self] key in self?.followingSignIn(to: key) ?? false }
         if loop.inEventLoop {
             // Never waits for the store: the list arrives on the loop, after the active
             // account's read (the same worker, in order).
