@@ -33,6 +33,23 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
     }
 
     func holdNextListRead() { locked { gate = DispatchSemaphore(value: 0) } }
+    /// While set, the next read of that account's record waits for `releaseRecordRead()`.
+    private var recordGate: (key: String, gate: DispatchSemaphore)?
+    private var heldRecordGate: DispatchSemaphore?
+    private(set) var holdingRecordRead = false
+    func holdNextRead(of key: String) { locked { recordGate = (key, DispatchSemaphore(value: 0)) } }
+    func releaseRecordRead() { locked { heldRecordGate }?.signal() }
+    fileprivate func readRecord(_ key: String) -> StoreRead {
+        let gate: DispatchSemaphore? = locked {
+            guard let held = recordGate, held.key == key else { return nil }
+            recordGate = nil
+            heldRecordGate = held.gate
+            holdingRecordRead = true
+            return held.gate
+        }
+        gate?.wait()
+        return locked { records[key].map { .present($0) } ?? .absent }
+    }
     func release() { locked { heldGate }?.signal() }
     private var heldGate: DispatchSemaphore?
 
@@ -43,7 +60,7 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
             self.store = store
             self.key = key
         }
-        func read() -> StoreRead { store.locked { store.records[key].map { .present($0) } ?? .absent } }
+        func read() -> StoreRead { store.readRecord(key) }
         func write(_ session: StoredSession) throws(StoreError) { store.locked { store.records[key] = session } }
         func clear() throws(StoreError) { store.locked { store.records[key] = nil } }
     }
@@ -169,6 +186,37 @@ extension AccountListRaceTests {
         #expect(accounts.first?.isActive == true, "\(accounts)")
         #expect(session.state.value == .loggedIn)
         #expect(session.sessions.withLockedValue { $0.background.isEmpty })
+        await session.close()
+        _ = try loop.shutdown()
+    }
+}
+
+extension AccountListRaceTests {
+    /// The same while the background session's first read is still on its worker (it is
+    /// signed out until that read answers): the switch waits for it, and does not fail.
+    @Test func followingToABackgroundAccountStillReadingItsRecordSwitchesOnceItHasRead() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob")
+        store.holdNextRead(of: "bob")
+        // Made on the loop thread: the list's sessions read their records on their workers.
+        let session = try await loop.submit {
+            try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        }
+        #expect(await eventually { store.locked { store.holdingRecordRead } })
+        #expect(session.accounts.isEmpty)  // bob's session has not read its record yet
+        try store.setActiveAccount("bob")
+        try await loop.submit { session.engine.storeChanged() }
+        // The active session read bob's record and asked the manager; the switch waits.
+        try await loop.submit {}
+        #expect(session.state.value == .loggedOut)
+        store.releaseRecordRead()
+        #expect(await eventually { session.accounts.contains { $0.isActive } })
+        try await loop.submit {}
+        let accounts = session.accounts
+        #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
+        #expect(accounts.first?.isActive == true, "\(accounts)")
+        #expect(session.state.value == .loggedIn)
         await session.close()
         _ = try loop.shutdown()
     }

@@ -197,10 +197,11 @@ extension SessionEngine {
     }
 
     func followSignIn(_ stored: StoredSession, access: Secret) {
-        if accountStore != nil, accountKey == nil,
-            onFollowSignIn?(stored.account ?? Self.accountKey(for: stored.memberID)) == true
-        {
-            return  // that account has its session here: the manager switches to it
+        if accountStore != nil, accountKey == nil {
+            // Unbound and no longer active: retired by a switch, it follows nothing.
+            guard isActive else { return }
+            // That account has its session here: the manager switches to it.
+            if onFollowSignIn?(stored.account ?? Self.accountKey(for: stored.memberID)) == true { return }
         }
         guard (try? machine.apply(.signIn)) != nil else { return }
         let abandoned = endSession()

@@ -1,4 +1,4 @@
-// Over 400 lines (420): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (426): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
@@ -217,16 +217,22 @@ extension SessionManager {
 
     /// The active session, signed out, is about to follow another process's sign-in of `key`:
     /// if `key` has a session here (in the background), that session becomes the active one
-    /// instead — on a later turn, not inside the active session's store answer, and only if
-    /// the asking session is still active and signed out then (a sign-in here meanwhile wins)
-    /// — and the active session does not take the record (one session per account).
+    /// instead, and the active session does not take the record (one session per account).
+    /// The switch waits for the background session's store work (its first read may still be
+    /// on its worker: until it answers the session is signed out) and never runs inside the
+    /// active session's store answer; it is dropped if the asking session is no longer the
+    /// active one or signed in meanwhile (a sign-in here wins).
     func followingSignIn(to key: String) -> Bool {
         loop.assertInEventLoop()
-        guard sessions.withLockedValue({ $0.background[key] }) != nil else { return false }
+        guard let target = sessions.withLockedValue({ $0.background[key] }) else { return false }
         let asking = engine
         try? loop.execute { [weak self] in
-            guard let self, engine === asking, asking.published.state == .loggedOut else { return }
-            try? switchAccountOnLoop(to: key)
+            target.worker.afterPendingWork { [weak self] in
+                guard let self, loop.inEventLoop, engine === asking, asking.published.state == .loggedOut else {
+                    return
+                }
+                try? switchAccountOnLoop(to: key)
+            }
         }
         return true
     }
