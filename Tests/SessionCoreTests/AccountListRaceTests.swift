@@ -179,19 +179,11 @@ extension AccountListRaceTests {
         // Another process makes bob the active account; the active session sees the store change.
         try store.setActiveAccount("bob")
         try await loop.submit { session.engine.storeChanged() }
-        #expect(await eventually { session.accounts.contains { $0.isActive } })
-        try await loop.submit {}
-        let accounts = session.accounts
-        #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
-        #expect(accounts.first?.isActive == true, "\(accounts)")
-        #expect(session.state.value == .loggedIn)
-        #expect(session.sessions.withLockedValue { $0.background.isEmpty })
+        try await expectBobAloneAndActive(session, on: loop)
         await session.close()
         _ = try loop.shutdown()
     }
-}
 
-extension AccountListRaceTests {
     /// The same while the background session's first read is still on its worker (it is
     /// signed out until that read answers): the switch waits for it, and does not fail.
     @Test func followingToABackgroundAccountStillReadingItsRecordSwitchesOnceItHasRead() async throws {
@@ -211,14 +203,20 @@ extension AccountListRaceTests {
         try await loop.submit {}
         #expect(session.state.value == .loggedOut)
         store.releaseRecordRead()
+        try await expectBobAloneAndActive(session, on: loop)
+        await session.close()
+        _ = try loop.shutdown()
+    }
+
+    /// After a switch to bob: bob is listed once, active and signed in, none in the background.
+    private func expectBobAloneAndActive(_ session: SessionManager, on loop: EventLoop) async throws {
         #expect(await eventually { session.accounts.contains { $0.isActive } })
         try await loop.submit {}
         let accounts = session.accounts
         #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
         #expect(accounts.first?.isActive == true, "\(accounts)")
         #expect(session.state.value == .loggedIn)
-        await session.close()
-        _ = try loop.shutdown()
+        #expect(session.sessions.withLockedValue { $0.background.isEmpty })
     }
 }
 
