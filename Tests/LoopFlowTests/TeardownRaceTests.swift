@@ -41,6 +41,31 @@ struct GatedValue: Equatable, Sendable {
     }
 }
 
+/// A shutdown requested while `blocker` holds the loop, on a thread of its own: once the
+/// loop runs the batch that saw the request, a job of it waits for `gate` (teardown begins
+/// after it); `done` is signalled, and `report` set, when `shutdown()` returns.
+struct HeldShutdown {
+    let gate: Latch
+    let done: Latch
+    let report: LockedBox<EventLoop.ShutdownReport?>
+}
+
+/// Requests the shutdown and opens `blocker`; returns once the held job waits for its gate.
+func requestShutdownHeld(_ loop: EventLoop, opening blocker: LoopBlocker) async throws -> HeldShutdown {
+    let entered = Latch()
+    let held = HeldShutdown(gate: Latch(), done: Latch(), report: LockedBox(nil))
+    try loop.execute { entered.signal(); held.gate.wait() }
+    Thread {
+        let result = try? loop.shutdown()
+        held.report.withLockedValue { $0 = result }
+        held.done.signal()
+    }.start()
+    #expect(await eventually { !loop.acceptsWork })
+    blocker.open()
+    entered.wait()
+    return held
+}
+
 /// Races between teardown and subscribers (found in review; each failed before its fix).
 @Suite("Teardown races", .serialized)
 struct TeardownRaceTests {
@@ -75,21 +100,14 @@ struct TeardownRaceTests {
         // The subscriber passed the loop's check and waits for the flow's lock.
         #expect(await eventually { flow.core.admissionsBegun.load(ordering: .sequentiallyConsistent) == 1 })
 
-        let stoppingEntered = Latch()
-        let stoppingGate = Latch()
-        try loop.execute { stoppingEntered.signal(); stoppingGate.wait() }
-        let shutdownDone = Latch()
-        Thread { _ = try? loop.shutdown(); shutdownDone.signal() }.start()
-        #expect(await eventually { !loop.acceptsWork })
-        blocker.open()
-        stoppingEntered.wait()
+        let stopping = try await requestShutdownHeld(loop, opening: blocker)
 
         other.value = 1  // delivered in teardown's last batch, where it closes the target
         gate.proceed.signal()
         setterDone.wait()
         subscriberDone.wait()
-        stoppingGate.signal()
-        shutdownDone.wait()
+        stopping.gate.signal()
+        stopping.done.wait()
 
         #expect(target.withLockedValue { $0 }?.isClosed == true)
         #expect(releases.current == 1)
@@ -146,21 +164,9 @@ struct TeardownRaceTests {
         // The subscriber passed the loop's check (after the keeper) and waits for the flow's lock.
         #expect(await eventually { flow.core.admissionsBegun.load(ordering: .sequentiallyConsistent) == 2 })
 
-        let stoppingEntered = Latch()
-        let stoppingGate = Latch()
-        try loop.execute { stoppingEntered.signal(); stoppingGate.wait() }
-        let report = LockedBox<EventLoop.ShutdownReport?>(nil)
-        let shutdownDone = Latch()
-        Thread {
-            let result = try? loop.shutdown()
-            report.withLockedValue { $0 = result }
-            shutdownDone.signal()
-        }.start()
-        #expect(await eventually { !loop.acceptsWork })
-        blocker.open()
-        stoppingEntered.wait()
+        let stopping = try await requestShutdownHeld(loop, opening: blocker)
         other.value = 1  // delivered in teardown's last batch, where its callback waits
-        stoppingGate.signal()
+        stopping.gate.signal()
         inLastBatch.wait()
 
         // Teardown has begun: the setter's delivery and the subscriber's are refused, and the
@@ -175,7 +181,7 @@ struct TeardownRaceTests {
         #expect(releasedOnLoop.withLockedValue { $0 } == nil)  // the sweep's delivery lets go of it
 
         lastBatchGate.signal()
-        shutdownDone.wait()
+        stopping.done.wait()
         #expect(flow.core.foreignSpareCount == 0)
         #expect(flow.core.lock.withLock { flow.core.liveCount } == 0)
         #expect(releasedOnLoop.withLockedValue { $0 } == true)
@@ -183,7 +189,7 @@ struct TeardownRaceTests {
         #expect(kept.current == 2)  // the sweep's delivery: 99
         // The keeper and the other flow's subscriber were never closed; the closed one is not
         // counted.
-        #expect(report.withLockedValue { $0 }?.unclosedSubscriptions == 2)
+        #expect(stopping.report.withLockedValue { $0 }?.unclosedSubscriptions == 2)
         withExtendedLifetime((otherSubscription, keeper)) {}
     }
 
