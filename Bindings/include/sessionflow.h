@@ -158,7 +158,9 @@ typedef enum sf_event_kind {
     SF_EVENT_SESSION_EXPIRED = 6, /* reason */
     SF_EVENT_VALIDATED = 7,
     SF_EVENT_STORE_ERROR = 8,     /* reason */
-    SF_EVENT_ACCOUNT_SWITCHED = 9 /* member_id: the account key now active (sf_session_switch_account) */
+    SF_EVENT_ACCOUNT_SWITCHED = 9 /* member_id: the account key now active (sf_session_switch_account,
+                                     or signed out here, following another process to an account
+                                     this runtime has in the background) */
 } sf_event_kind;
 
 /* A session event. Strings are borrowed for the duration of the callback. member_id is the
@@ -584,7 +586,9 @@ int sf_session_token_scope(sf_runtime *runtime, char *buffer, size_t length);
  * with; "default" without one) and one session per account: each refreshes on its own, and
  * the active one drives the state, the events and sf_session_* calls. A switch emits
  * SF_EVENT_ACCOUNT_SWITCHED; it refreshes, cancels and signs out nothing. An account signed
- * out — here or by another process sharing the store — leaves the list. Without a
+ * out — here or by another process sharing the store — leaves the list. While signed out, the
+ * runtime follows the account another process signs in and makes active: SF_EVENT_SIGNED_IN, or
+ * SF_EVENT_ACCOUNT_SWITCHED to its session here if that account is in the background. Without a
  * store_directory there is one account at most. sf_session_sign_in signs in the active
  * account (SF_ESTATE if that account is signed in already, here or in the background:
  * switch to it); sf_session_logout signs out the active one only. */

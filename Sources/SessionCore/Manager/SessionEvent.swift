@@ -30,8 +30,9 @@ public enum SessionEvent: Sendable, Hashable, CustomStringConvertible {
     case validated
     /// The store failed; nothing was logged out because of it.
     case storeError(StoreError)
-    /// The manager's active account changed (`SessionManager.switchAccount(to:)`): `state`
-    /// is that account's from now on.
+    /// The manager's active account changed (`SessionManager.switchAccount(to:)`, or — signed
+    /// out here — another process signed in and made active an account this manager has in the
+    /// background): `state` is that account's from now on.
     case accountSwitched(account: String)
 
     public var description: String {

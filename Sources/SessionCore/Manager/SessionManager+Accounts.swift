@@ -1,4 +1,4 @@
-// Over 400 lines (426): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (428): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
@@ -226,6 +226,8 @@ extension SessionManager {
         loop.assertInEventLoop()
         guard let target = sessions.withLockedValue({ $0.background[key] }) else { return false }
         let asking = engine
+        // Posted although on the loop: an inline store's worker runs `afterPendingWork`'s body
+        // at once, which would switch inside the asking session's store answer.
         try? loop.execute { [weak self] in
             target.worker.afterPendingWork { [weak self] in
                 guard let self, loop.inEventLoop, engine === asking, asking.published.state == .loggedOut else {
