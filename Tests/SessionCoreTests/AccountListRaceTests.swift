@@ -228,3 +228,33 @@ private func eventually(_ condition: @escaping () -> Bool) async -> Bool {
     }
     return condition()
 }
+
+extension AccountListRaceTests {
+    /// Made off the loop thread, a manager of several accounts sets the callbacks its active
+    /// session calls it with (a state change, a store change, a sign-in to follow) before that
+    /// session starts: the loop reads them, and a start queued before would race their writes
+    /// (and could follow a sign-in or change state with no manager told).
+    @Test func theFirstSessionStartsOnlyOnceTheManagerHasSetItsCallbacks() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("alice", active: true)
+        let startedEarly = LockedBox<Bool?>(nil)
+        let session = try SessionManager.$beforeFirstSessionCallbacks.withValue({ engine in
+            // Every job queued so far runs before this one: a start queued with the session.
+            let done = DispatchSemaphore(value: 0)
+            try? loop.execute {
+                startedEarly.withLockedValue { $0 = engine.storeMachine.started }
+                done.signal()
+            }
+            done.wait()
+        }) {
+            try SessionManager(loop: loop, authority: CountingAuthority(), store: store)
+        }
+        #expect(startedEarly.withLockedValue { $0 } == false)
+        let started = try await loop.submit { session.engine.storeMachine.started }
+        #expect(started, "the session never started")
+        #expect(session.accounts.map(\.key) == ["alice"])
+        await session.close()
+        _ = try loop.shutdown()
+    }
+}

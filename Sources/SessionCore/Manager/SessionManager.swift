@@ -103,18 +103,27 @@ public final class SessionManager: Sendable {
         self.loop = loop
         self.authority = authority
         self.configuration = configuration
+        let accountStore = store as? any AccountCredentialStore
+        // With several accounts the session starts only once its callbacks are set: the loop
+        // reads them, and made off the loop thread, a start queued at once would race this
+        // thread's writes of them.
         let first = try SessionEngine(
-            loop: loop, authority: authority, store: store, configuration: configuration)
+            loop: loop, authority: authority, store: store, configuration: configuration,
+            startsLater: accountStore != nil)
         self.surface = first.output
         self.freshCell = Unmanaged.passUnretained(surface.fresh)
-        self.accountStore = store as? any AccountCredentialStore
+        self.accountStore = accountStore
         self.pointerWorker = accountStore.map { StoreWorker(store: $0, loop: loop) }
         self.sessions = LockedBox(Sessions(active: first))
         guard accountStore != nil else { return }
+        #if DEBUG
+        Self.beforeFirstSessionCallbacks?(first)
+        #endif
         first.onStateChange = { [weak self] in self?.accountsChanged() }
         first.onStoreChanged = { [weak self] in self?.storeChanged() }
         first.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
         first.onFollowSignIn = { [weak self] key in self?.followingSignIn(to: key) ?? false }
+        try first.queueStart()
         if loop.inEventLoop {
             // Never waits for the store: the list arrives on the loop, after the active
             // account's read (the same worker, in order).
