@@ -208,6 +208,32 @@ extension AccountListRaceTests {
         _ = try loop.shutdown()
     }
 
+    /// The signed-out session a switch to a followed account retired is no longer active: a
+    /// sign-in it still follows (a read of the store it submitted before the switch, answered
+    /// after it) leaves it signed out — bob keeps one session, the one the switch made active.
+    @Test func theSessionASwitchRetiredFollowsNoSignIn() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob")
+        let session = try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        #expect(await eventually { session.accounts.map(\.key) == ["bob"] })
+        let retired = session.engine
+        try store.setActiveAccount("bob")
+        try await loop.submit { session.engine.storeChanged() }
+        try await expectBobAloneAndActive(session, on: loop)
+        #expect(session.engine !== retired)
+        // The answer of that earlier read, arriving now.
+        let followed = try await loop.submit { () -> SessionState in
+            guard case .present(let stored) = store.account("bob", isActive: true).read() else { return .loggedIn }
+            retired.followSignIn(stored, access: Secret("bob-a"))
+            return retired.published.state
+        }
+        #expect(followed == .loggedOut)
+        try await expectBobAloneAndActive(session, on: loop)
+        await session.close()
+        _ = try loop.shutdown()
+    }
+
     /// After a switch to bob: bob is listed once, active and signed in, none in the background.
     private func expectBobAloneAndActive(_ session: SessionManager, on loop: EventLoop) async throws {
         #expect(await eventually { session.accounts.contains { $0.isActive } })
