@@ -124,7 +124,12 @@ else
     swift build --package-path Tools "${strict[@]}"
 fi
 export SESSIONFLOW_PROBE="$PWD/Tools/.build/debug/session-probe"
-swift test --skip-build
+# Two runs, LoopFlow's tests apart (as under ThreadSanitizer below): its async views' consumers
+# need a thread of the cooperative pool (two here) within their 20 s hang guards, and beside
+# the store's suites — whose tests write and fsync on the pool's threads, as a host may — a
+# machine busy writing to disk starved them past it (reproduced: two dd loops with fsync).
+swift test --skip-build --filter LoopFlowTests
+swift test --skip-build --skip LoopFlowTests
 if [ "$quick" -eq 1 ]; then
     stage "C suite and examples (the debug library)"
     bash Bindings/run-tests.sh plain

@@ -14,7 +14,8 @@ import Testing
 struct CrashReportTests {
     static let token = "SENTINEL-CRASH-ACCESS-7e41c2"
 
-    func crash(_ environment: [String]) throws -> (status: Int32, output: String) {
+    /// Runs the probe until it crashes; blocking (call it on a thread of its own: `onOwnThread`).
+    static func crash(_ environment: [String]) throws -> (status: Int32, output: String) {
         let probe = try sessionProbeExecutable()
         let child = try ChildProcess("/usr/bin/env", environment + [probe, "--crash-holding", Self.token])
         guard child.waitForLine(timeout: .seconds(60), where: { $0.hasPrefix("holding ") }) != nil else {
@@ -25,8 +26,8 @@ struct CrashReportTests {
     }
 
     @Test(.timeLimit(.minutes(5)))
-    func withBacktracesOffACrashWritesNoReportAndNoToken() throws {
-        let (status, output) = try crash(["SWIFT_BACKTRACE=enable=no"])
+    func withBacktracesOffACrashWritesNoReportAndNoToken() async throws {
+        let (status, output) = try await onOwnThread { try Self.crash(["SWIFT_BACKTRACE=enable=no"]) }
         #expect(status != 0, "the probe did not crash: \(output)")
         #expect(output.contains("a crash on purpose"))
         #expect(!output.contains("Crash") && !output.contains("Thread 0") && !output.contains("Registers"), "\(output)")
@@ -36,8 +37,8 @@ struct CrashReportTests {
     /// The control: with the backtracer on, a report is written (so the test above is about
     /// the setting, not about a machine without a backtracer).
     @Test(.timeLimit(.minutes(5)))
-    func withBacktracesOnACrashWritesAReport() throws {
-        let (status, output) = try crash(["SWIFT_BACKTRACE=enable=yes,interactive=no"])
+    func withBacktracesOnACrashWritesAReport() async throws {
+        let (status, output) = try await onOwnThread { try Self.crash(["SWIFT_BACKTRACE=enable=yes,interactive=no"]) }
         #expect(status != 0)
         #expect(output.contains("Crash") || output.contains("Thread 0"), "\(output)")
     }

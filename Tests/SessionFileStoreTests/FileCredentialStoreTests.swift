@@ -23,7 +23,10 @@ final class TemporaryDirectory: Sendable {
     }
 
     deinit {
-        _ = system("rm -rf '\(path)'")
+        // On a thread of its own: a shell and rm, on a machine busy writing to disk, took
+        // seconds, and the last reference often goes on a thread of the cooperative pool.
+        let command = "rm -rf '\(path)'"
+        Thread.detachNewThread { _ = system(command) }
     }
 
     var store: String { path + "/store" }

@@ -128,7 +128,10 @@ struct RefreshLeaseTests {
             return
         }
         #expect(acquiredAt >= until, "acquired before the holder's deadline")
-        #expect(acquiredAt - until < 1_000_000_000, "the waiter took \(acquiredAt - until) ns past the deadline")
+        // Promptly: no question asked after the deadline was answered busy (above), so the first
+        // one got it. This bound is a hang guard only: a question is a few file operations, and
+        // on a machine busy writing to disk one took over 2 s (it was 1 s, and failed there).
+        #expect(acquiredAt - until < 10_000_000_000, "the waiter took \(acquiredAt - until) ns past the deadline")
         // the holder was alive all along: only its deadline ended the lease
         #expect(processState(holder.pid).map { $0 != "Z" } == true)
         store.releaseRefreshLease()

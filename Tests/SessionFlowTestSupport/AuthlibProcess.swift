@@ -19,8 +19,11 @@ package final class AuthlibProcess: @unchecked Sendable {
     }
 
     /// Starts it (`arguments` go to the script, e.g. `--expires-in 8`) and waits for its
-    /// "PORT n" line.
-    package init(arguments: [String]) throws {
+    /// "PORT n" line — on a thread of its own (`offThePool`): Python's start-up reads many
+    /// files, and on a machine busy writing to disk it took seconds, which, on a thread of
+    /// the cooperative pool, held up the tasks of every other test (the async views' hang
+    /// guards fired).
+    package init(arguments: [String]) async throws {
         let output = Pipe()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", Self.script] + arguments
@@ -28,11 +31,18 @@ package final class AuthlibProcess: @unchecked Sendable {
         process.standardError = FileHandle.nullDevice
         process.standardInput = lifeline
         try process.run()
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { throw Failure(description: "the OAuth server exited before listening (is authlib installed?)") }
-            line.append(chunk)
+        let reading = output.fileHandleForReading
+        let line: Data? = await offThePool {
+            var line = Data()
+            while !line.contains(UInt8(ascii: "\n")) {
+                let chunk = reading.availableData
+                if chunk.isEmpty { return nil }
+                line.append(chunk)
+            }
+            return line
+        }
+        guard let line else {
+            throw Failure(description: "the OAuth server exited before listening (is authlib installed?)")
         }
         let text = String(decoding: line, as: UTF8.self)
         guard let port = text.split(separator: " ").last.flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) else {

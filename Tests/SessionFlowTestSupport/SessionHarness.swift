@@ -1,3 +1,4 @@
+import Foundation
 import InMemoryLogging
 import Logging
 @_spi(Testing) import LoopFlow
@@ -90,14 +91,18 @@ package final class SessionHarness<Authority: SessionAuthority, Store: Credentia
 
     deinit {
         for subscription in subscriptions { subscription.close() }
-        _ = try? loop.shutdown()
+        // On a thread of its own: the shutdown waits for the loop's last store work (an
+        // fsync), and a harness is often let go on a thread of the cooperative pool.
+        let loop = loop
+        Thread.detachNewThread { _ = try? loop.shutdown() }
     }
 
-    /// Closes the subscriptions and the manager, then shuts the loop down.
+    /// Closes the subscriptions and the manager, then shuts the loop down (off the pool).
     package func stop() async {
         for subscription in subscriptions { subscription.close() }
         await manager.close()
-        _ = try? loop.shutdown()
+        let loop = loop
+        await offThePool { _ = try? loop.shutdown() }
     }
 
     package var recordedEvents: [SessionEvent] { events.withLockedValue { $0 } }

@@ -74,7 +74,7 @@ struct ArrivingAnswerTests {
     }
 
     @Test func aDrippingAnswerOutlivesTheTimeoutAndTheSessionIsKept() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await Self.session(server) { try Self.authority(server, loop: $0) }
         try await server.fault(Self.drip)
         let token = try await session.manager.refreshNow()  // one call: no failure on the way
@@ -94,7 +94,7 @@ struct ArrivingAnswerTests {
     @Test func theControlCancellingAnArrivingAnswerLosesTheSession() async throws {
         // Today's behaviour before this change, against the same server: the session cancels
         // at its timeout, sends the rotated refresh token again, and the grant is revoked.
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await Self.session(server) { Unaware(inner: try Self.authority(server, loop: $0)) }
         try await server.fault(Self.drip)
         let outcome = await Self.askUntilDone(session.manager)
@@ -105,7 +105,7 @@ struct ArrivingAnswerTests {
     }
 
     @Test func anAnswerCutOffMidBodyIsRetriedOnceAtOnceAndAReuseGraceKeepsTheSession() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         _ = try await server.call("POST", "__reuse_grace", form: ["seconds": "30"])
         let session = try await Self.session(server) { try Self.authority(server, loop: $0) }
         try await server.fault("cut:12")
@@ -132,7 +132,7 @@ struct ArrivingAnswerTests {
     @Test func aStalledAnswerEndsAtTheStallAndIsRetried() async throws {
         // A byte every 10 s: after the first, nothing for over three timeouts. The request ends
         // one timeout after the last byte (not at the cap), and the retry goes out at once.
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         _ = try await server.call("POST", "__reuse_grace", form: ["seconds": "30"])
         let session = try await Self.session(server) { try Self.authority(server, loop: $0) }
         try await server.fault("drip:60:10")
@@ -151,7 +151,7 @@ struct ArrivingAnswerTests {
     }
 
     @Test func withTwoProcessesOnOneStoreADrippingAnswerLosesNoSession() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("sessionflow-arriving-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

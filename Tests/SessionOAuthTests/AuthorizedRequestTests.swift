@@ -67,7 +67,7 @@ extension OAuthServer {
 @Suite("Authorized requests against the Authlib resource (issue 28)", .serialized)
 struct AuthorizedRequestTests {
     @Test func anAuthorizationIsTheBearerFieldTheResourceAccepts() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
@@ -83,7 +83,7 @@ struct AuthorizedRequestTests {
     /// The administrator revokes the access token; 50 requests are under way: each is refused
     /// once, the session refreshes once for all of them, each retries once and succeeds.
     @Test func aRevokedTokenUnderFiftyConcurrentRequestsCausesOneRefresh() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
@@ -109,7 +109,7 @@ struct AuthorizedRequestTests {
     /// The whole grant is revoked (access and refresh tokens): each request fails once with the
     /// session's error, the session expires, and nothing loops.
     @Test func aDeadSessionFailsEachRequestOnceAndExpires() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         try await session.manager.signIn(try await server.signIn())
         try await server.revokeEverything(of: "alice")
@@ -140,7 +140,7 @@ struct AuthorizedRequestTests {
     }
 
     @Test func insufficientScopeIsRefusedWithoutARefresh() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         try await session.manager.signIn(try await server.signIn())
         let authorization = try await session.manager.authorization(method: "POST", url: server.resourceURL)

@@ -23,7 +23,7 @@ struct BrowserFlowTests {
             timeout: Duration = .seconds(60), introspection: Bool = true,
             oauth: (inout OAuthConfiguration) -> Void = { _ in }
         ) async throws {
-            server = try OAuthServer(expiresIn: 3600)
+            server = try await OAuthServer(expiresIn: 3600)
             let server = server
             session = try await LiveSession(server, introspection: introspection, oauth: oauth)
             let prompts = BrowserPromptLog(loop: session.loop)
@@ -244,7 +244,7 @@ struct BrowserFlowTests {
     }
 
     @Test func theLoopEndingWhileTheBrowserIsAwayEndsTheFlow() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         var configuration = server.configuration()
         configuration.authorizationEndpoint = server.base.appendingPathComponent("oauth/authorize")
         let loop = try EventLoop(name: "browser-teardown")
@@ -300,7 +300,7 @@ struct BrowserFlowTests {
     }
 
     @Test func discoveryThenBrowserSignIn() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let configuration = try await OAuthDiscovery.configuration(
             issuer: server.base, clientID: "sessionflow-public", loop: session.loop)
@@ -316,7 +316,7 @@ struct BrowserFlowTests {
     }
 
     @Test func runsLeaveNoTeardownHookOnTheLoop() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let before = session.loop.teardownHookCount
         var configuration = server.configuration()
@@ -463,8 +463,31 @@ struct BrowserFlowTests {
             .replacingOccurrences(of: "=", with: "")
     }
 
-    /// Whether something accepts connections on 127.0.0.1:`port`.
+    /// Whether a socket of this process listens on 127.0.0.1:`port` (the flow's listener).
+    /// Connecting alone is not enough: once the flow closed its listener, another process's
+    /// server binding port 0 (the suites start many) may be given the same port — a full
+    /// parallel run saw one there right after the flow ended.
     static func listens(_ port: Int) -> Bool {
+        accepts(port) && socketsOfThisProcess(onPort: port).contains("0A")  // TCP_LISTEN
+    }
+
+    /// The states (/proc/net/tcp's `st`, hex) of this process's IPv4 TCP sockets whose local
+    /// port is `port`, matched to its descriptors by inode.
+    static func socketsOfThisProcess(onPort port: Int) -> [String] {
+        guard let table = try? String(contentsOfFile: "/proc/net/tcp", encoding: .utf8) else { return [] }
+        let descriptors = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+        let mine = Set(descriptors.compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\($0)") })
+        return table.split(separator: "\n").dropFirst().compactMap { line -> String? in
+            let fields = line.split(separator: " ")
+            guard fields.count > 9, let local = fields[1].split(separator: ":").last, Int(local, radix: 16) == port,
+                  mine.contains("socket:[\(fields[9])]")
+            else { return nil }
+            return String(fields[3])
+        }
+    }
+
+    /// Whether something accepts connections on 127.0.0.1:`port`.
+    static func accepts(_ port: Int) -> Bool {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         defer { close(fd) }
         var address = loopback(port)
@@ -483,8 +506,14 @@ struct BrowserFlowTests {
         return !(named == 0 && Int(UInt16(bigEndian: local.sin_port)) == port)
     }
 
-    /// Whether a server could listen on 127.0.0.1:`port` again (SO_REUSEADDR, as servers do).
+    /// Whether a server could listen on 127.0.0.1:`port` again (SO_REUSEADDR, as servers do),
+    /// as far as this process goes: it holds no socket there (another process's server may
+    /// have been given the port since; see `listens`).
     static func canBind(_ port: Int) -> Bool {
+        bindable(port) || socketsOfThisProcess(onPort: port).isEmpty
+    }
+
+    static func bindable(_ port: Int) -> Bool {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         defer { close(fd) }
         var one: Int32 = 1

@@ -1,5 +1,6 @@
 import Foundation
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
 /// Issue 31: our DPoP proofs (RFC 9449 §4.2), checked by a JOSE library that is not ours
@@ -7,7 +8,9 @@ import Testing
 @Suite("DPoP proofs")
 struct DPoPProofTests {
     /// Runs `script` with python3 (joserfc imported), `input` on its stdin; its stdout.
-    private func python(_ script: String, input: String) throws -> String {
+    /// Runs `script` with `input` and returns what it printed, waiting on a thread of its own
+    /// (`offThePool`): Python's start-up on a busy disk held a thread of the cooperative pool.
+    private func python(_ script: String, input: String) async throws -> String {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", "-c", script]
@@ -18,8 +21,9 @@ struct DPoPProofTests {
         try process.run()
         stdin.fileHandleForWriting.write(Data(input.utf8))
         try stdin.fileHandleForWriting.close()
-        let output = stdout.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
+        let reading = stdout.fileHandleForReading
+        let output = await offThePool { reading.readDataToEndOfFile() }
+        await offThePool { process.waitUntilExit() }
         return String(decoding: output, as: UTF8.self)
     }
 
@@ -52,7 +56,7 @@ struct DPoPProofTests {
         print("verified", count)
         """#
 
-    @Test func joserfcVerifiesOurProofs() throws {
+    @Test func joserfcVerifiesOurProofs() async throws {
         // Given proofs of two keys, with and without ath and nonce, for URLs with a query.
         let keys = [DPoPKey.generate(), DPoPKey.generate()]
         #expect(keys[0].thumbprint != keys[1].thumbprint)
@@ -70,7 +74,7 @@ struct DPoPProofTests {
             }
         }
         // When joserfc checks them: then every one verifies.
-        let output = try python(Self.verifier, input: lines.joined(separator: "\n") + "\n")
+        let output = try await python(Self.verifier, input: lines.joined(separator: "\n") + "\n")
         #expect(output.trimmingCharacters(in: .whitespacesAndNewlines) == "verified 8", "\(output)")
     }
 

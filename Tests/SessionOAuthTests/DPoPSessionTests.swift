@@ -83,7 +83,7 @@ struct DPoPSessionTests {
     }
 
     @Test func refreshAndResourceRequestsCarryValidProofsOfTheSessionsKey() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let tokens = try await server.signInWithDPoP()
         let key = try #require(tokens.dpopKey)
@@ -107,7 +107,7 @@ struct DPoPSessionTests {
     }
 
     @Test func aStolenRefreshTokenIsUselessWhileTheSessionKeepsRefreshing() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         try await session.manager.signIn(try await server.signInWithDPoP())
         for round in 0..<2 {
@@ -126,7 +126,7 @@ struct DPoPSessionTests {
     }
 
     @Test func aNonceDemandedOnRefreshAndOnTheResourceCostsExactlyOneRetryEach() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         try await session.manager.signIn(try await server.signInWithDPoP())
         try await server.dpop(["nonce_token": "on", "nonce_resource": "on", "new_nonce": "1"])
@@ -153,7 +153,7 @@ struct DPoPSessionTests {
     }
 
     @Test func aServerDemandingANewNonceEveryTimeEndsInABoundedError() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         try await session.manager.signIn(try await server.signInWithDPoP())
         try await server.dpop(["nonce_token": "always", "nonce_resource": "always"])
@@ -177,7 +177,7 @@ struct DPoPSessionTests {
     /// The administrator revokes the access token; 50 requests are under way: one refresh
     /// (with a proof) for all of them, each retried once with a new proof.
     @Test func fiftyConcurrentRefusedRequestsCauseOneRefresh() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let tokens = try await server.signInWithDPoP()
         try await session.manager.signIn(tokens)
@@ -201,7 +201,7 @@ struct DPoPSessionTests {
     }
 
     @Test func deviceSignInWithDPoPBindsTheTokensToANewKey() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
         let session = try await LiveSession(server, introspection: true)
         let prompts = PromptLog(loop: session.loop)
@@ -246,7 +246,7 @@ struct DPoPSessionTests {
     }
 
     @Test func requiredDPoPRefusesAServerThatIgnoresIt() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
         try await server.dpop(["ignore": "1"])
         let session = try await LiveSession(server)
@@ -270,7 +270,7 @@ struct DPoPSessionTests {
     /// `.ifSupported` with a server that answers Bearer to the proof: a bearer session (no key
     /// kept), signed in, its authorizations Bearer.
     @Test func ifSupportedTakesBearerTokensFromAServerThatIgnoresDPoP() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
         try await server.dpop(["ignore": "1"])
         let session = try await LiveSession(server)

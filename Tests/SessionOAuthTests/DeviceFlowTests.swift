@@ -19,7 +19,7 @@ struct DeviceFlowTests {
         let flow: DeviceAuthorization
 
         init(_ device: [String: String], introspection: Bool = true) async throws {
-            server = try OAuthServer(expiresIn: 3600)
+            server = try await OAuthServer(expiresIn: 3600)
             try await server.device(device)
             let server = server
             session = try await LiveSession(server, introspection: introspection)

@@ -53,7 +53,7 @@ struct DiscoveryTests {
     }
 
     @Test func theDiscoveredConfigurationIsTheServersAndASessionMadeFromItRefreshesAndRevokes() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery")
         defer { _ = try? loop.shutdown() }
         let delivery = await Self.discover(server.base, loop: loop)
@@ -118,7 +118,7 @@ struct DiscoveryTests {
             "http://127.0.0.1:9/a/b/.well-known/openid-configuration",
         ])
 
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery-path")
         defer { _ = try? loop.shutdown() }
         let issuer = URL(string: "\(server.base.absoluteString)/tenant/one")!
@@ -128,7 +128,7 @@ struct DiscoveryTests {
     }
 
     @Test func a404AtTheRFC8414LocationFallsBackToOpenIDConnectAndNothingElseDoes() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery-oidc")
         defer { _ = try? loop.shutdown() }
         let base = server.base.absoluteString
@@ -162,7 +162,7 @@ struct DiscoveryTests {
     }
 
     @Test func aDocumentWhoseIssuerDiffersIsRefusedNamingTheIssuer() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery-issuer")
         defer { _ = try? loop.shutdown() }
         try await server.fault("set:issuer=https://other.example", endpoint: "metadata")
@@ -196,7 +196,7 @@ struct DiscoveryTests {
     }
 
     @Test func anEndpointOverPlainHttpToAHostThatIsNotLoopbackIsRefusedNamingTheField() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery-endpoints")
         defer { _ = try? loop.shutdown() }
         for field in ["token_endpoint", "revocation_endpoint", "introspection_endpoint",
@@ -270,7 +270,7 @@ struct DiscoveryTests {
     }
 
     @Test func garbageAFailureStatusARedirectAndAnOversizedAnswerAreRefusedClearly() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery-faults")
         defer { _ = try? loop.shutdown() }
         for mode in ["truncated", "html"] {
@@ -301,7 +301,7 @@ struct DiscoveryTests {
     }
 
     @Test func aDiscoveryCanBeCancelledByItsHandleOrItsTask() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "discovery-cancel")
         defer { _ = try? loop.shutdown() }
         // The handle: the server holds the answer 30 s; the cancel ends the request at once (the bound

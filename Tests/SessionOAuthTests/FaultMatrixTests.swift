@@ -76,7 +76,7 @@ struct Fault: Sendable, CustomTestStringConvertible {
 struct FaultMatrixTests {
     @Test(arguments: Fault.all)
     func theSessionDoesWhatTheDesignSays(_ fault: Fault) async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server, configure: { configuration in
             configuration.policy.initialBackoff = Fault.initialBackoff
             configuration.policy.timeout = fault.refreshTimeout

@@ -46,7 +46,7 @@ struct HeaderInjectionTests {
     /// A server whose refresh answer carries a token with CR LF: the refresh fails (the session
     /// keeps what it had), and nothing the token spelled reaches any server.
     @Test func aRefreshAnswerWithAnInjectingTokenIsRefused() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let loop = try EventLoop(name: "inject")
         defer { _ = try? loop.shutdown() }
@@ -70,7 +70,7 @@ struct HeaderInjectionTests {
     /// (a C host's, or a future path's) is refused before any connection.
     @Test(arguments: ["Authorization: Bearer a\r\nX-Injected: yes", "X-A: b\nc", "X-A: \u{1B}[2J", "X-A: b\u{7F}", ": no name"])
     func aHeaderLineWithAControlCharacterIsRefusedBeforeAnyConnection(_ line: String) async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let loop = try EventLoop(name: "inject-http")
         defer { _ = try? loop.shutdown() }
         let client = LoopHTTPClient(loop: loop)

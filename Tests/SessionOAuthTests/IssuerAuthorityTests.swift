@@ -28,7 +28,7 @@ struct IssuerAuthorityTests {
     }
 
     @Test func refreshesAndRevokesThroughTheDiscoveredEndpointsDiscoveringOnce() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await Self.session(server)
         try await session.manager.signIn(try await server.signIn())
         #expect(try await server.stats()["metadata_requests"] == 0)  // nothing before it is needed
@@ -45,7 +45,7 @@ struct IssuerAuthorityTests {
     }
 
     @Test func aFailingDiscoveryIsTransientAndRetried() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await Self.session(server)
         try await session.manager.signIn(try await server.signIn())
         try await server.fault("status:503", endpoint: "metadata")
@@ -61,7 +61,7 @@ struct IssuerAuthorityTests {
     }
 
     @Test func aRefreshCancelledWhileDiscoveringSendsNoRefreshToken() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         // The refresh times out (1 s) while the metadata answer is held (until released).
         let session = try await Self.session(server, timeout: .seconds(1))
         let tokens = try await server.signIn()

@@ -49,7 +49,7 @@ struct LoopTransportTests {
     }
 
     @Test func onABorrowedLoopEveryAnswerArrivesOnTheLoopThreadAndTeardownLeavesNothingOpen() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let host = HostLoop()
         let loop = host.loop!
@@ -93,7 +93,7 @@ struct LoopTransportTests {
     }
 
     @Test func cancellingARequestClosesItsConnectionAndAnswersCancelled() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let loop = try EventLoop(name: "cancel")
         defer { _ = try? loop.shutdown() }
@@ -120,7 +120,7 @@ struct LoopTransportTests {
     }
 
     @Test func anAuthorityLetGoOfEndsItsRequestsAndTheLoopClosesCleanly() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let host = HostLoop()
         let loop = host.loop!
@@ -186,7 +186,8 @@ struct LoopTransportTests {
         openssl.standardOutput = FileHandle.nullDevice
         openssl.standardError = FileHandle.nullDevice
         try openssl.run()
-        openssl.waitUntilExit()
+        // The child processes are waited for off the cooperative pool (`offThePool`).
+        await offThePool { openssl.waitUntilExit() }
         #expect(openssl.terminationStatus == 0)
         let script = """
             import http.server, ssl, sys
@@ -212,11 +213,15 @@ struct LoopTransportTests {
         server.standardInput = lifeline
         try server.run()
         defer { kill(server.processIdentifier, SIGKILL) }
-        var first = Data()
-        while !first.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            first.append(chunk)
+        let reading = output.fileHandleForReading
+        let first = await offThePool {
+            var first = Data()
+            while !first.contains(UInt8(ascii: "\n")) {
+                let chunk = reading.availableData
+                if chunk.isEmpty { break }
+                first.append(chunk)
+            }
+            return first
         }
         let port = try #require(String(decoding: first, as: UTF8.self).split(separator: " ").last
             .flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
@@ -239,8 +244,8 @@ struct LoopTransportTests {
         #expect(error.kind == .transient)
         #expect(error.message.lowercased().contains("certificate"), "\(error.message)")
         kill(server.processIdentifier, SIGKILL)
-        server.waitUntilExit()
-        let rest = output.fileHandleForReading.readDataToEndOfFile()
+        await offThePool { server.waitUntilExit() }
+        let rest = await offThePool { reading.readDataToEndOfFile() }
         #expect(!String(decoding: rest, as: UTF8.self).contains("GOT POST"), "the request reached the server")
     }
 }

@@ -39,7 +39,7 @@ func output(of process: Process) -> String {
 @Suite("Two processes, one store", .serialized)
 struct MultiProcessTests {
     @Test func twoProcessesNeedingATokenMakeOneRefreshAndBothEndWithTheRotatedToken() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("sessionflow-mp-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -78,7 +78,7 @@ struct MultiProcessTests {
 @Suite("watch-session against the Authlib server", .serialized)
 struct WatchSessionOAuthTests {
     @Test func aRefreshTokenFromStdinDrivesARealServerAndIsNeverPrinted() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ws-oauth-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -33,7 +33,7 @@ extension SessionHarness where Authority == OAuthAuthority, Store == MemoryCrede
 @Suite("OAuth 2.0 authority against a real Authlib server", .serialized)
 struct OAuthAuthorityTests {
     @Test func proactiveRefreshRotatesTheRefreshToken() async throws {
-        let server = try OAuthServer(expiresIn: 8)
+        let server = try await OAuthServer(expiresIn: 8)
         let session = try await LiveSession(server)
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
@@ -79,7 +79,7 @@ struct OAuthAuthorityTests {
         // Tokens live an hour on both sides: only the resource's 401 says the access token is dead
         // (the server refuses it from now on, its refresh token lives on), so no expiry, proactive
         // refresh or machine's slowness can slip in between the reports below.
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
@@ -96,7 +96,7 @@ struct OAuthAuthorityTests {
     }
 
     @Test func logoutRevokesTheRefreshToken() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
@@ -108,7 +108,7 @@ struct OAuthAuthorityTests {
     }
 
     @Test func invalidGrantAfterRevocationExpiresTheSession() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
@@ -124,7 +124,7 @@ struct OAuthAuthorityTests {
     }
 
     @Test func resumeIntrospectsAndARevokedTokenEndsTheSession() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server, introspection: true)
         try await session.manager.signIn(try await server.signIn())
         try session.manager.resume()

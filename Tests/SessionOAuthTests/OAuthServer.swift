@@ -14,8 +14,8 @@ final class OAuthServer: @unchecked Sendable {
 
     /// `strictReuse`: every rotated refresh token presented again revokes its grant (the
     /// server's --strict-reuse; without it only rotate-late rotations are strict).
-    init(expiresIn: Int, strictReuse: Bool = false) throws {
-        server = try AuthlibProcess(arguments: ["--expires-in", "\(expiresIn)"] + (strictReuse ? ["--strict-reuse"] : []))
+    init(expiresIn: Int, strictReuse: Bool = false) async throws {
+        server = try await AuthlibProcess(arguments: ["--expires-in", "\(expiresIn)"] + (strictReuse ? ["--strict-reuse"] : []))
     }
 
     func configuration(introspection: Bool = false) -> OAuthConfiguration {

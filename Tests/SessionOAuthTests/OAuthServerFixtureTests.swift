@@ -9,7 +9,7 @@ import Testing
 @Suite("The OAuth test server and the tests' own HTTP client", .serialized)
 struct OAuthServerFixtureTests {
     @Test func theHooksRecordWhatWasSent() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let last = try #require(try await server.lastRequest())
         #expect(last.method == "POST" && last.path == "/oauth/token")
@@ -25,7 +25,7 @@ struct OAuthServerFixtureTests {
     }
 
     @Test func theClientReadsLengthDelimitedChunkedAndRedirectAnswers() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.fault("stream-huge:1")
         let whole = try await server.call("POST", "oauth/token", form: ["grant_type": "x"])
         #expect(whole.status == 200 && whole.header("content-length") == "1048576" && whole.body.count == 1 << 20)
@@ -48,7 +48,7 @@ struct OAuthServerFixtureTests {
     /// rotate-late: a second request with the refresh token in flight is reuse, and the whole
     /// grant dies (what the transport must never cause).
     @Test func overlappingRefreshesWithOneTokenRevokeTheGrant() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let refreshToken = try #require(tokens.refreshToken)
         try await server.fault("rotate-late:1")
@@ -72,7 +72,7 @@ struct OAuthServerFixtureTests {
     /// rotate-late: a request the client abandons before the answer is rolled back, so the same
     /// refresh token works at once.
     @Test func aCancelledRotationIsRolledBack() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
         let refreshToken = try #require(tokens.refreshToken)
         try await server.fault("rotate-late:5")

@@ -38,7 +38,7 @@ struct QuickStartTests {
     }
 
     @Test func theSwiftQuickStartSignsInRefreshesAndLogsOutAgainstARealServer() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("quickstart-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -88,7 +88,7 @@ struct RotationRaceTests {
     }
 
     @Test func inOneProcessNoSessionIsLost() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let rounds = Self.rounds(4)
         let (lost, session) = try await Self.race(rounds: rounds, server: server) { loop in
             var oauth = server.configuration()
@@ -115,7 +115,7 @@ struct RotationRaceTests {
     @Test func withoutCancellationTheSameRaceLosesTheSession() async throws {
         // The control: the test above can fail. A session that gives up on the request at
         // its timeout re-sends the refresh token while the first request still runs.
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let (lost, session) = try await Self.race(rounds: 1, server: server) { loop in
             var oauth = server.configuration()
             oauth.requestTimeout = .seconds(10)
@@ -127,7 +127,7 @@ struct RotationRaceTests {
     }
 
     @Test func withTwoProcessesOnOneStoreNoSessionIsLost() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let rounds = Self.rounds(3)
         var lost = 0
         for round in 0..<rounds {

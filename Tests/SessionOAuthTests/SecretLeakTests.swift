@@ -26,7 +26,7 @@ struct SecretLeakTests {
     }
 
     @Test func aWholeSessionPrintsNoTokenAnywhere() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("secrets-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

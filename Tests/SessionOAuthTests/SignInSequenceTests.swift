@@ -18,7 +18,7 @@ struct SignInSequenceTests {
     }
 
     @Test func discoveryThenTheApprovedFlowSignsTheSessionIn() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
         let session = try await LiveSession(server)
         let prompts = PromptLog(loop: session.loop)
@@ -35,7 +35,7 @@ struct SignInSequenceTests {
     }
 
     @Test func aCancelDuringDiscoveryEndsItAndNoFlowStarts() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
         let session = try await LiveSession(server)
         let prompts = PromptLog(loop: session.loop)
@@ -65,7 +65,7 @@ struct SignInSequenceTests {
     }
 
     @Test func aCancelDuringTheFlowEndsItAndSignsNothingIn() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.device(["interval": "1", "expires_in": "60"])
         let session = try await LiveSession(server)
         let prompts = PromptLog(loop: session.loop)

@@ -25,7 +25,7 @@ struct TokenScopeTests {
     }
 
     @Test func aNarrowerScopeGrantedAtSignInIsReportedAsGranted() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         try await server.grantScope("read")
         let session = try await LiveSession(server)
         try await Self.deviceSignIn(server, session, scope: "read write")
@@ -49,7 +49,7 @@ struct TokenScopeTests {
     }
 
     @Test func theScopeAskedForIsReportedWhenGrantedWhole() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         try await Self.deviceSignIn(server, session, scope: "read write")
         #expect(session.manager.tokenInfo?.scope == "read write")
@@ -57,7 +57,7 @@ struct TokenScopeTests {
     }
 
     @Test func aRefreshAnswerCarryingANarrowerScopeReplacesIt() async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)
         // Signed in by the host with tokens and no scope: not known.
         try await session.manager.signIn(try await server.signIn())

@@ -12,7 +12,7 @@ import Testing
 struct TransportFaultTests {
     @Test(arguments: [307, 308, 302, 301, 303])
     func aRedirectIsAConfigurationErrorNothingIsSavedAndNothingReachesTheTarget(_ status: Int) async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server, introspection: true)
         let tokens = try await server.signIn()
         try await session.manager.signIn(tokens)
@@ -64,7 +64,7 @@ struct TransportFaultTests {
 
     @Test(arguments: ["stream-huge:600", "stream-huge-chunked:600", "gzip-bomb"])
     func aHugeOrCompressedAnswerIsCutOffWithMemoryBounded(_ mode: String) async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         // No retry while the test looks (its backoff's 1 s is short on a loaded machine): the
         // store must still hold the tokens the refused answer did not replace.
         let session = try await LiveSession(server, configure: {
@@ -100,7 +100,7 @@ struct TransportFaultTests {
 
     @Test(arguments: ["echo", "echo-200"])
     func aServerEchoingSecretsInEveryFormGetsNoneIntoErrorsOrLogs(_ mode: String) async throws {
-        let server = try OAuthServer(expiresIn: 3600)
+        let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server, oauth: { oauth in
             oauth.clientSecret = Secret("SENTINEL-CLIENT-SECRET-%/+ \"é")
         })

@@ -44,7 +44,7 @@ struct KilledRefreshTests {
     /// the stored refresh token still works, so the next `token` refreshes with it at once and
     /// prints the new token. The server saw two refreshes, no reuse, no revoked family.
     @Test func afterAServerRolledTheRotationBackTheNextTokenRefreshes() async throws {
-        let server = try AuthServer(expiresIn: 3600, ["--strict-reuse"])
+        let server = try await AuthServer(expiresIn: 3600, ["--strict-reuse"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let (access, _) = try await killMidRefresh(server, fault: "rotate-late:60", directory: directory)
@@ -73,7 +73,7 @@ struct KilledRefreshTests {
     /// lost, the stored one is spent. The next `token` gets the lease, presents the stored token,
     /// is refused, and says the session expired: exit 4, nothing on stdout; `status` agrees.
     @Test func afterAServerRotatedIntoTheDeadSocketTheNextTokenSaysExpired() async throws {
-        let server = try AuthServer(expiresIn: 3600)
+        let server = try await AuthServer(expiresIn: 3600)
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         // The server holds the answer until the test has seen the request and killed the

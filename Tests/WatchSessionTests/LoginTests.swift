@@ -11,8 +11,8 @@ final class AuthServer: @unchecked Sendable {
     var port: Int { server.port }
     var issuer: String { "http://127.0.0.1:\(port)" }
 
-    init(expiresIn: Int = 3600, _ extra: [String] = []) throws {
-        server = try AuthlibProcess(arguments: ["--expires-in", "\(expiresIn)"] + extra)
+    init(expiresIn: Int = 3600, _ extra: [String] = []) async throws {
+        server = try await AuthlibProcess(arguments: ["--expires-in", "\(expiresIn)"] + extra)
     }
 
     func call(_ method: String, _ path: String, form: [String: String]? = nil) async throws -> LoopbackHTTP.Response {
@@ -237,7 +237,7 @@ struct WatchSessionLoginTests {
     /// in "the browser" (the server's hook), and the session shows up signed in, stored where
     /// another watch-session process finds it.
     @Test func loginOnATerminalShowsTheCodeAndACountdownThenSignsInAndStores() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "120"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -282,7 +282,7 @@ struct WatchSessionLoginTests {
     /// After login, a session the server ends (SESSION_EXPIRED) is signed in again with `s`:
     /// the same flow, a new code and prompt, LOGGED_IN again, the new tokens stored.
     @Test func sSignsInAgainWithTheSameFlowOnceTheSessionExpired() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "120"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -317,7 +317,7 @@ struct WatchSessionLoginTests {
     /// --json: the prompt is one NDJSON line with its fields; a denial ends with exit 3, a
     /// plain message, a `sign_in_failed` line, and nothing stored.
     @Test func loginJSONPrintsThePromptAsOneLineAndADenialExitsThree() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "300"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -349,7 +349,7 @@ struct WatchSessionLoginTests {
     /// `login --dpop` (issue 31): the tokens are bound to a new DPoP key, which is sealed with
     /// them in the store and remembered in the profile; the server saw only valid proofs.
     @Test func loginWithDPoPBindsTheTokensAndRemembersItInTheProfile() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "120"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -378,7 +378,7 @@ struct WatchSessionLoginTests {
     /// Without --store, login and logout use $XDG_STATE_HOME/watch-session (its parents made
     /// 0700), and a second process finds the session there.
     @Test func withoutStoreTheSessionLivesInTheStateDirectory() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "300"])
         let root = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: root) }
@@ -408,7 +408,7 @@ struct WatchSessionLoginTests {
 
     /// A code that runs out before anyone approves it: exit 4, said plainly.
     @Test func anExpiredCodeExitsFour() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "2"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -424,7 +424,7 @@ struct WatchSessionLoginTests {
     /// Ctrl-C while the code waits: cancelled (exit 130, a plain message), nothing signed in,
     /// and no poll afterwards — even when the code is approved then.
     @Test func ctrlCDuringThePromptCancelsTheSignInAndPollingStops() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "120"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -447,7 +447,7 @@ struct WatchSessionLoginTests {
     /// Discovery that is refused names the member; a metadata document without the device
     /// endpoint cannot serve the device flow. Exit 2 both, nothing stored.
     @Test func discoveryRefusedNamesTheFieldAndExitsTwo() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try await server.faultMetadata("set:issuer=https://other.example")
@@ -456,7 +456,7 @@ struct WatchSessionLoginTests {
         #expect(issuer.stderr.contains("refused the metadata's issuer"), "\(issuer.stderr)")
         #expect(issuer.stderr.contains("https://other.example"))
 
-        let second = try AuthServer()
+        let second = try await AuthServer()
         try await second.faultMetadata("drop:device_authorization_endpoint")
         let device = try await watchSession(login(second, store: directory))
         #expect(device.status == 2, "\(device)")
@@ -472,7 +472,7 @@ struct WatchSessionLoginTests {
     /// the browser on to the authorization URL that is printed; the test plays the browser (consent form, redirect to the loopback listener)
     /// and the session is signed in and stored. No token in the output.
     @Test func loginWithTheBrowserOpensTheURLAndSignsInWhenTheBrowserComesBack() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         let opener = try fakeXDGOpen()
         defer {
@@ -524,7 +524,7 @@ struct WatchSessionLoginTests {
     /// --browser --no-open --json: the prompt is one NDJSON line (the URL, the redirect URI, the
     /// wait), xdg-open is not run; a refused consent ends with exit 3 and a plain message.
     @Test func loginWithTheBrowserInJSONWithoutOpeningAndADenialExitsThree() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         let opener = try fakeXDGOpen()
         defer {
@@ -556,7 +556,7 @@ struct WatchSessionLoginTests {
     /// logout: the refresh token revoked at the endpoint discovery named, the store wiped,
     /// what was done said, no token shown.
     @Test func logoutRevokesTheRefreshTokenAndWipesTheStore() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let tokens = try await server.passwordSignIn()
@@ -592,7 +592,7 @@ struct WatchSessionLoginTests {
     /// logout --account: that account's refresh token revoked and its record removed; the
     /// other account stays signed in, and the output says so.
     @Test func logoutOfOneAccountLeavesTheOtherSignedIn() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = FileCredentialStore(directory: directory)
@@ -623,7 +623,7 @@ struct WatchSessionLoginTests {
 
     /// A revocation the server refuses: signed out here all the same, said plainly, exit 6.
     @Test func aRefusedRevocationStillSignsOutAndExitsSix() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let tokens = try await server.passwordSignIn()
@@ -644,7 +644,7 @@ struct WatchSessionLoginTests {
     /// Without --issuer: wiped here only, and the output says the token was not revoked; a
     /// refused discovery changes nothing (exit 2).
     @Test func logoutWithoutAnIssuerWipesLocallyAndSaysSo() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let tokens = try await server.passwordSignIn()

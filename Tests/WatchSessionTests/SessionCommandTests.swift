@@ -66,7 +66,7 @@ struct SessionCommandTests {
     /// in; status shows the profile it stored; a new token process prints the stored token
     /// without a request; a second login says "already signed in" and starts no flow.
     @Test func loginInAPipeFinishesStatusShowsTheProfileAndTokenSendsNothing() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "120"])
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -164,7 +164,7 @@ struct SessionCommandTests {
 
     /// A flag naming another issuer than the stored one: exit 64, both named, nothing sent.
     @Test func anotherIssuerThanTheStoredOneIsRefusedAndNothingIsSent() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try storeSignedIn(directory, server: server, access: "SENTINEL-ACCESS-1", refresh: "SENTINEL-REFRESH-1")
@@ -197,7 +197,7 @@ struct SessionCommandTests {
     }
 
     func concurrentFreshTokens(tokens: Int, execs: Int, credentials: Int) async throws {
-        let server = try AuthServer(expiresIn: 3600, ["--strict-reuse"])
+        let server = try await AuthServer(expiresIn: 3600, ["--strict-reuse"])
         let (access, refresh) = try await server.passwordSignIn()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -240,7 +240,7 @@ struct SessionCommandTests {
 
     /// `exec`: the token in the child's environment (never its arguments), its status passed on.
     @Test func execPutsTheTokenInTheEnvironmentAndPassesTheStatusOn() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try storeSignedIn(directory, server: server, access: "SENTINEL-EXEC-ACCESS", refresh: "SENTINEL-EXEC-REFRESH")
@@ -260,7 +260,7 @@ struct SessionCommandTests {
     /// Real git through the helper: fill gets the token; reject (a 401) then fill gets a
     /// refreshed one, after exactly one refresh.
     @Test func gitCredentialFillAndRejectGoThroughTheHelper() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let (access, refresh) = try await server.passwordSignIn()
         let directory = temporaryStore()
         let home = temporaryStore()
@@ -297,7 +297,7 @@ struct SessionCommandTests {
     /// On a terminal `token` refuses without --show (the token would be on screen); with it, it
     /// prints.
     @Test func tokenOnATerminalNeedsShow() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try storeSignedIn(directory, server: server, access: "SENTINEL-TTY-ACCESS", refresh: "SENTINEL-TTY-REFRESH")
@@ -312,7 +312,7 @@ struct SessionCommandTests {
     /// Only token, exec (into the child) and credential (to git) output a token: every other
     /// command's standard output and error, in every mode, is scanned for it.
     @Test func noOtherCommandOutputsAToken() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let (access, refresh) = try await server.passwordSignIn()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -378,7 +378,7 @@ struct SessionCommandTests {
     /// `login --force` on a signed-in store: the old session is signed out at its own issuer
     /// (its refresh token revoked), then a new sign-in runs and login exits 0.
     @Test func loginForceSignsTheOldSessionOutFirst() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         try await server.device(["interval": "1", "expires_in": "120"])
         let (access, refresh) = try await server.passwordSignIn()
         let directory = temporaryStore()
@@ -399,7 +399,7 @@ struct SessionCommandTests {
 
     /// `token --min-valid N` refreshes first when less than N seconds are left.
     @Test func tokenMinValidRefreshesFirst() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let (access, refresh) = try await server.passwordSignIn()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -416,7 +416,7 @@ struct SessionCommandTests {
     /// A refresh whose answer names a narrower scope changes the profile's granted scope (the
     /// requested one stays): in the store's record and in what `status` shows.
     @Test func aRefreshThatNarrowsTheScopeUpdatesTheProfile() async throws {
-        let server = try AuthServer()
+        let server = try await AuthServer()
         let (access, refresh) = try await server.passwordSignIn()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -448,8 +448,8 @@ struct SessionCommandTests {
     /// A store with accounts of two issuers: watching one of them refreshes it at its issuer,
     /// and the other account's refresh token goes nowhere (never to the first issuer).
     @Test func aWatchNeverSendsAnotherIssuersTokenToItsOwn() async throws {
-        let first = try AuthServer()
-        let second = try AuthServer()
+        let first = try await AuthServer()
+        let second = try await AuthServer()
         let alice = try await first.passwordSignIn("alice")
         let bob = try await second.passwordSignIn("bob")
         let directory = temporaryStore()
