@@ -109,7 +109,9 @@ extension SessionManager {
         recordActive(key)
     }
 
-    func switchAccountOnLoop(to key: String) throws(SessionError) {
+    /// - Parameter followed: the switch follows another process, which made `key` the store's
+    ///   active account: this process does not write it again (over a later change of theirs).
+    func switchAccountOnLoop(to key: String, followed: Bool = false) throws(SessionError) {
         loop.assertInEventLoop()
         try engine.checkOpen()
         let active = engine.published
@@ -118,7 +120,11 @@ extension SessionManager {
             throw SessionError(.invalidArgument, "no account \"\(key)\" is signed in here")
         }
         try makeActive(target)
-        recordActive(key)
+        if followed {
+            accountsEvent { $0.activeFollowed(to: key) }
+        } else {
+            recordActive(key)
+        }
         target.emit(.accountSwitched(account: key))
     }
 
@@ -233,7 +239,7 @@ extension SessionManager {
                 guard let self, loop.inEventLoop, engine === asking, asking.published.state == .loggedOut else {
                     return
                 }
-                try? switchAccountOnLoop(to: key)
+                try? switchAccountOnLoop(to: key, followed: true)
             }
         }
         return true
