@@ -468,21 +468,27 @@ struct BrowserFlowTests {
     /// server binding port 0 (the suites start many) may be given the same port — a full
     /// parallel run saw one there right after the flow ended.
     static func listens(_ port: Int) -> Bool {
-        accepts(port) && socketsOfThisProcess(onPort: port).contains("0A")  // TCP_LISTEN
+        accepts(port) && socketsOfThisProcess(onPort: port).contains(true)
     }
 
-    /// The states (/proc/net/tcp's `st`, hex) of this process's IPv4 TCP sockets whose local
-    /// port is `port`, matched to its descriptors by inode.
-    static func socketsOfThisProcess(onPort port: Int) -> [String] {
-        guard let table = try? String(contentsOfFile: "/proc/net/tcp", encoding: .utf8) else { return [] }
+    /// This process's IPv4 sockets whose local port is `port` (its descriptors, by
+    /// getsockname), each with whether it listens (SO_ACCEPTCONN). (Not /proc/net/tcp: a
+    /// line past the first page was missed once under ThreadSanitizer, with many sockets.)
+    static func socketsOfThisProcess(onPort port: Int) -> [Bool] {
         let descriptors = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
-        let mine = Set(descriptors.compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\($0)") })
-        return table.split(separator: "\n").dropFirst().compactMap { line -> String? in
-            let fields = line.split(separator: " ")
-            guard fields.count > 9, let local = fields[1].split(separator: ":").last, Int(local, radix: 16) == port,
-                  mine.contains("socket:[\(fields[9])]")
+        return descriptors.compactMap(Int32.init).compactMap { fd -> Bool? in
+            var address = sockaddr_in()
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let named = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+            }
+            guard named == 0, address.sin_family == sa_family_t(AF_INET),
+                  Int(UInt16(bigEndian: address.sin_port)) == port
             else { return nil }
-            return String(fields[3])
+            var accepting: Int32 = 0
+            var size = socklen_t(MemoryLayout<Int32>.size)
+            guard getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &size) == 0 else { return nil }
+            return accepting != 0
         }
     }
 
