@@ -35,12 +35,13 @@ extension StoreStatus {
 
 /// How the flows call a C observer's value callback: one for each kind of callback, shared
 /// by every C subscriber (the subscriber's record holds its function and userdata).
+private typealias StateFunction = @convention(c) (sf_session_state, UnsafeMutableRawPointer?) -> Void
 private typealias StatusFunction = @convention(c) (sf_store_status, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void
 private typealias EventFunction = @convention(c) (UnsafePointer<sf_event>?, UnsafeMutableRawPointer?) -> Void
 
-// As a scalar: a walk converts the state once and calls each C function itself (the C fan-out).
-private let stateCallback = ForeignCallback<SessionState>.byScalar { state in
-    state.assumingMemoryBound(to: SessionState.self).pointee.c.rawValue
+// By pointer: the walk hands over the state's address, no thunk (the C one-subscriber fan-out).
+private let stateCallback = ForeignCallback<SessionState>.byPointer { state, function, userdata in
+    unsafeBitCast(function, to: StateFunction.self)(state.assumingMemoryBound(to: SessionState.self).pointee.c, userdata)
 }
 
 private let statusCallback = ForeignCallback<StoreStatus> { status, function, userdata in

@@ -3,9 +3,6 @@ import Synchronization
 import SessionFlowTestSupport
 import Testing
 
-/// `byScalar` conversions made (a C-convention closure captures nothing).
-private let scalarConversions = Atomic<Int>(0)
-
 @testable import LoopFlow
 
 /// The flat subscriber layout (`SubscriberTable.swift`): pooled records at fixed addresses,
@@ -245,63 +242,6 @@ struct SubscriberRecordTests {
             #expect(await eventually { sink.values.withLockedValue { $0.count } == 2 })
             #expect(sink.values.withLockedValue { $0.last } == String(repeating: "long enough to live on the heap ", count: 3))
             handle.close()
-        }
-    }
-
-    /// C functions taking the value as a 32-bit scalar (`byScalar`, as `on_state` takes an
-    /// `sf_session_state`): each gets every value, converted once per walk however many there
-    /// are, and a by-pointer C subscriber and a Swift one walked between them are unaffected.
-    @Test func foreignSubscribersByScalarGetTheValueConvertedOncePerWalk() async throws {
-        let record: @convention(c) (UInt32, UnsafeMutableRawPointer?) -> Void = { value, userdata in
-            Unmanaged<Recorder<UInt32>>.fromOpaque(userdata!).takeUnretainedValue().append(value)
-        }
-        let byPointer: @convention(c) (UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void = { value, userdata in
-            let number = UInt32(value.assumingMemoryBound(to: Int.self).pointee)
-            Unmanaged<Recorder<UInt32>>.fromOpaque(userdata!).takeUnretainedValue().append(number)
-        }
-        let scalarInvoker = ForeignCallback<Int>.byScalar { value in
-            scalarConversions.add(1, ordering: .relaxed)
-            return UInt32(value.assumingMemoryBound(to: Int.self).pointee) * 10
-        }
-        let pointerInvoker = ForeignCallback<Int>.byPointer { value, function, userdata in
-            unsafeBitCast(function, to: (@convention(c) (UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void).self)(
-                value, userdata)
-        }
-        try await withLoop { loop in
-            let state = MutableStateFlow(1, on: loop)
-            let scalars = [Recorder<UInt32>(), Recorder<UInt32>(), Recorder<UInt32>()]
-            let pointer = Recorder<UInt32>()
-            let swift = Recorder<Int>()
-            let before = scalarConversions.load(ordering: .relaxed)
-            // One job: one delivery registers them all and walks them once.
-            let handles = try await loop.submit {
-                [
-                    try state.subscribe(
-                        foreign: scalarInvoker, function: unsafeBitCast(record, to: UnsafeRawPointer.self),
-                        userdata: Unmanaged.passUnretained(scalars[0]).toOpaque()),
-                    try state.subscribe(
-                        foreign: pointerInvoker, function: unsafeBitCast(byPointer, to: UnsafeRawPointer.self),
-                        userdata: Unmanaged.passUnretained(pointer).toOpaque()),
-                    try state.subscribe(
-                        foreign: scalarInvoker, function: unsafeBitCast(record, to: UnsafeRawPointer.self),
-                        userdata: Unmanaged.passUnretained(scalars[1]).toOpaque()),
-                    try state.subscribe(onState: { swift.append($0) }),
-                    try state.subscribe(
-                        foreign: scalarInvoker, function: unsafeBitCast(record, to: UnsafeRawPointer.self),
-                        userdata: Unmanaged.passUnretained(scalars[2]).toOpaque()),
-                ]
-            }
-            try await loop.submit {}
-            for value in 2...4 {
-                state.value = value
-                try await loop.submit {}
-            }
-            #expect(await eventually { swift.count == 4 })
-            for recorder in scalars { #expect(recorder.all == [10, 20, 30, 40]) }
-            #expect(pointer.all == [1, 2, 3, 4])
-            #expect(swift.all == [1, 2, 3, 4])
-            #expect(scalarConversions.load(ordering: .relaxed) - before == 4, "one conversion a walk")
-            for handle in handles { handle.close() }
         }
     }
 

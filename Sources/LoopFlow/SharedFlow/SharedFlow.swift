@@ -171,21 +171,17 @@ extension SharedFlow: DeliverySource {
             core.forEachNewcomer { newcomer in
                 guard let backlog = deliveringBacklogs[newcomer.id] else { return }
                 for event in backlog.events where newcomer.isOpen {
-                    withValueAddress(event) { address in
-                        var scalar = ForeignScalar()
-                        callSubscriber(newcomer, event, at: address, scalar: &scalar)
-                    }
+                    withValueAddress(event) { callSubscriber(newcomer, event, at: $0) }
                 }
             }
             deliveringBacklogs.removeAll()
         }
         for item in delivering {
             withValueAddress(item.event) { address in
-                var scalar = ForeignScalar()
                 var walk = core.live
                 while let subscriber = walk.next() {
                     if item.sequence >= subscriber.cursor {
-                        callSubscriber(subscriber, item.event, at: address, scalar: &scalar)
+                        callSubscriber(subscriber, item.event, at: address)
                     }
                 }
             }

@@ -113,19 +113,17 @@ extension StateFlow: DeliverySource {
             // happen in retire jobs), so they are walked in place, read-only: a walk over a
             // million records writes none of their cache lines.
             withValueAddress(value) { address in
-                var scalar = ForeignScalar()
                 var walk = core.live
                 while let subscriber = walk.next() {
-                    callSubscriber(subscriber, value, at: address, invokerInCursor: true, scalar: &scalar)
+                    callSubscriber(subscriber, value, at: address, invokerInCursor: true)
                 }
             }
         } else {
             // The value everyone already has: only newcomers get it (each is a newcomer in
             // exactly one delivery, so none of them has it yet).
             withValueAddress(value) { address in
-                var scalar = ForeignScalar()
                 core.forEachNewcomer { subscriber in
-                    callSubscriber(subscriber, value, at: address, invokerInCursor: true, scalar: &scalar)
+                    callSubscriber(subscriber, value, at: address, invokerInCursor: true)
                 }
             }
         }

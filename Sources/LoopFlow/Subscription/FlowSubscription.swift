@@ -138,33 +138,20 @@ public final class ForeignCallback<Value>: Sendable {
     /// is generic and unspecialized, holds the value indirectly already, so it passes its
     /// address — no reabstraction thunk and no closure context on the way to the C callback.
     let pointerCall: (@convention(c) (UnsafeRawPointer, UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void)?
-    /// For C functions taking the value as a 32-bit scalar (`byScalar`): the value's scalar,
-    /// made once per walk; the walk then calls each subscriber's function itself.
-    let scalar: (@convention(c) (UnsafeRawPointer) -> UInt32)?
 
     public init(_ call: @escaping @Sendable (
         _ value: Value, _ function: UnsafeRawPointer, _ userdata: UnsafeMutableRawPointer?) -> Void
     ) {
         self.call = call
         self.pointerCall = nil
-        self.scalar = nil
     }
 
     private init(
         pointer: @escaping @convention(c) (UnsafeRawPointer, UnsafeRawPointer, UnsafeMutableRawPointer?) -> Void
     ) {
         self.pointerCall = pointer
-        self.scalar = nil
         self.call = { value, function, userdata in
             withUnsafePointer(to: value) { pointer(UnsafeRawPointer($0), function, userdata) }
-        }
-    }
-
-    private init(scalar convert: @escaping @convention(c) (UnsafeRawPointer) -> UInt32) {
-        self.pointerCall = nil
-        self.scalar = convert
-        self.call = { value, function, userdata in
-            withUnsafePointer(to: value) { unsafeBitCast(function, to: ForeignScalarFunction.self)(convert($0), userdata) }
         }
     }
 
@@ -176,26 +163,6 @@ public final class ForeignCallback<Value>: Sendable {
     ) -> ForeignCallback<Value> {
         ForeignCallback(pointer: call)
     }
-
-    /// An invoker for C functions of the shape `void f(T value, void *userdata)` where `T` is a
-    /// 32-bit enum or integer: `convert` makes `T` from the value (by pointer, valid for the
-    /// call; bind it to `Value`). A walk converts once and calls each subscriber's function
-    /// itself, one indirect call per subscriber as in a C host's own array of callbacks.
-    public static func byScalar(
-        _ convert: @escaping @convention(c) (_ value: UnsafeRawPointer) -> UInt32
-    ) -> ForeignCallback<Value> {
-        ForeignCallback(scalar: convert)
-    }
-}
-
-/// A C function of a `ForeignCallback.byScalar` invoker.
-typealias ForeignScalarFunction = @convention(c) (UInt32, UnsafeMutableRawPointer?) -> Void
-
-/// The scalar a walk made from its value for a `byScalar` invoker (`invoker`: that invoker;
-/// nil until a C subscriber of one is met). One per walk: the value is the walk's.
-struct ForeignScalar {
-    var invoker: UnsafeRawPointer?
-    var value: UInt32 = 0
 }
 
 /// A Swift subscriber's value closure as a record holds it (two words at offset 16), made
@@ -272,8 +239,7 @@ struct BorrowedValueCallback<Value>: ~Copyable {
 /// record.
 @inline(__always)
 func callSubscriber<Value>(
-    _ walked: WalkedEntry, _ value: Value, at address: UnsafeRawPointer, invokerInCursor: Bool = false,
-    scalar: inout ForeignScalar
+    _ walked: WalkedEntry, _ value: Value, at address: UnsafeRawPointer, invokerInCursor: Bool = false
 ) {
     let entry = walked.entry
     if walked.tag & SubscriberEntry.foreignBit != 0 {
@@ -282,16 +248,8 @@ func callSubscriber<Value>(
             : walked.side.foreign.unsafelyUnwrapped
         let function = entry.word0.unsafelyUnwrapped
         let userdata = UnsafeMutableRawPointer(mutating: entry.word1)
-        if foreign == scalar.invoker {
-            // Converted already in this walk: no invoker read, no call between.
-            unsafeBitCast(function, to: ForeignScalarFunction.self)(scalar.value, userdata)
-            return
-        }
         Unmanaged<ForeignCallback<Value>>.fromOpaque(foreign)._withUnsafeGuaranteedRef { invoker in
-            if let convert = invoker.scalar {
-                scalar = ForeignScalar(invoker: foreign, value: convert(address))
-                unsafeBitCast(function, to: ForeignScalarFunction.self)(scalar.value, userdata)
-            } else if let pointerCall = invoker.pointerCall {
+            if let pointerCall = invoker.pointerCall {
                 pointerCall(address, function, userdata)
             } else {
                 invoker.call(value, function, userdata)
