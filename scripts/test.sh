@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, installing what it needs first:
-#   1. the Swift tests (swift test), the OAuth ones against a real Authlib server on loopback
+#   1. the Swift tests (swift test: LoopFlow's in a process of their own, then the rest), the
+#      OAuth ones against a real Authlib server on loopback
 #   2. the library as shipped (Bindings/install.sh), installed once into a temporary prefix,
 #      checked by scripts/check-library.sh (prints its size, debug info, NEEDED, exports;
 #      fails on the size budget, a dependency, the SONAME or an export outside the header;
