@@ -173,6 +173,50 @@ extension AccountListRaceTests {
 }
 
 extension AccountListRaceTests {
+    /// The same while the loop is inside the active session's sign-in into bob: the session has
+    /// taken bob's record but not yet published bob, so the insertion, off the loop thread,
+    /// reads no account and lists bob's session. A loop job after that sign-in looks again: bob's
+    /// background session is retired before it starts (bob's record is due: it would refresh).
+    @Test func anAccountTheActiveSessionIsSigningIntoMeanwhileGetsNoSecondSession() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob", expiresIn: -60)
+        let authority = CountingAuthority()
+        let reached = DispatchSemaphore(value: 0)
+        let resume = DispatchSemaphore(value: 0)
+        SessionEngine.afterTakingRecordInSignIn = { engine in
+            guard engine.loop === loop else { return }
+            reached.signal()
+            resume.wait()
+        }
+        defer { SessionEngine.afterTakingRecordInSignIn = nil }
+        let signedIn = LockedBox<Bool?>(nil)
+        let session = try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
+            try? loop.execute {
+                let tokens = SessionTokens(
+                    accessToken: Secret("bob-a2"), refreshToken: Secret("bob-r2"), expiresIn: .seconds(3600),
+                    memberID: "bob")
+                signedIn.withLockedValue { $0 = (try? manager.signInOnLoop(tokens)) != nil }
+            }
+            reached.wait()  // the loop is in that sign-in: bob's record taken, bob not published
+        }) {
+            try SessionManager(loop: loop, authority: authority, store: store)
+        }
+        resume.signal()
+        try await loop.submit {}  // the sign-in, then the job after it, have run
+        try await loop.submit {}
+        #expect(signedIn.withLockedValue { $0 } == true)
+        #expect(authority.refreshes.load(ordering: .relaxed) == 0, "bob's second session refreshed")
+        let accounts = session.accounts
+        #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
+        #expect(accounts.first?.isActive == true)
+        #expect(session.sessions.withLockedValue { $0.background.isEmpty })
+        await session.close()
+        _ = try loop.shutdown()
+    }
+}
+
+extension AccountListRaceTests {
     /// A signed-out active session follows the store's active account; when another process
     /// makes an account active that has a session here in the background, the account keeps one
     /// session.

@@ -71,9 +71,12 @@ struct WatchSessionHardeningTests {
         let temporary = try privateDirectory()
         defer { try? FileManager.default.removeItem(atPath: temporary) }
         let demo = try Running(["demo", "--json"], environment: ["TMPDIR": temporary])
-        // The demo has signed in: its store exists in TMPDIR.
+        // The demo has signed in, and its store is in TMPDIR (made with the sign-in's write,
+        // on the store's worker: the state can be shown before it lands, as a full run saw).
         #expect(await demo.waitFor(#""state":"loggedIn""#), "\(demo.collected.text)")
-        #expect(try FileManager.default.contentsOfDirectory(atPath: temporary).contains { $0.hasPrefix("watch-session-demo-") })
+        #expect(await eventually(timeout: .seconds(10)) {
+            ((try? FileManager.default.contentsOfDirectory(atPath: temporary)) ?? []).contains { $0.hasPrefix("watch-session-demo-") }
+        })
         let ending = demo.stop(with: signal)
         // An exit (not a death by the signal), with 130 like the live mode, and the store gone.
         #expect(ending.exited)

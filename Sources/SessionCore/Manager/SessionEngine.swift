@@ -273,6 +273,9 @@ final class SessionEngine: @unchecked Sendable {
             machine = next
             let abandoned = endSession()
             takeRecord(for: tokens)
+            #if DEBUG
+            Self.afterTakingRecordInSignIn?(self)
+            #endif
             let lifetime = policy.clampedLifetime(tokens.expiresIn)
             refresh.sessionBegan(LiveSession(
                 accessToken: tokens.accessToken, refreshToken: tokens.refreshToken,

@@ -1,4 +1,4 @@
-// Over 400 lines (434): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (461): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
@@ -429,6 +429,33 @@ extension SessionManager {
         }
         for engine in duplicates { retire(engine) }
         // Started once listed (a duplicate never starts); a loop shut down meanwhile closes them.
-        for engine in inserted { try? engine.queueStart() }
+        guard !loop.inEventLoop else {
+            for engine in inserted { try? engine.queueStart() }
+            return
+        }
+        // Off the loop thread the active session's published account can lag its own: a sign-in
+        // running on the loop now binds the account, then publishes at its end. One loop job,
+        // after it, looks again and starts only the sessions still listed.
+        try? loop.execute { [weak self] in
+            guard let self else { return }
+            retireBackgroundSessionOfTheActiveAccount()
+            guard configuration.startsAutomatically else { return }
+            let listed = sessions.withLockedValue { sessions in
+                inserted.filter { engine in sessions.background.values.contains { $0 === engine } }
+            }
+            for engine in listed { engine.start() }
+        }
+    }
+
+    /// A background session of the active session's account (listed off the loop thread while
+    /// a sign-in into that account was running on it) is retired: the account keeps one
+    /// session, the active one. Loop thread.
+    func retireBackgroundSessionOfTheActiveAccount() {
+        loop.assertInEventLoop()
+        let duplicate = sessions.withLockedValue { sessions -> SessionEngine? in
+            guard let key = sessions.active.published.account else { return nil }
+            return sessions.background.removeValue(forKey: key)
+        }
+        if let duplicate { retire(duplicate) }
     }
 }

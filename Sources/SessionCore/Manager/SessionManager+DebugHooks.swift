@@ -8,4 +8,11 @@ extension SessionManager {
     /// active account's session and the setting of the callbacks it calls the manager with.
     @TaskLocal static var beforeFirstSessionCallbacks: (@Sendable (SessionEngine) -> Void)?
 }
+
+extension SessionEngine {
+    /// Tests only: runs in `signIn`, on the loop thread, once the session has taken the record
+    /// of the account it signs into and before it publishes that account. Set by one test for
+    /// its own loop (every session of every loop calls it while set: the test checks the loop).
+    nonisolated(unsafe) static var afterTakingRecordInSignIn: (@Sendable (SessionEngine) -> Void)?
+}
 #endif
