@@ -65,13 +65,6 @@ struct AccountsMachineTests {
             run(machine.activeChanged(to: key))
         }
 
-        /// Another process made `key` the store's active account, and this one followed it.
-        mutating func followOtherProcess(to key: String) {
-            storePointer = key
-            lastActive = key
-            run(machine.activeFollowed(to: key))
-        }
-
         /// The pointer's worker runs its oldest write, which lands or fails, and answers.
         mutating func pointerWriteAnswers(failing: Bool) {
             guard !pointerWrites.isEmpty else { return }
@@ -221,7 +214,7 @@ struct AccountsMachineTests {
     }
 
     enum PointerEvent: String, CaseIterable, CustomStringConvertible {
-        case switchAccount, writeLands, writeFails, activeWriteLands, followed
+        case switchAccount, writeLands, writeFails, activeWriteLands
         var description: String { rawValue }
 
         func apply(to s: inout Storage) {
@@ -230,7 +223,6 @@ struct AccountsMachineTests {
             case .writeLands: s.pointerWriteAnswers(failing: false)
             case .writeFails: s.pointerWriteAnswers(failing: true)
             case .activeWriteLands: s.activeWriteLands()
-            case .followed: s.followOtherProcess(to: "dave")
             }
         }
     }
@@ -241,8 +233,6 @@ struct AccountsMachineTests {
         .writeLands: ["recorded", "recorded", "writing/1", "recorded", "owed"],
         .writeFails: ["recorded", "owed", "writing/1", "writing/1", "owed"],
         .activeWriteLands: ["recorded", "writing/1+landed", "writing/2+landed", "writing/1+landed", "writing/1"],
-        // Another process's choice: nothing written over it, but after a write of ours on its way.
-        .followed: ["recorded", "writing/2", "writing/3", "writing/2", "recorded"],
     ]
 
     @Test("every pointer state × every event leads to the expected state, the list untouched",

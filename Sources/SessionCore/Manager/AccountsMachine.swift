@@ -96,16 +96,6 @@ struct AccountsMachine: Sendable, Equatable {
         writePointer(key)
     }
 
-    /// The manager followed another process's choice of active account, `key`, which the
-    /// store records already: a pointer this process owes is dropped (written later, it would
-    /// undo that newer choice) and none is written — unless a write of this process's is still
-    /// on its way: landing after theirs it would undo it, so `key` is written after it.
-    mutating func activeFollowed(to key: String) -> [Action] {
-        if case .writing = pointer { return writePointer(key) }
-        pointer = .recorded
-        return []
-    }
-
     /// The pointer's worker answered the write of `request`.
     mutating func pointerAnswered(request: UInt64, failed: Bool) -> [Action] {
         // An earlier write's answer: the latest write, later on the same worker, decides.

@@ -109,9 +109,7 @@ extension SessionManager {
         recordActive(key)
     }
 
-    /// - Parameter followed: the switch follows another process, which made `key` the store's
-    ///   active account: this process does not write it again (over a later change of theirs).
-    func switchAccountOnLoop(to key: String, followed: Bool = false) throws(SessionError) {
+    func switchAccountOnLoop(to key: String) throws(SessionError) {
         loop.assertInEventLoop()
         try engine.checkOpen()
         let active = engine.published
@@ -120,11 +118,7 @@ extension SessionManager {
             throw SessionError(.invalidArgument, "no account \"\(key)\" is signed in here")
         }
         try makeActive(target)
-        if followed {
-            accountsEvent { $0.activeFollowed(to: key) }
-        } else {
-            recordActive(key)
-        }
+        recordActive(key)
         target.emit(.accountSwitched(account: key))
     }
 
@@ -239,7 +233,7 @@ extension SessionManager {
                 guard let self, loop.inEventLoop, engine === asking, asking.published.state == .loggedOut else {
                     return
                 }
-                try? switchAccountOnLoop(to: key, followed: true)
+                try? switchAccountOnLoop(to: key)
             }
         }
         return true
