@@ -1,5 +1,6 @@
 import Foundation
 import LoopFlow
+import SessionFlowTestSupport
 import Synchronization
 import Testing
 
@@ -139,7 +140,8 @@ extension AccountListRaceTests {
         store.put("bob", expiresIn: -60)
         let authority = CountingAuthority()
         let signedIn = LockedBox<Bool?>(nil)
-        let session = try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
+        let session = try await madeOffThePool {
+            try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
             // What the loop does while bob's session is made: the active session takes bob.
             let done = DispatchSemaphore(value: 0)
             try? loop.execute {
@@ -150,8 +152,9 @@ extension AccountListRaceTests {
                 done.signal()
             }
             done.wait()
-        }) {
-            try SessionManager(loop: loop, authority: authority, store: store)
+            }) {
+                try SessionManager(loop: loop, authority: authority, store: store)
+            }
         }
         #expect(signedIn.withLockedValue { $0 } == true)
         try await loop.submit {}  // every start queued so far has run
@@ -177,23 +180,28 @@ extension AccountListRaceTests {
         let authority = CountingAuthority()
         let reached = DispatchSemaphore(value: 0)
         let resume = DispatchSemaphore(value: 0)
-        SessionEngine.afterTakingRecordInSignIn = { engine in
-            guard engine.loop === loop else { return }
-            reached.signal()
-            resume.wait()
-        }
-        defer { SessionEngine.afterTakingRecordInSignIn = nil }
-        let signedIn = LockedBox<Bool?>(nil)
-        let session = try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
-            try? loop.execute {
-                let tokens = SessionTokens(
-                    accessToken: Secret("bob-a2"), refreshToken: Secret("bob-r2"), expiresIn: .seconds(3600),
-                    memberID: "bob")
-                signedIn.withLockedValue { $0 = (try? manager.signInOnLoop(tokens)) != nil }
+        SessionEngine.afterTakingRecordInSignIn.withLockedValue {
+            $0 = { engine in
+                guard engine.loop === loop else { return }
+                reached.signal()
+                resume.wait()
             }
-            reached.wait()  // the loop is in that sign-in: bob's record taken, bob not published
-        }) {
-            try SessionManager(loop: loop, authority: authority, store: store)
+        }
+        defer { SessionEngine.afterTakingRecordInSignIn.withLockedValue { $0 = nil } }
+        let signedIn = LockedBox<Bool?>(nil)
+        // Made on a thread of its own: the hook waits for the loop.
+        let session = try await madeOffThePool {
+                try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
+                    try? loop.execute {
+                        let tokens = SessionTokens(
+                            accessToken: Secret("bob-a2"), refreshToken: Secret("bob-r2"), expiresIn: .seconds(3600),
+                            memberID: "bob")
+                        signedIn.withLockedValue { $0 = (try? manager.signInOnLoop(tokens)) != nil }
+                    }
+                    reached.wait()  // the loop is in that sign-in: bob's record taken, bob not published
+                }) {
+                    try SessionManager(loop: loop, authority: authority, store: store)
+                }
         }
         resume.signal()
         try await loop.submit {}  // the sign-in, then the job after it, have run
@@ -290,6 +298,12 @@ extension AccountListRaceTests {
     }
 }
 
+/// Makes a manager on a thread of its own: the tests' hooks wait for the loop inside its
+/// making, and a thread of the cooperative pool must not wait.
+private func madeOffThePool(_ make: @escaping @Sendable () throws -> SessionManager) async throws -> SessionManager {
+    try await offThePool { Result { try make() } }.get()
+}
+
 /// Polls `condition` (every 10 ms, up to 5 s).
 private func eventually(_ condition: @escaping () -> Bool) async -> Bool {
     for _ in 0..<500 {
@@ -309,7 +323,8 @@ extension AccountListRaceTests {
         let store = GatedAccountStore()
         store.put("alice", active: true)
         let startedEarly = LockedBox<Bool?>(nil)
-        let session = try SessionManager.$beforeFirstSessionCallbacks.withValue({ engine in
+        let session = try await madeOffThePool {
+            try SessionManager.$beforeFirstSessionCallbacks.withValue({ engine in
             // Every job queued so far runs before this one: a start queued with the session.
             let done = DispatchSemaphore(value: 0)
             try? loop.execute {
@@ -317,8 +332,9 @@ extension AccountListRaceTests {
                 done.signal()
             }
             done.wait()
-        }) {
-            try SessionManager(loop: loop, authority: CountingAuthority(), store: store)
+            }) {
+                try SessionManager(loop: loop, authority: CountingAuthority(), store: store)
+            }
         }
         #expect(startedEarly.withLockedValue { $0 } == false)
         let started = try await loop.submit { session.engine.storeMachine.started }

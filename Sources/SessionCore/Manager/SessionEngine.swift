@@ -1,4 +1,4 @@
-// Over 400 lines (438): the engine's state and its entry points stay together; its actions, store
+// Over 400 lines (441): the engine's state and its entry points stay together; its actions, store
 // and account work already live in SessionEngine+Actions/+Store/+Accounts.swift.
 import LoopFlow
 import Logging
@@ -274,7 +274,7 @@ final class SessionEngine: @unchecked Sendable {
             let abandoned = endSession()
             takeRecord(for: tokens)
             #if DEBUG
-            Self.afterTakingRecordInSignIn?(self)
+            Self.afterTakingRecordInSignIn.withLockedValue { $0 }?(self)
             #endif
             let lifetime = policy.clampedLifetime(tokens.expiresIn)
             refresh.sessionBegan(LiveSession(

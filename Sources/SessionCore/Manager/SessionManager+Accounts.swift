@@ -1,4 +1,4 @@
-// Over 400 lines (461): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (462): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
@@ -429,15 +429,18 @@ extension SessionManager {
         }
         // Off the loop thread the active session's published account can lag its own: a sign-in
         // running on the loop now binds the account, then publishes at its end. One loop job,
-        // after it, looks again and starts only the sessions still listed.
+        // after it, looks again and starts the sessions not retired meanwhile: those still
+        // listed, and one a switch made active since (a followed sign-in of its account).
         try? loop.execute { [weak self] in
             guard let self else { return }
             retireBackgroundSessionOfTheActiveAccount()
             guard configuration.startsAutomatically else { return }
-            let listed = sessions.withLockedValue { sessions in
-                inserted.filter { engine in sessions.background.values.contains { $0 === engine } }
+            let kept = sessions.withLockedValue { sessions in
+                inserted.filter { engine in
+                    sessions.active === engine || sessions.background.values.contains { $0 === engine }
+                }
             }
-            for engine in listed { engine.start() }
+            for engine in kept { engine.start() }
         }
     }
 
@@ -447,8 +450,12 @@ extension SessionManager {
     func retireBackgroundSessionOfTheActiveAccount() {
         loop.assertInEventLoop()
         let duplicate = sessions.withLockedValue { sessions -> SessionEngine? in
-            guard let key = sessions.active.published.account else { return nil }
-            return sessions.background.removeValue(forKey: key)
+            guard let key = sessions.active.published.account,
+                  let duplicate = sessions.background.removeValue(forKey: key)
+            else { return nil }
+            // In the same step: a wait for the store work never misses it.
+            sessions.retired[ObjectIdentifier(duplicate)] = duplicate
+            return duplicate
         }
         if let duplicate { retire(duplicate) }
     }

@@ -1,4 +1,5 @@
 // Debug builds only: where a test stops a thread between two steps of the manager's.
+import LoopFlow
 #if DEBUG
 extension SessionManager {
     /// Tests only: runs in `addBackgroundSessions` between the making of the sessions and
@@ -13,6 +14,7 @@ extension SessionEngine {
     /// Tests only: runs in `signIn`, on the loop thread, once the session has taken the record
     /// of the account it signs into and before it publishes that account. Set by one test for
     /// its own loop (every session of every loop calls it while set: the test checks the loop).
-    nonisolated(unsafe) static var afterTakingRecordInSignIn: (@Sendable (SessionEngine) -> Void)?
+    /// Behind a lock: every sign-in of every test reads it.
+    static let afterTakingRecordInSignIn = LockedBox<(@Sendable (SessionEngine) -> Void)?>(nil)
 }
 #endif
