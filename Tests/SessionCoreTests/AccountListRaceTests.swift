@@ -145,10 +145,7 @@ extension AccountListRaceTests {
             // What the loop does while bob's session is made: the active session takes bob.
             let done = DispatchSemaphore(value: 0)
             try? loop.execute {
-                let tokens = SessionTokens(
-                    accessToken: Secret("bob-a2"), refreshToken: Secret("bob-r2"), expiresIn: .seconds(3600),
-                    memberID: "bob")
-                signedIn.withLockedValue { $0 = (try? manager.signInOnLoop(tokens)) != nil }
+                Self.signBobIn(manager, noting: signedIn)
                 done.signal()
             }
             done.wait()
@@ -156,15 +153,32 @@ extension AccountListRaceTests {
                 try SessionManager(loop: loop, authority: authority, store: store)
             }
         }
-        #expect(signedIn.withLockedValue { $0 } == true)
         try await loop.submit {}  // every start queued so far has run
-        #expect(authority.refreshes.load(ordering: .relaxed) == 0)
+        expectBobSignedInOnceAndNeverRefreshed(session, authority, signedIn)
+        await session.close()
+        _ = try loop.shutdown()
+    }
+}
+
+extension AccountListRaceTests {
+    /// On the loop thread: the active session signs into bob (fresh tokens); notes whether it did.
+    static func signBobIn(_ manager: SessionManager, noting signedIn: LockedBox<Bool?>) {
+        let tokens = SessionTokens(
+            accessToken: Secret("bob-a2"), refreshToken: Secret("bob-r2"), expiresIn: .seconds(3600), memberID: "bob")
+        signedIn.withLockedValue { $0 = (try? manager.signInOnLoop(tokens)) != nil }
+    }
+
+    /// The active session signed into bob; bob is listed once, active, and no second session of
+    /// his refreshed (his record is due) or is still being made.
+    func expectBobSignedInOnceAndNeverRefreshed(
+        _ session: SessionManager, _ authority: CountingAuthority, _ signedIn: LockedBox<Bool?>
+    ) {
+        #expect(signedIn.withLockedValue { $0 } == true)
+        #expect(authority.refreshes.load(ordering: .relaxed) == 0, "bob's second session refreshed")
         let accounts = session.accounts
         #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
         #expect(accounts.first?.isActive == true)
         #expect(session.sessions.withLockedValue { $0.background.isEmpty && $0.making.isEmpty })
-        await session.close()
-        _ = try loop.shutdown()
     }
 }
 
@@ -191,27 +205,17 @@ extension AccountListRaceTests {
         let signedIn = LockedBox<Bool?>(nil)
         // Made on a thread of its own: the hook waits for the loop.
         let session = try await madeOffThePool {
-                try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
-                    try? loop.execute {
-                        let tokens = SessionTokens(
-                            accessToken: Secret("bob-a2"), refreshToken: Secret("bob-r2"), expiresIn: .seconds(3600),
-                            memberID: "bob")
-                        signedIn.withLockedValue { $0 = (try? manager.signInOnLoop(tokens)) != nil }
-                    }
-                    reached.wait()  // the loop is in that sign-in: bob's record taken, bob not published
-                }) {
-                    try SessionManager(loop: loop, authority: authority, store: store)
-                }
+            try SessionManager.$beforeBackgroundInsertion.withValue({ manager in
+                try? loop.execute { Self.signBobIn(manager, noting: signedIn) }
+                reached.wait()  // the loop is in that sign-in: bob's record taken, bob not published
+            }) {
+                try SessionManager(loop: loop, authority: authority, store: store)
+            }
         }
         resume.signal()
         try await loop.submit {}  // the sign-in, then the job after it, have run
         try await loop.submit {}
-        #expect(signedIn.withLockedValue { $0 } == true)
-        #expect(authority.refreshes.load(ordering: .relaxed) == 0, "bob's second session refreshed")
-        let accounts = session.accounts
-        #expect(accounts.map(\.key) == ["bob"], "\(accounts)")
-        #expect(accounts.first?.isActive == true)
-        #expect(session.sessions.withLockedValue { $0.background.isEmpty })
+        expectBobSignedInOnceAndNeverRefreshed(session, authority, signedIn)
         await session.close()
         _ = try loop.shutdown()
     }
