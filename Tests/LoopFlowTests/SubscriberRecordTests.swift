@@ -178,6 +178,7 @@ struct SubscriberRecordTests {
         let record: @convention(c) (Int, UnsafeMutableRawPointer?) -> Void = { value, userdata in
             Unmanaged<Sink>.fromOpaque(userdata!).takeUnretainedValue().values.withLockedValue { $0.append(value) }
         }
+        weak var weakInvoker: ForeignCallback<Int>?
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
             let events = try MutableSharedFlow<Int>(on: loop, replay: 1)
@@ -186,10 +187,9 @@ struct SubscriberRecordTests {
             let eventSink = Sink()
             events.emit(7)  // replayed to the event subscriber
             let released = Counter()
-            weak var weakInvoker: ForeignCallback<Int>?
             let (stateHandle, eventHandle) = try {
                 // One invoker per kind of C function, shared by all its subscribers; only the
-                // records hold it from here on.
+                // flows hold it from here on (the first a flow is given is its usual one).
                 let invoker = cIntInvoker()
                 weakInvoker = invoker
                 return (
@@ -212,9 +212,11 @@ struct SubscriberRecordTests {
             stateHandle.close()
             eventHandle.close()
             #expect(await eventually { released.current == 2 })
-            // Released with the last record that held it.
-            #expect(weakInvoker == nil)
+            // Each flow keeps its usual invoker while it lives.
+            #expect(weakInvoker != nil)
         }
+        // Released with the flows.
+        #expect(await eventually { weakInvoker == nil })
     }
 
     @Test func aForeignSubscriberByPointerGetsTheValuesAddress() async throws {
@@ -245,13 +247,14 @@ struct SubscriberRecordTests {
         }
     }
 
-    /// Records are 32 bytes, two to a cache line; a C subscriber's invoker and the optional
-    /// terminal and release callbacks live in side records, made only for a page that needs
-    /// them; a record recycled from a C subscriber with extras serves a plain Swift one.
-    @Test func recordsAre32BytesAndOnlyPagesThatNeedThemGetSideRecords() async throws {
+    /// A StateFlow's records are 24 bytes, a SharedFlow's 32 (with their cursor); the
+    /// optional terminal and release callbacks live in side records, made only for a page that
+    /// needs them; a record recycled from a C subscriber with extras serves a plain Swift one.
+    @Test func recordsAre24BytesOr32WithACursorAndOnlyPagesThatNeedThemGetSideRecords() async throws {
         let record: @convention(c) (Int, UnsafeMutableRawPointer?) -> Void = { value, userdata in
             Unmanaged<Recorder<Int>>.fromOpaque(userdata!).takeUnretainedValue().append(value)
         }
+        weak var weakInvoker: ForeignCallback<Int>?
         try await withLoop { loop in
             let state = MutableStateFlow(0, on: loop)
             // Page 0 (slots 0–15): plain Swift subscribers, no side records.
@@ -260,14 +263,17 @@ struct SubscriberRecordTests {
             #expect(plain.map(\.slot) == Array(0..<16))
             for index in 1..<16 {
                 #expect(state.core.recordLayout(of: Int32(index)).address
-                    - state.core.recordLayout(of: Int32(index - 1)).address == 32)
+                    - state.core.recordLayout(of: Int32(index - 1)).address == 24)
             }
             #expect(Int(bitPattern: state.core.recordLayout(of: 0).address) % 64 == 0)
             #expect(!state.core.recordLayout(of: 0).hasSidePage)
+            let bus = try MutableSharedFlow<Int>(on: loop)
+            let busHandles = [try bus.subscribe(onEvent: { _ in }), try bus.subscribe(onEvent: { _ in })]
+            #expect(bus.core.recordLayout(of: 1).address - bus.core.recordLayout(of: 0).address == 32)
+            for handle in busHandles { handle.close() }
 
             // Page 1: a C subscriber with a release callback, a Swift one with terminal and
             // release callbacks, a plain Swift one.
-            weak var weakInvoker: ForeignCallback<Int>?
             let cSeen = Recorder<Int>()
             let withExtrasSeen = Recorder<Int>()
             let plainSeen = Recorder<Int>()
@@ -292,9 +298,11 @@ struct SubscriberRecordTests {
             #expect(await eventually { cSeen.last == 1 && withExtrasSeen.last == 1 && plainSeen.last == 1 })
 
             // The C subscriber's record, recycled for a plain Swift subscriber: called through
-            // its closure, and the old invoker and release callback are gone for good.
+            // its closure, and the old release callback is gone for good (the invoker is the
+            // flow's usual one: the flow keeps it).
             #expect(cHandle.close())
-            #expect(await eventually { events.all == ["c released"] && weakInvoker == nil })
+            #expect(await eventually { events.all == ["c released"] })
+            #expect(weakInvoker != nil)
             let recycledSeen = Recorder<Int>()
             let recycled = try state.subscribe(onState: { recycledSeen.append($0) })
             #expect(recycled.slot == 16)
@@ -307,6 +315,53 @@ struct SubscriberRecordTests {
             #expect(await eventually { events.all == ["c released", "completed", "swift released"] })
             for handle in plain + [recycled, withExtras, plainHandle] { #expect(handle.isClosed) }
         }
+        #expect(await eventually { weakInvoker == nil })
+    }
+
+    /// The first invoker a flow's C subscriber brings is the flow's usual one: the flow holds
+    /// it, and a C subscriber using it (without terminal or release callbacks) needs no side
+    /// record — its walk reads the invoker from the flow. A subscriber with another invoker
+    /// keeps it in its side record, is called through it, and lets go of it when released.
+    @Test func aFlowsUsualInvokerNeedsNoSideRecordAndAnotherInvokerIsHeldByItsRecord() async throws {
+        let calls = Recorder<String>()
+        let record: @convention(c) (Int, UnsafeMutableRawPointer?) -> Void = { _, _ in }
+        let function = unsafeBitCast(record, to: UnsafeRawPointer.self)
+        func invoker(_ name: String) -> ForeignCallback<Int> {
+            ForeignCallback<Int> { value, _, userdata in calls.append("\(name) \(value) \(Int(bitPattern: userdata))") }
+        }
+        weak var weakUsual: ForeignCallback<Int>?
+        weak var weakOther: ForeignCallback<Int>?
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let (usualHandle, otherHandle, plain) = try {
+                let usual = invoker("usual")
+                let other = invoker("other")
+                weakUsual = usual
+                weakOther = other
+                // Slot 0 (page 0): the usual invoker. Slots 1–15: plain Swift. Slot 16 (page 1):
+                // another invoker.
+                let usualHandle = try state.subscribe(
+                    foreign: usual, function: function, userdata: UnsafeMutableRawPointer(bitPattern: 1))
+                let plain = try (1..<16).map { _ in try state.subscribe(onState: { _ in }) }
+                let otherHandle = try state.subscribe(
+                    foreign: other, function: function, userdata: UnsafeMutableRawPointer(bitPattern: 2))
+                return (usualHandle, otherHandle, plain)
+            }()
+            #expect([usualHandle.slot, otherHandle.slot] == [0, 16])
+            #expect(!state.core.recordLayout(of: 0).hasSidePage)
+            #expect(state.core.recordLayout(of: 16).hasSidePage)
+            #expect(await eventually { calls.all.sorted() == ["other 0 2", "usual 0 1"] })
+            state.value = 1
+            #expect(await eventually { calls.all.sorted() == ["other 0 2", "other 1 2", "usual 0 1", "usual 1 1"] })
+
+            #expect(otherHandle.close())
+            #expect(await eventually { weakOther == nil })
+            #expect(usualHandle.close())
+            try await loop.submit {}
+            #expect(weakUsual != nil)
+            for handle in plain { handle.close() }
+        }
+        #expect(await eventually { weakUsual == nil })
     }
 
     @Test func anOpenSubscriptionWhoseHandleAndFlowAreGoneIsCompletedAtTeardown() async throws {
@@ -338,16 +393,25 @@ struct SubscriberRecordTests {
             let calls = Counter()
             let releases = Recorder<String>()
             weak var weakInvoker: ForeignCallback<Int>?
+            let function = UnsafeRawPointer(bitPattern: 0x1)!  // never called
+            // The flow's usual invoker (it keeps it), so that the one below is held by its record.
+            let usual = ForeignCallback<Int> { _, _, _ in calls.increment() }
+            let first = try state.subscribe(
+                foreign: usual, function: function, userdata: nil, onRelease: { releases.append("first") })
+            #expect(await eventually { calls.current == 1 })
+            first.close()
+            #expect(await eventually { releases.all == ["first"] })
             let blocker = try LoopBlocker(loop)
             do {
                 let invoker = ForeignCallback<Int> { _, _, _ in calls.increment() }
                 weakInvoker = invoker
-                let function = UnsafeRawPointer(bitPattern: 0x1)!  // never called
                 let handles = [
                     try events.subscribe(onEvent: { _ in calls.increment() }, onRelease: { releases.append("events") }),
                     try state.subscribe(onState: { _ in calls.increment() }, onRelease: { releases.append("state") }),
                     try state.subscribe(
                         foreign: invoker, function: function, userdata: nil, onRelease: { releases.append("foreign") }),
+                    try state.subscribe(
+                        foreign: usual, function: function, userdata: nil, onRelease: { releases.append("usual") }),
                 ]
                 // Closed while their first delivery waits behind the blocked loop.
                 for handle in handles { #expect(handle.close()) }
@@ -358,8 +422,8 @@ struct SubscriberRecordTests {
             let later = try events.subscribe(onEvent: { seen.append($0) })
             #expect(await eventually { seen.all == [1, 2] })
             try await loop.submit {}
-            #expect(calls.current == 0)
-            #expect(releases.all.sorted() == ["events", "foreign", "state"])
+            #expect(calls.current == 1)
+            #expect(releases.all.sorted() == ["events", "first", "foreign", "state", "usual"])
             #expect(weakInvoker == nil)
             #expect(events.subscriptionCount.value == 1)
             later.close()

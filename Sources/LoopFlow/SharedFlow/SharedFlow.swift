@@ -75,7 +75,7 @@ public class SharedFlow<Event: Sendable>: @unchecked Sendable {
         self.replay = replay
         self.bufferCapacity = bufferCapacity
         self.overflow = overflow
-        self.core = FlowCore(loop: loop)
+        self.core = FlowCore(loop: loop, keepsCursors: true)
         core.source = self
         pending.reserveCapacity(bufferCapacity)
         delivering.reserveCapacity(bufferCapacity)
@@ -167,21 +167,22 @@ extension SharedFlow: DeliverySource {
 
     func broadcast() {
         // Newcomers first get their replay, then the live events from their start on.
+        let usual = core.usualInvoker
         if !deliveringBacklogs.isEmpty {
             core.forEachNewcomer { newcomer in
                 guard let backlog = deliveringBacklogs[newcomer.id] else { return }
                 for event in backlog.events where newcomer.isOpen {
-                    withValueAddress(event) { callSubscriber(newcomer, event, at: $0) }
+                    withValueAddress(event) { callSubscriber(newcomer, event, at: $0, usualInvoker: usual) }
                 }
             }
             deliveringBacklogs.removeAll()
         }
         for item in delivering {
             withValueAddress(item.event) { address in
-                var walk = core.live
+                var walk = core.live(stride: SubscriberEntry.sequencedStride)
                 while let subscriber = walk.next() {
                     if item.sequence >= subscriber.cursor {
-                        callSubscriber(subscriber, item.event, at: address)
+                        callSubscriber(subscriber, item.event, at: address, usualInvoker: usual)
                     }
                 }
             }

@@ -112,18 +112,20 @@ extension StateFlow: DeliverySource {
             // Records are not released during a walk (arrivals register before it, releases
             // happen in retire jobs), so they are walked in place, read-only: a walk over a
             // million records writes none of their cache lines.
+            let usual = core.usualInvoker
             withValueAddress(value) { address in
-                var walk = core.live
+                var walk = core.live(stride: SubscriberEntry.valueStride)
                 while let subscriber = walk.next() {
-                    callSubscriber(subscriber, value, at: address, invokerInCursor: true)
+                    callSubscriber(subscriber, value, at: address, usualInvoker: usual)
                 }
             }
         } else {
             // The value everyone already has: only newcomers get it (each is a newcomer in
             // exactly one delivery, so none of them has it yet).
+            let usual = core.usualInvoker
             withValueAddress(value) { address in
                 core.forEachNewcomer { subscriber in
-                    callSubscriber(subscriber, value, at: address, invokerInCursor: true)
+                    callSubscriber(subscriber, value, at: address, usualInvoker: usual)
                 }
             }
         }

@@ -87,8 +87,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// take their first sequence there), so those on the loop thread may keep their arrival
     /// in the loop's own list (`admit`).
     private let admitsLocally: Bool
-    /// The records themselves, at fixed addresses (read without the lock: see there).
-    private let table = SubscriberPages()
+    /// The records themselves, at fixed addresses (read without the lock: see there): 24
+    /// bytes each, or 32 for a flow whose records keep a cursor (a SharedFlow's).
+    private let table: SubscriberPages
 
     // Loop-confined.
     @exclusivity(unchecked) private var arrivalBatch: [Int32] = []
@@ -154,10 +155,12 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let id: UInt64
     }
 
-    init(loop: EventLoop, admitsLocally: Bool = false) {
+    init(loop: EventLoop, admitsLocally: Bool = false, keepsCursors: Bool = false) {
         self.loop = loop
         self.gate = loop.walkGate
         self.admitsLocally = admitsLocally
+        self.table = SubscriberPages(
+            stride: keepsCursors ? SubscriberEntry.sequencedStride : SubscriberEntry.valueStride)
     }
 
     deinit {
@@ -283,18 +286,20 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         nextID += 1
         table.makePage(for: slot)
         let entry = table.entry(slot)
-        // A StateFlow's walk finds a C subscriber's invoker here (SharedFlow's `prepareLocked`
-        // puts its sequence here instead): see `SubscriberEntry`.
-        entry.cursor = UInt64(UInt(bitPattern: foreign))
         entry.word0 = words.0
         entry.word1 = words.1
         var tag = id << SubscriberEntry.idShift
-        if foreign != nil || extras != nil {
+        // The flow's usual invoker is held by the table, and a walk finds it there: the record
+        // needs no side record for it (the admission's reference is let go of below).
+        let usual = foreign.map { table.isUsualInvoker($0) } ?? false
+        let sideForeign = usual ? nil : foreign
+        if usual { tag |= SubscriberEntry.foreignBit | SubscriberEntry.usualInvokerBit }
+        if sideForeign != nil || extras != nil {
             table.makeSidePage(for: slot)
             let side = table.side(slot)
-            side.foreign = foreign
+            side.foreign = sideForeign
             side.extras = extras
-            if foreign != nil { tag |= SubscriberEntry.foreignBit }
+            if sideForeign != nil { tag |= SubscriberEntry.foreignBit }
             if extras != nil { tag |= SubscriberEntry.extrasBit }
         }
         entry.tag.pointee.store(tag, ordering: .releasing)
@@ -309,6 +314,7 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
             arrivals.append(slot)
         }
         lock.unlock()
+        if usual, let foreign { Unmanaged<AnyObject>.fromOpaque(foreign).release() }
         if post { postDelivery() }
         publishCount()
         return FlowSubscription(core: self, entry: entry, slot: slot, id: id)
@@ -339,7 +345,6 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let id = localNextID
         localNextID += 1
         let entry = table.entry(slot)
-        entry.cursor = 0
         entry.word0 = words.0
         entry.word1 = words.1
         entry.tag.pointee.store(id << SubscriberEntry.idShift, ordering: .releasing)
@@ -604,8 +609,17 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
     /// Every registered, open record, in slot order, each one's tag checked just before it is
     /// handed over (a callback may close others): `while let subscriber = walk.next()`. Inside
     /// a walk only.
+    ///
+    /// `stride`: the flow's record size (`SubscriberEntry.valueStride` for a StateFlow,
+    /// `.sequencedStride` for a SharedFlow), a constant at the walk's call site so that the
+    /// walk's address arithmetic is folded (as a field read per record it measured slower).
     @inline(__always)
-    var live: LiveRecords { table.live(below: walkLimit) }
+    func live(stride: Int) -> LiveRecords { table.live(below: walkLimit, stride: stride) }
+
+    /// The flow's usual C invoker for `callSubscriber`, read once per walk: inside a delivery
+    /// only (see `SubscriberPages.usualInvoker`).
+    @inline(__always)
+    var usualInvoker: UnsafeRawPointer? { table.usualInvoker }
 
     /// The records the delivery under way registered, still open.
     @inline(__always)
@@ -663,7 +677,9 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
         var extras: UnsafeRawPointer?
         var foreign: UnsafeRawPointer?
-        if tag & (SubscriberEntry.extrasBit | SubscriberEntry.foreignBit) != 0 {
+        // A side record holds extras, or a C subscriber's invoker that is not the usual one.
+        if tag & SubscriberEntry.extrasBit != 0
+            || tag & (SubscriberEntry.foreignBit | SubscriberEntry.usualInvokerBit) == SubscriberEntry.foreignBit {
             let side = table.side(slot)
             extras = side.extras
             foreign = side.foreign
@@ -678,8 +694,10 @@ final class FlowCore: SubscriptionOwner, @unchecked Sendable {
         // see that the id is no longer its own.
         entry.tag.pointee.store(SubscriberEntry.freeTag, ordering: .releasing)
         freeing.append(slot)
-        if let foreign {
-            Unmanaged<AnyObject>.fromOpaque(foreign).release()
+        if tag & SubscriberEntry.foreignBit != 0 {
+            // A C subscriber: its words are a function and userdata, its invoker the side
+            // record's (the table keeps the usual one).
+            if let foreign { Unmanaged<AnyObject>.fromOpaque(foreign).release() }
         } else if let context {
             Unmanaged<AnyObject>.fromOpaque(context).release()
         }

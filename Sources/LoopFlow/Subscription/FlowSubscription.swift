@@ -233,18 +233,18 @@ struct BorrowedValueCallback<Value>: ~Copyable {
 /// callback gets — taken once per walk, not once per callback (in this unspecialized code a
 /// `withUnsafePointer` per callback was a generic call and a copy of the value).
 ///
-/// `invokerInCursor`: a StateFlow's records carry a C subscriber's invoker in their cursor
-/// word too, so its walk reads 32 bytes per subscriber, not 48 (at a million C subscribers the
-/// walk is memory-bound); a SharedFlow's cursor is its sequence, and its walk reads the side
-/// record.
+/// `usualInvoker`: the flow's (`FlowCore.usualInvoker`, read once per walk). A C subscriber
+/// whose invoker it is (every one, unless the flow was given several kinds) is called without
+/// reading its side record: at a million C subscribers the walk is memory-bound (see
+/// `SubscriberEntry`).
 @inline(__always)
 func callSubscriber<Value>(
-    _ walked: WalkedEntry, _ value: Value, at address: UnsafeRawPointer, invokerInCursor: Bool = false
+    _ walked: WalkedEntry, _ value: Value, at address: UnsafeRawPointer, usualInvoker: UnsafeRawPointer?
 ) {
     let entry = walked.entry
     if walked.tag & SubscriberEntry.foreignBit != 0 {
-        let foreign = invokerInCursor
-            ? UnsafeRawPointer(bitPattern: UInt(entry.cursor)).unsafelyUnwrapped
+        let foreign = walked.tag & SubscriberEntry.usualInvokerBit != 0
+            ? usualInvoker.unsafelyUnwrapped
             : walked.side.foreign.unsafelyUnwrapped
         let function = entry.word0.unsafelyUnwrapped
         let userdata = UnsafeMutableRawPointer(mutating: entry.word1)
@@ -256,7 +256,9 @@ func callSubscriber<Value>(
             }
         }
     } else {
-        invoke((entry.raw + 16).assumingMemoryBound(to: BorrowedValueCallback<Value>.self).pointee, value)
+        invoke(
+            (entry.raw + SubscriberEntry.callbackOffset).assumingMemoryBound(to: BorrowedValueCallback<Value>.self)
+                .pointee, value)
     }
 }
 

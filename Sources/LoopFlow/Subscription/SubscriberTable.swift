@@ -1,42 +1,55 @@
+// Over 400 lines (419): the record layout, its pages and the walk over them are one memory
+// contract (offsets, strides, who writes what under which lock); a quarter is doc comments.
 import CLibUV
 import Synchronization
 
-/// One subscriber's record in a flow's `SubscriberTable`: 32 bytes of raw memory at an
-/// address that never changes while the flow's core lives (handles point at it).
+/// One subscriber's record in a flow's `SubscriberTable`: 24 bytes (a StateFlow's) or 32 (a
+/// SharedFlow's, which keeps each subscriber's first sequence) of raw memory at an address
+/// that never changes while the flow's core lives (handles point at it).
 ///
 /// | offset | field | |
 /// |---|---|---|
-/// | 0 | `tag`, atomic | `id << 4 \| foreign (8) \| extras (4) \| registered (2) \| closed (1)`; 1 when free |
-/// | 8 | `cursor` | SharedFlow: its first live sequence. StateFlow: a C subscriber's `ForeignCallback` (unretained: the side record holds the reference), so that its walk reads no side record |
-/// | 16, 24 | callback | a Swift subscriber's value closure (function, context; the context retained), or a C subscriber's function pointer and userdata |
+/// | 0 | `tag`, atomic | `id << 5 \| usual invoker (16) \| foreign (8) \| extras (4) \| registered (2) \| closed (1)`; 1 when free |
+/// | 8, 16 | callback | a Swift subscriber's value closure (function, context; the context retained), or a C subscriber's function pointer and userdata |
+/// | 24 | `cursor` | SharedFlow only: its first live sequence |
 ///
 /// What most subscribers do not have lives in the record's *side record* (`SubscriberSide`,
-/// 16 bytes in a parallel page made only when a record of that page first needs one): a C
-/// subscriber's `ForeignCallback` (`foreign` set in the tag) and the optional terminal and
-/// release callbacks (`extras`). A walk streams the 32-byte records — two to a cache line —
-/// and reads a side record only for a record whose tag names it.
+/// 16 bytes in a parallel page made only when a record of that page first needs one): the
+/// optional terminal and release callbacks (`extras`), and a C subscriber's `ForeignCallback`
+/// (`foreign` set in the tag) unless it is its flow's *usual* one — the first a C subscriber
+/// of the flow brought, which the table holds for the flow's life
+/// (`SubscriberPages.usualInvoker`); then the tag has `usualInvoker` too and the walk reads
+/// the invoker from the table. A walk streams the records and reads a side record only for a
+/// record whose tag names it: at a million C subscribers it is memory-bound, and reads 24
+/// bytes of a StateFlow's record and the host's userdata per subscriber.
 ///
 /// The tag is the only field touched off the loop thread after admission without the lock: a
 /// closer compares its id and sets `closed` with one compare-and-swap, so a handle whose record
 /// was recycled for a newer subscription finds another id there and closes nothing. (An
 /// off-loop close of a record no delivery has registered yet may then free it, under the lock:
 /// `FlowCore.reclaimElsewhere`.) The other
-/// fields (and the side record, and the `foreign`/`extras` bits, which never change while
-/// the record is held) are written under the flow's lock at admission (before the loop may
-/// read them: the arrival reaches the loop through the same lock) — or, a StateFlow's
+/// fields (and the side record, and the `foreign`/`extras`/`usualInvoker` bits, which never
+/// change while the record is held) are written under the flow's lock at admission (before the
+/// loop may read them: the arrival reaches the loop through the same lock) — or, a StateFlow's
 /// loop-thread admission into a spare record, on the loop thread — and afterwards only on
 /// the loop thread.
 struct SubscriberEntry: @unchecked Sendable {
-    static let stride = 32
+    /// A StateFlow's record: tag and callback.
+    static let valueStride = 24
+    /// A SharedFlow's record: tag, callback and cursor.
+    static let sequencedStride = 32
     static let closedBit: UInt64 = 1
     static let registeredBit: UInt64 = 2
     /// The record has a side record with a `SubscriberExtras`.
     static let extrasBit: UInt64 = 4
-    /// A C subscriber: its side record holds the `ForeignCallback`, its callback words are a
-    /// function pointer and userdata.
+    /// A C subscriber: its callback words are a function pointer and userdata, and its
+    /// `ForeignCallback` is in its side record — or, with `usualInvoker`, the table's.
     static let foreignBit: UInt64 = 8
-    /// The id sits above the four flag bits (ids start at 1; 2^60 of them do not run out).
-    static let idShift: UInt64 = 4
+    /// With `foreign`: the subscriber's `ForeignCallback` is the table's usual one (held by the
+    /// table, not by the record), and its walk reads it there; no side record for it.
+    static let usualInvokerBit: UInt64 = 16
+    /// The id sits above the five flag bits (ids start at 1; 2^59 of them do not run out).
+    static let idShift: UInt64 = 5
     /// The tag of a free record: closed, unregistered, no id.
     static let freeTag: UInt64 = closedBit
 
@@ -47,23 +60,26 @@ struct SubscriberEntry: @unchecked Sendable {
     @inline(__always)
     var tag: UnsafeMutablePointer<Atomic<UInt64>> { raw.assumingMemoryBound(to: Atomic<UInt64>.self) }
 
-    @inline(__always)
-    var cursor: UInt64 {
-        get { raw.load(fromByteOffset: 8, as: UInt64.self) }
-        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 8, as: UInt64.self) }
-    }
+    /// The callback's two words (see the table above), from `callbackOffset`.
+    static let callbackOffset = 8
 
-    /// The callback's two words (see the table above).
     @inline(__always)
     var word0: UnsafeRawPointer? {
-        get { raw.load(fromByteOffset: 16, as: UnsafeRawPointer?.self) }
-        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 16, as: UnsafeRawPointer?.self) }
+        get { raw.load(fromByteOffset: 8, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 8, as: UnsafeRawPointer?.self) }
     }
 
     @inline(__always)
     var word1: UnsafeRawPointer? {
-        get { raw.load(fromByteOffset: 24, as: UnsafeRawPointer?.self) }
-        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 24, as: UnsafeRawPointer?.self) }
+        get { raw.load(fromByteOffset: 16, as: UnsafeRawPointer?.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 16, as: UnsafeRawPointer?.self) }
+    }
+
+    /// A SharedFlow's record only (a StateFlow's is 24 bytes: this is the next one's tag).
+    @inline(__always)
+    var cursor: UInt64 {
+        get { raw.load(fromByteOffset: 24, as: UInt64.self) }
+        nonmutating set { raw.storeBytes(of: newValue, toByteOffset: 24, as: UInt64.self) }
     }
 
     /// Loop thread, inside a walk: whether the next callback may run. A sequentially
@@ -88,7 +104,7 @@ struct SubscriberEntry: @unchecked Sendable {
 ///
 /// | offset | field |
 /// |---|---|
-/// | 0 | `foreign`: `Unmanaged<ForeignCallback<Value>>`, retained, for a C subscriber |
+/// | 0 | `foreign`: `Unmanaged<ForeignCallback<Value>>`, retained, for a C subscriber whose invoker is not its flow's usual one |
 /// | 8 | `extras`: `Unmanaged<SubscriberExtras>`, retained |
 struct SubscriberSide {
     static let stride = 16
@@ -111,9 +127,9 @@ struct SubscriberSide {
 }
 
 /// A live record as a walk hands it over: the record, its tag as the walk read it (the
-/// `foreign`/`extras` bits hold while it is live), and where its side record is — the page's
-/// entry in the side directory, read only once the tag (an acquiring load, after the
-/// admission's releasing store) says there is one.
+/// `foreign`/`extras`/`usualInvoker` bits hold while it is live), and where its side record
+/// is — the page's entry in the side directory, read only once the tag (an acquiring load,
+/// after the admission's releasing store) says there is one.
 struct WalkedEntry {
     let entry: SubscriberEntry
     let tag: UInt64
@@ -137,7 +153,8 @@ struct WalkedEntry {
 ///
 /// A page's pointer (record or side) is written once, under the flow's lock, before any slot
 /// on it is handed out (for a side page: before the record that needs it is published), and
-/// never changes: the loop reads it for slots it was handed through the lock.
+/// never changes: the loop reads it for slots it was handed through the lock. So is the usual
+/// invoker (before the first record that names it is published).
 struct SubscriberPages: @unchecked Sendable {
     static let firstPageSlots = 16
     static let maxPages = 28
@@ -148,21 +165,52 @@ struct SubscriberPages: @unchecked Sendable {
     /// 10 000 2.05× → 1.82×, 1 M (prefetching) 3.90× → 3.27×.
     static let prefetchFromPage = 6
 
-    /// `maxPages` record pages, then `maxPages` side pages.
-    private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    /// Where the directory keeps the usual invoker, after the pages.
+    static let usualInvokerIndex = 2 * maxPages
 
-    init() {
-        directory = .allocate(capacity: 2 * Self.maxPages)
-        directory.initialize(repeating: nil, count: 2 * Self.maxPages)
+    /// `maxPages` record pages, then `maxPages` side pages, then the usual invoker (retained).
+    private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    /// Bytes per record: `SubscriberEntry.valueStride` or `.sequencedStride`.
+    let stride: Int
+
+    init(stride: Int) {
+        precondition(stride == SubscriberEntry.valueStride || stride == SubscriberEntry.sequencedStride)
+        self.stride = stride
+        directory = .allocate(capacity: Self.usualInvokerIndex + 1)
+        directory.initialize(repeating: nil, count: Self.usualInvokerIndex + 1)
     }
 
-    /// Frees the pages (the owner released every record still in use first).
+    /// Frees the pages and lets go of the usual invoker (the owner released every record still
+    /// in use first).
     func deallocate() {
         for page in 0..<2 * Self.maxPages {
             directory[page]?.deallocate()
         }
-        directory.deinitialize(count: 2 * Self.maxPages)
+        if let usual = directory[Self.usualInvokerIndex] {
+            Unmanaged<AnyObject>.fromOpaque(usual).release()
+        }
+        directory.deinitialize(count: Self.usualInvokerIndex + 1)
         directory.deallocate()
+    }
+
+    /// The usual invoker (unretained), nil until a C subscriber was admitted. On the loop
+    /// thread, a walk reads it once before it starts: every record it calls with the
+    /// `usualInvoker` bit was admitted — the invoker written — under the lock before the
+    /// delivery took its arrival through that lock, and the invoker never changes once set.
+    @inline(__always)
+    var usualInvoker: UnsafeRawPointer? { UnsafeRawPointer(directory[Self.usualInvokerIndex]) }
+
+    /// Under the lock, admitting a C subscriber with `invoker` (a retained `ForeignCallback`):
+    /// whether it is the table's usual invoker — the first one admitted becomes it, and the
+    /// table holds it (a reference of its own) until the flow's core goes.
+    @inline(__always)
+    func isUsualInvoker(_ invoker: UnsafeRawPointer) -> Bool {
+        guard let usual = directory[Self.usualInvokerIndex] else {
+            _ = Unmanaged<AnyObject>.fromOpaque(invoker).retain()
+            directory[Self.usualInvokerIndex] = UnsafeMutableRawPointer(mutating: invoker)
+            return true
+        }
+        return UnsafeRawPointer(usual) == invoker
     }
 
     @inline(__always)
@@ -178,7 +226,7 @@ struct SubscriberPages: @unchecked Sendable {
     @inline(__always)
     func entry(_ slot: Int32) -> SubscriberEntry {
         let (page, offset) = Self.page(of: slot)
-        return SubscriberEntry(directory[page].unsafelyUnwrapped + offset * SubscriberEntry.stride)
+        return SubscriberEntry(directory[page].unsafelyUnwrapped + offset * stride)
     }
 
     /// The side record of `slot`: only once its page has side records (`makeSidePage`), and
@@ -194,7 +242,7 @@ struct SubscriberPages: @unchecked Sendable {
     func walked(_ slot: Int32, tag: UInt64) -> WalkedEntry {
         let (page, offset) = Self.page(of: slot)
         return WalkedEntry(
-            entry: SubscriberEntry(directory[page].unsafelyUnwrapped + offset * SubscriberEntry.stride),
+            entry: SubscriberEntry(directory[page].unsafelyUnwrapped + offset * stride),
             tag: tag, sidePage: directory + Self.maxPages + page, index: offset)
     }
 
@@ -222,9 +270,9 @@ struct SubscriberPages: @unchecked Sendable {
 
     private func makePage(_ page: Int) {
         let count = Self.slots(inPage: page)
-        let memory = UnsafeMutableRawPointer.allocate(byteCount: count * SubscriberEntry.stride, alignment: 64)
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: count * stride, alignment: 64)
         for index in 0..<count {
-            (memory + index * SubscriberEntry.stride)
+            (memory + index * stride)
                 .bindMemory(to: Atomic<UInt64>.self, capacity: 1)
                 .initialize(to: Atomic(SubscriberEntry.freeTag))
         }
@@ -241,7 +289,7 @@ struct SubscriberPages: @unchecked Sendable {
             let count = min(Self.slots(inPage: page), limit - first)
             let base = directory[page].unsafelyUnwrapped
             for index in 0..<count {
-                body(SubscriberEntry(base + index * SubscriberEntry.stride), Int32(first + index))
+                body(SubscriberEntry(base + index * stride), Int32(first + index))
             }
             first += Self.slots(inPage: page)
             page += 1
@@ -252,8 +300,9 @@ struct SubscriberPages: @unchecked Sendable {
     /// read under the lock), in slot order, checking each one's tag just before handing it
     /// over (a callback may close others).
     @inline(__always)
-    func live(below limit: Int32) -> LiveRecords {
-        LiveRecords(directory: directory, limit: Int(limit))
+    func live(below limit: Int32, stride: Int) -> LiveRecords {
+        assert(stride == self.stride, "a walk with another flow's record size")
+        return LiveRecords(directory: directory, stride: stride, limit: Int(limit))
     }
 }
 
@@ -267,6 +316,7 @@ struct SubscriberPages: @unchecked Sendable {
 /// them here races with nothing.
 struct LiveRecords {
     private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    private let stride: Int
     private let limit: Int
     /// The page being walked, its first slot, its base, how many of its records to walk.
     private var page = 0
@@ -278,8 +328,9 @@ struct LiveRecords {
     private var prefetching = false
 
     @inline(__always)
-    fileprivate init(directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>, limit: Int) {
+    fileprivate init(directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>, stride: Int, limit: Int) {
         self.directory = directory
+        self.stride = stride
         self.limit = limit
         if limit > 0 {
             base = directory[0]
@@ -297,10 +348,10 @@ struct LiveRecords {
                 // What the callback `prefetchDistance` records ahead will read first: its
                 // closure context or userdata (the records themselves stream in order).
                 if prefetching && current &+ SubscriberPages.prefetchDistance < count {
-                    let ahead = SubscriberEntry(records + (current &+ SubscriberPages.prefetchDistance) &* SubscriberEntry.stride)
+                    let ahead = SubscriberEntry(records + (current &+ SubscriberPages.prefetchDistance) &* stride)
                     if ahead.isLive { sf_prefetch(ahead.word1) }
                 }
-                let entry = SubscriberEntry(records + current &* SubscriberEntry.stride)
+                let entry = SubscriberEntry(records + current &* stride)
                 let tag = entry.tag.pointee.load(ordering: .sequentiallyConsistent)
                 if SubscriberEntry.isLive(tag) {
                     return WalkedEntry(entry: entry, tag: tag, sidePage: directory + SubscriberPages.maxPages + page, index: current)
