@@ -84,7 +84,17 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
         return .present(list)
     }
     func account(_ key: String, isActive: Bool) -> any CredentialStore { Record(store: self, key: key) }
-    func setActiveAccount(_ key: String?) throws(StoreError) { locked { active = key } }
+    func setActiveAccount(_ key: String?) throws(StoreError) {
+        locked {
+            active = key
+            pointerWrites.append(key)
+        }
+    }
+    /// The keys the manager recorded as active, in order (`setActiveAccount`).
+    private(set) var pointerWrites: [String?] = []
+    /// Another process records `key` as the active account (not counted in `pointerWrites`).
+    func otherProcessPoints(to key: String) { locked { active = key } }
+    var activeKey: String? { locked { active } }
 }
 
 @Suite("The account list after changes of the store")
@@ -264,6 +274,41 @@ extension AccountListRaceTests {
         _ = try loop.shutdown()
     }
 
+    /// The switch that follows another process's sign-in of bob writes no pointer: that process
+    /// moved on to carol before the switch was made (it waits for bob's session to read its
+    /// record), and writing bob again would undo carol. Before: the store named bob after it.
+    @Test func aSwitchFollowingAnotherProcessDoesNotUndoItsLaterChoice() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob")
+        store.put("carol")
+        store.holdNextRead(of: "bob")
+        let session = try await loop.submit {
+            try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        }
+        #expect(await eventually { store.locked { store.holdingRecordRead } })
+        store.otherProcessPoints(to: "bob")
+        try await loop.submit { session.engine.storeChanged() }
+        // The active session reads bob's record on its worker and asks the manager; the switch
+        // waits for bob's session.
+        let asking = try await loop.submit { session.engine }
+        await afterPendingWork(of: asking.worker, on: loop)
+        try await loop.submit {}
+        #expect(session.state.value == .loggedOut)
+        #expect(session.engine === asking)
+        store.otherProcessPoints(to: "carol")
+        store.releaseRecordRead()
+        #expect(await eventually { session.accounts.contains { $0.key == "bob" && $0.isActive } })
+        #expect(session.state.value == .loggedIn)
+        try await loop.submit {}
+        let pointerWorker = try #require(session.pointerWorker)
+        await afterPendingWork(of: pointerWorker, on: loop)
+        #expect(store.pointerWrites.isEmpty)
+        #expect(store.activeKey == "carol")
+        await session.close()
+        _ = try loop.shutdown()
+    }
+
     /// The signed-out session a switch to a followed account retired is no longer active: a
     /// sign-in it still follows (a read of the store it submitted before the switch, answered
     /// after it) leaves it signed out — bob keeps one session, the one the switch made active.
@@ -306,6 +351,18 @@ extension AccountListRaceTests {
 /// making, and a thread of the cooperative pool must not wait.
 private func madeOffThePool(_ make: @escaping @Sendable () throws -> SessionManager) async throws -> SessionManager {
     try await offThePool { Result { try make() } }.get()
+}
+
+/// Returns once `worker` ran what was submitted to it before (asked from the loop thread, as
+/// store work is submitted).
+private func afterPendingWork(of worker: StoreWorker, on loop: EventLoop) async {
+    await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+        do {
+            try loop.execute { worker.afterPendingWork { done.resume() } }
+        } catch {
+            done.resume()
+        }
+    }
 }
 
 /// Polls `condition` (every 10 ms, up to 5 s).

@@ -22,6 +22,8 @@ struct AccountsMachineTests {
         var sessions: Set<String> = []
         /// The account the manager made active last.
         var lastActive: String?
+        /// Another process wrote the pointer after our last write landed.
+        var pointerMovedElsewhere = false
         /// The store took a write of the active session since the latest pointer write was made.
         var storeTookWriteSinceLatestPointerWrite = false
 
@@ -69,8 +71,17 @@ struct AccountsMachineTests {
         mutating func pointerWriteAnswers(failing: Bool) {
             guard !pointerWrites.isEmpty else { return }
             let (key, request) = pointerWrites.removeFirst()
-            if !failing { storePointer = key }
+            if !failing {
+                storePointer = key
+                pointerMovedElsewhere = false
+            }
             run(machine.pointerAnswered(request: request, failed: failing))
+        }
+
+        /// Another process records `key` as the active account.
+        mutating func otherProcessPoints(to key: String) {
+            storePointer = key
+            pointerMovedElsewhere = true
         }
 
         /// The store took a write of the active session (its record).
@@ -90,7 +101,9 @@ struct AccountsMachineTests {
             switch machine.pointer {
             case .recorded:
                 #expect(pointerWrites.isEmpty, "\(context): recorded with writes on their way")
-                #expect(storePointer == lastActive, "\(context): recorded, but the store says \(storePointer ?? "-") for \(lastActive ?? "-")")
+                // Or another process's later choice, which ours does not undo.
+                #expect(storePointer == lastActive || pointerMovedElsewhere,
+                    "\(context): recorded, but the store says \(storePointer ?? "-") for \(lastActive ?? "-")")
             case .writing(let request, let key, _):
                 #expect(key == lastActive, "\(context): writing \(key) for \(lastActive ?? "-")")
                 #expect(pointerWrites.last?.request == request, "\(context): the write in flight is not the latest submitted")
@@ -214,12 +227,19 @@ struct AccountsMachineTests {
     }
 
     enum PointerEvent: String, CaseIterable, CustomStringConvertible {
-        case switchAccount, writeLands, writeFails, activeWriteLands
+        case switchAccount, writeLands, writeFails, activeWriteLands, followAnotherProcess
         var description: String { rawValue }
 
         func apply(to s: inout Storage) {
             switch self {
             case .switchAccount: s.switchTo("carol")
+            case .followAnotherProcess:
+                // A change read submitted now finds carol, whom another process made active;
+                // the signed-out active session follows it to carol's session here.
+                let mark = s.machine.pointerMark
+                s.otherProcessPoints(to: "carol")
+                s.lastActive = "carol"
+                s.run(s.machine.activeFollowed(to: "carol", readAt: mark))
             case .writeLands: s.pointerWriteAnswers(failing: false)
             case .writeFails: s.pointerWriteAnswers(failing: true)
             case .activeWriteLands: s.activeWriteLands()
@@ -233,6 +253,8 @@ struct AccountsMachineTests {
         .writeLands: ["recorded", "recorded", "writing/1", "recorded", "owed"],
         .writeFails: ["recorded", "owed", "writing/1", "writing/1", "owed"],
         .activeWriteLands: ["recorded", "writing/1+landed", "writing/2+landed", "writing/1+landed", "writing/1"],
+        // Written only if a write of ours was on its way at the read (it may land over carol).
+        .followAnotherProcess: ["recorded", "writing/2", "writing/3", "writing/2", "recorded"],
     ]
 
     @Test("every pointer state × every event leads to the expected state, the list untouched",
@@ -309,6 +331,73 @@ struct AccountsMachineTests {
         s.checkConsistency("after the failure")
         s.pointerWriteAnswers(failing: false)
         #expect(s.machine.pointer == .recorded && s.storePointer == "alice")
+    }
+
+    /// The signed-out active session follows another process's sign-in of bob (its read of
+    /// the store found the pointer on bob); before the switch is made, the other process moves
+    /// on to carol. Writing bob again would undo carol: the followed switch writes nothing.
+    @Test func aSwitchFollowingAnotherProcessWritesNoPointerSoTheirLaterChangeStands() {
+        var s = Storage()
+        s.otherProcessPoints(to: "bob")
+        let mark = s.machine.pointerMark  // our change read is submitted, and finds bob
+        s.otherProcessPoints(to: "carol")  // the other process moves on
+        s.lastActive = "bob"
+        s.run(s.machine.activeFollowed(to: "bob", readAt: mark))
+        #expect(s.pointerWrites.isEmpty)
+        #expect(s.storePointer == "carol" && s.machine.pointer == .recorded)
+        s.checkConsistency("after the followed switch")
+        // Unknown where the read stood: written as any switch is.
+        s.run(s.machine.activeFollowed(to: "bob", readAt: nil))
+        #expect(s.pointerWrites.map(\.key) == ["bob"])
+    }
+
+    /// A write of ours on its way when the read was submitted may land after it, over the
+    /// other process's pointer: then the followed switch writes its key, so the store does not
+    /// name an account this process left.
+    @Test func aSwitchFollowingAnotherProcessWritesThePointerIfOursMayHaveLandedOverTheirs() {
+        var s = Storage()
+        s.switchTo("alice")  // on the pointer's worker
+        let mark = s.machine.pointerMark
+        s.otherProcessPoints(to: "bob")  // our read finds bob
+        s.pointerWriteAnswers(failing: false)  // then alice lands over it
+        #expect(s.storePointer == "alice")
+        s.lastActive = "bob"
+        s.run(s.machine.activeFollowed(to: "bob", readAt: mark))
+        s.pointerWriteAnswers(failing: false)
+        #expect(s.storePointer == "bob")
+        s.checkConsistency("in flight at the read")
+
+        // A write asked for after the read (an owed one, repaid) is the same case.
+        var t = Storage()
+        t.switchTo("alice")
+        t.pointerWriteAnswers(failing: true)  // owed
+        let clean = t.machine.pointerMark
+        t.otherProcessPoints(to: "bob")  // our read finds bob
+        t.activeWriteLands()  // the debt is written now: alice, after the read
+        t.pointerWriteAnswers(failing: false)
+        #expect(t.storePointer == "alice")
+        t.lastActive = "bob"
+        t.run(t.machine.activeFollowed(to: "bob", readAt: clean))
+        t.pointerWriteAnswers(failing: false)
+        #expect(t.storePointer == "bob")
+        t.checkConsistency("asked for since the read")
+    }
+
+    /// A debt of ours (a failed write of alice) is void once the active session follows the
+    /// store to bob: the store names the account this process is on.
+    @Test func aFollowedSwitchVoidsAnOwedPointer() {
+        var s = Storage()
+        s.switchTo("alice")
+        s.pointerWriteAnswers(failing: true)
+        #expect(s.machine.pointer == .owed(key: "alice"))
+        s.otherProcessPoints(to: "bob")
+        let mark = s.machine.pointerMark
+        s.lastActive = "bob"
+        s.run(s.machine.activeFollowed(to: "bob", readAt: mark))
+        s.activeWriteLands()
+        #expect(s.pointerWrites.isEmpty, "alice is not written over bob")
+        #expect(s.machine.pointer == .recorded && s.storePointer == "bob")
+        s.checkConsistency("debt void")
     }
 
     @Test func anOwedPointerWaitsForTheNextActiveWriteAndIsWrittenOnce() {

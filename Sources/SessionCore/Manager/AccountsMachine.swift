@@ -19,6 +19,16 @@
 ///   store took such a write while the failing write was on its way (the store was
 ///   reachable again, and that write's landing came before the failure was known).
 ///
+/// And one rule that once was a wrong write:
+/// - **A switch that follows another process writes the pointer only if ours may be over
+///   theirs.** The signed-out active session follows a sign-in it read in the store (the
+///   pointer names that account: another process wrote it); writing the same key again would
+///   undo a later change of that other process (it moved on: bob → carol, and this process
+///   wrote bob back). So the switch writes nothing — and a debt of ours is void: the store
+///   names the account this process is on — unless a write of ours was on its way when that
+///   read was submitted, or was requested since (`PointerMark`): it may have landed after the
+///   read, over theirs, and the store would name an account this process left.
+///
 /// Invariants (`checkInvariants`): a pointer write in flight is the latest requested one;
 /// requests are numbered from 1 and never reused.
 struct AccountsMachine: Sendable, Equatable {
@@ -52,6 +62,19 @@ struct AccountsMachine: Sendable, Equatable {
     private(set) var pointer = Pointer.recorded
     /// The latest pointer write requested.
     private(set) var pointerRequest: UInt64 = 0
+
+    /// Where the pointer's writes stood when a read of the store was submitted: the latest
+    /// write requested, and whether one was on its way (its landing unordered with the read).
+    struct PointerMark: Sendable, Equatable {
+        let request: UInt64
+        let writing: Bool
+    }
+
+    /// The mark of a read submitted now (see `activeFollowed(to:readAt:)`).
+    var pointerMark: PointerMark {
+        if case .writing = pointer { return PointerMark(request: pointerRequest, writing: true) }
+        return PointerMark(request: pointerRequest, writing: false)
+    }
 
     // MARK: - The account list
 
@@ -94,6 +117,17 @@ struct AccountsMachine: Sendable, Equatable {
     /// The manager made `key` the active account: the store records it.
     mutating func activeChanged(to key: String) -> [Action] {
         writePointer(key)
+    }
+
+    /// The manager made `key` the active account because the active session followed another
+    /// process's sign-in of it, found by a read of the store submitted at `mark` (nil: not
+    /// known, so written as any change is). See the rule above.
+    mutating func activeFollowed(to key: String, readAt mark: PointerMark?) -> [Action] {
+        guard let mark, !mark.writing, mark.request == pointerRequest else { return writePointer(key) }
+        // No write of ours was on its way at the read or asked for since (the pointer is
+        // recorded or owed): the store names `key`, as the read found.
+        pointer = .recorded
+        return []
     }
 
     /// The pointer's worker answered the write of `request`.

@@ -201,7 +201,8 @@ extension SessionEngine {
             // Unbound and no longer active: retired by a switch, it follows nothing.
             guard isActive else { return }
             // That account has its session here: the manager switches to it.
-            if onFollowSignIn?(stored.account ?? Self.accountKey(for: stored.memberID)) == true { return }
+            let key = stored.account ?? Self.accountKey(for: stored.memberID)
+            if onFollowSignIn?(key, changeReadPointerMark) == true { return }
         }
         guard (try? machine.apply(.signIn)) != nil else { return }
         let abandoned = endSession()

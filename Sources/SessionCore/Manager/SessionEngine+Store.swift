@@ -83,6 +83,7 @@ extension SessionEngine {
             case .startUp(let read):
                 start(from: read)
             case .read(let purpose):
+                if purpose == .change { changeReadPointerMark = onStoreReadSubmitted?() }
                 worker.read { [weak self] read in
                     self?.storeAnswered(purpose == .retry ? .retryRead(read) : .changeRead(read))
                 }

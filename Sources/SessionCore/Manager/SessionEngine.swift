@@ -1,4 +1,4 @@
-// Over 400 lines (441): the engine's state and its entry points stay together; its actions, store
+// Over 400 lines (448): the engine's state and its entry points stay together; its actions, store
 // and account work already live in SessionEngine+Actions/+Store/+Accounts.swift.
 import LoopFlow
 import Logging
@@ -90,7 +90,14 @@ final class SessionEngine: @unchecked Sendable {
     var onWriteLanded: (() -> Void)?
     /// Asked on the loop thread before this session, signed out, follows another process's
     /// sign-in of an account: true if the manager has that account's session and takes over.
-    var onFollowSignIn: ((String) -> Bool)?
+    /// With the mark of the read that found the sign-in (`changeReadPointerMark`).
+    var onFollowSignIn: ((String, AccountsMachine.PointerMark?) -> Bool)?
+    /// Asked on the loop thread as this session submits a read of the store for another
+    /// process's change: where the manager's active-account pointer writes stand.
+    var onStoreReadSubmitted: (() -> AccountsMachine.PointerMark)?
+    /// That mark, for the change read last submitted (one is on the worker at a time, and
+    /// its answer is followed as it arrives).
+    var changeReadPointerMark: AccountsMachine.PointerMark?
     /// Records whose clear failed, cleared again with the store's retries (`clearRecord`).
     var recordsToClear: Set<String> = []
 

@@ -1,4 +1,4 @@
-// Over 400 lines (462): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (481): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
@@ -109,7 +109,11 @@ extension SessionManager {
         recordActive(key)
     }
 
-    func switchAccountOnLoop(to key: String) throws(SessionError) {
+    /// `followingReadAt`: the switch follows another process's sign-in of `key`, found by a
+    /// read of the store submitted at that mark (`AccountsMachine.activeFollowed`).
+    func switchAccountOnLoop(
+        to key: String, followingReadAt mark: AccountsMachine.PointerMark?? = nil
+    ) throws(SessionError) {
         loop.assertInEventLoop()
         try engine.checkOpen()
         let active = engine.published
@@ -118,7 +122,11 @@ extension SessionManager {
             throw SessionError(.invalidArgument, "no account \"\(key)\" is signed in here")
         }
         try makeActive(target)
-        recordActive(key)
+        if let mark {
+            if accountStore != nil { accountsEvent { $0.activeFollowed(to: key, readAt: mark) } }
+        } else {
+            recordActive(key)
+        }
         target.emit(.accountSwitched(account: key))
     }
 
@@ -215,14 +223,26 @@ extension SessionManager {
         active.close()
     }
 
+    /// What the active session tells the manager (`makeActive` unhooks the one before).
+    func hookActive(_ engine: SessionEngine) {
+        engine.onStoreChanged = { [weak self] in self?.storeChanged() }
+        engine.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
+        engine.onFollowSignIn = { [weak self] key, mark in self?.followingSignIn(to: key, readAt: mark) ?? false }
+        engine.onStoreReadSubmitted = { [weak self] in
+            self?.sessions.withLockedValue { $0.accounts.pointerMark } ?? AccountsMachine.PointerMark(request: 0, writing: true)
+        }
+    }
+
     /// The active session, signed out, is about to follow another process's sign-in of `key`:
     /// if `key` has a session here (in the background), that session becomes the active one
     /// instead, and the active session does not take the record (one session per account).
     /// The switch waits for the background session's store work (its first read may still be
     /// on its worker: until it answers the session is signed out) and never runs inside the
     /// active session's store answer; it is dropped if the asking session is no longer the
-    /// active one or signed in meanwhile (a sign-in here wins).
-    func followingSignIn(to key: String) -> Bool {
+    /// active one or signed in meanwhile (a sign-in here wins). `mark`: where this manager's
+    /// pointer writes stood when the read that found the sign-in was submitted (the switch
+    /// writes the pointer only if one of ours may have landed after that read).
+    func followingSignIn(to key: String, readAt mark: AccountsMachine.PointerMark?) -> Bool {
         loop.assertInEventLoop()
         guard let target = sessions.withLockedValue({ $0.background[key] }) else { return false }
         let asking = engine
@@ -233,7 +253,7 @@ extension SessionManager {
                 guard let self, loop.inEventLoop, engine === asking, asking.published.state == .loggedOut else {
                     return
                 }
-                try? switchAccountOnLoop(to: key)
+                try? switchAccountOnLoop(to: key, followingReadAt: mark)
             }
         }
         return true
@@ -259,9 +279,8 @@ extension SessionManager {
         previous.onStoreChanged = nil
         previous.onWriteLanded = nil
         previous.onFollowSignIn = nil
-        next.onStoreChanged = { [weak self] in self?.storeChanged() }
-        next.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
-        next.onFollowSignIn = { [weak self] key in self?.followingSignIn(to: key) ?? false }
+        previous.onStoreReadSubmitted = nil
+        hookActive(next)
         next.attach(surface)
         let leaves = previousState.state == .loggedOut || previousState.account == nil
         sessions.withLockedValue { sessions in

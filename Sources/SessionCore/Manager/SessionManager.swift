@@ -120,9 +120,7 @@ public final class SessionManager: Sendable {
         Self.beforeFirstSessionCallbacks?(first)
         #endif
         first.onStateChange = { [weak self] in self?.accountsChanged() }
-        first.onStoreChanged = { [weak self] in self?.storeChanged() }
-        first.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
-        first.onFollowSignIn = { [weak self] key in self?.followingSignIn(to: key) ?? false }
+        hookActive(first)
         try first.queueStart()
         if loop.inEventLoop {
             // Never waits for the store: the list arrives on the loop, after the active
