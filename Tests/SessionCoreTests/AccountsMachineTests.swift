@@ -78,6 +78,13 @@ struct AccountsMachineTests {
             run(machine.pointerAnswered(request: request, failed: failing))
         }
 
+        /// The signed-out active session follows another process's sign-in of `key` to its
+        /// session here, found by a read of the store submitted at `mark`.
+        mutating func follow(to key: String, readAt mark: AccountsMachine.PointerMark?) {
+            lastActive = key
+            run(machine.activeFollowed(to: key, readAt: mark))
+        }
+
         /// Another process records `key` as the active account.
         mutating func otherProcessPoints(to key: String) {
             storePointer = key
@@ -238,8 +245,7 @@ struct AccountsMachineTests {
                 // the signed-out active session follows it to carol's session here.
                 let mark = s.machine.pointerMark
                 s.otherProcessPoints(to: "carol")
-                s.lastActive = "carol"
-                s.run(s.machine.activeFollowed(to: "carol", readAt: mark))
+                s.follow(to: "carol", readAt: mark)
             case .writeLands: s.pointerWriteAnswers(failing: false)
             case .writeFails: s.pointerWriteAnswers(failing: true)
             case .activeWriteLands: s.activeWriteLands()
@@ -341,13 +347,12 @@ struct AccountsMachineTests {
         s.otherProcessPoints(to: "bob")
         let mark = s.machine.pointerMark  // our change read is submitted, and finds bob
         s.otherProcessPoints(to: "carol")  // the other process moves on
-        s.lastActive = "bob"
-        s.run(s.machine.activeFollowed(to: "bob", readAt: mark))
+        s.follow(to: "bob", readAt: mark)
         #expect(s.pointerWrites.isEmpty)
         #expect(s.storePointer == "carol" && s.machine.pointer == .recorded)
         s.checkConsistency("after the followed switch")
         // Unknown where the read stood: written as any switch is.
-        s.run(s.machine.activeFollowed(to: "bob", readAt: nil))
+        s.follow(to: "bob", readAt: nil)
         #expect(s.pointerWrites.map(\.key) == ["bob"])
     }
 
@@ -361,8 +366,7 @@ struct AccountsMachineTests {
         s.otherProcessPoints(to: "bob")  // our read finds bob
         s.pointerWriteAnswers(failing: false)  // then alice lands over it
         #expect(s.storePointer == "alice")
-        s.lastActive = "bob"
-        s.run(s.machine.activeFollowed(to: "bob", readAt: mark))
+        s.follow(to: "bob", readAt: mark)
         s.pointerWriteAnswers(failing: false)
         #expect(s.storePointer == "bob")
         s.checkConsistency("in flight at the read")
@@ -376,8 +380,7 @@ struct AccountsMachineTests {
         t.activeWriteLands()  // the debt is written now: alice, after the read
         t.pointerWriteAnswers(failing: false)
         #expect(t.storePointer == "alice")
-        t.lastActive = "bob"
-        t.run(t.machine.activeFollowed(to: "bob", readAt: clean))
+        t.follow(to: "bob", readAt: clean)
         t.pointerWriteAnswers(failing: false)
         #expect(t.storePointer == "bob")
         t.checkConsistency("asked for since the read")
@@ -392,8 +395,7 @@ struct AccountsMachineTests {
         #expect(s.machine.pointer == .owed(key: "alice"))
         s.otherProcessPoints(to: "bob")
         let mark = s.machine.pointerMark
-        s.lastActive = "bob"
-        s.run(s.machine.activeFollowed(to: "bob", readAt: mark))
+        s.follow(to: "bob", readAt: mark)
         s.activeWriteLands()
         #expect(s.pointerWrites.isEmpty, "alice is not written over bob")
         #expect(s.machine.pointer == .recorded && s.storePointer == "bob")
