@@ -80,7 +80,7 @@ struct AccountsMachineTests {
 
         /// The signed-out active session follows another process's sign-in of `key` to its
         /// session here, found by a read of the store submitted at `mark`.
-        mutating func follow(to key: String, readAt mark: AccountsMachine.PointerMark?) {
+        mutating func follow(to key: String, readAt mark: AccountsMachine.PointerMark) {
             lastActive = key
             run(machine.activeFollowed(to: key, readAt: mark))
         }
@@ -352,7 +352,7 @@ struct AccountsMachineTests {
         #expect(s.storePointer == "carol" && s.machine.pointer == .recorded)
         s.checkConsistency("after the followed switch")
         // Unknown where the read stood: written as any switch is.
-        s.follow(to: "bob", readAt: nil)
+        s.follow(to: "bob", readAt: .unknown)
         #expect(s.pointerWrites.map(\.key) == ["bob"])
     }
 

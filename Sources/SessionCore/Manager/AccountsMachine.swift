@@ -68,12 +68,16 @@ struct AccountsMachine: Sendable, Equatable {
     struct PointerMark: Sendable, Equatable {
         let request: UInt64
         let writing: Bool
+
+        /// Not known (no manager asked): taken as a write on its way, so a followed switch
+        /// writes as any switch does.
+        static let unknown = PointerMark(request: 0, writing: true)
     }
 
     /// The mark of a read submitted now (see `activeFollowed(to:readAt:)`).
     var pointerMark: PointerMark {
-        if case .writing = pointer { return PointerMark(request: pointerRequest, writing: true) }
-        return PointerMark(request: pointerRequest, writing: false)
+        let writing = if case .writing = pointer { true } else { false }
+        return PointerMark(request: pointerRequest, writing: writing)
     }
 
     // MARK: - The account list
@@ -120,10 +124,10 @@ struct AccountsMachine: Sendable, Equatable {
     }
 
     /// The manager made `key` the active account because the active session followed another
-    /// process's sign-in of it, found by a read of the store submitted at `mark` (nil: not
-    /// known, so written as any change is). See the rule above.
-    mutating func activeFollowed(to key: String, readAt mark: PointerMark?) -> [Action] {
-        guard let mark, !mark.writing, mark.request == pointerRequest else { return writePointer(key) }
+    /// process's sign-in of it, found by a read of the store submitted at `mark`. See the rule
+    /// above.
+    mutating func activeFollowed(to key: String, readAt mark: PointerMark) -> [Action] {
+        guard !mark.writing, mark.request == pointerRequest else { return writePointer(key) }
         // No write of ours was on its way at the read or asked for since (the pointer is
         // recorded or owed): the store names `key`, as the read found.
         pointer = .recorded

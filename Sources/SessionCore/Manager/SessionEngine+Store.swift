@@ -83,7 +83,7 @@ extension SessionEngine {
             case .startUp(let read):
                 start(from: read)
             case .read(let purpose):
-                if purpose == .change { changeReadPointerMark = onStoreReadSubmitted?() }
+                if purpose == .change { changeReadPointerMark = onStoreReadSubmitted?() ?? .unknown }
                 worker.read { [weak self] read in
                     self?.storeAnswered(purpose == .retry ? .retryRead(read) : .changeRead(read))
                 }

@@ -91,13 +91,13 @@ final class SessionEngine: @unchecked Sendable {
     /// Asked on the loop thread before this session, signed out, follows another process's
     /// sign-in of an account: true if the manager has that account's session and takes over.
     /// With the mark of the read that found the sign-in (`changeReadPointerMark`).
-    var onFollowSignIn: ((String, AccountsMachine.PointerMark?) -> Bool)?
+    var onFollowSignIn: ((String, AccountsMachine.PointerMark) -> Bool)?
     /// Asked on the loop thread as this session submits a read of the store for another
     /// process's change: where the manager's active-account pointer writes stand.
     var onStoreReadSubmitted: (() -> AccountsMachine.PointerMark)?
     /// That mark, for the change read last submitted (one is on the worker at a time, and
-    /// its answer is followed as it arrives).
-    var changeReadPointerMark: AccountsMachine.PointerMark?
+    /// its answer is followed as it arrives); `unknown` while no manager asks.
+    var changeReadPointerMark = AccountsMachine.PointerMark.unknown
     /// Records whose clear failed, cleared again with the store's retries (`clearRecord`).
     var recordsToClear: Set<String> = []
 

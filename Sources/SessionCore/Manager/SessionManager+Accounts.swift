@@ -1,4 +1,4 @@
-// Over 400 lines (485): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (487): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
@@ -110,9 +110,10 @@ extension SessionManager {
     }
 
     /// `followingReadAt`: the switch follows another process's sign-in of `key`, found by a
-    /// read of the store submitted at that mark (`AccountsMachine.activeFollowed`).
+    /// read of the store submitted at that mark (`AccountsMachine.activeFollowed`); nil for a
+    /// switch of this process's own.
     func switchAccountOnLoop(
-        to key: String, followingReadAt mark: AccountsMachine.PointerMark?? = nil
+        to key: String, followingReadAt mark: AccountsMachine.PointerMark? = nil
     ) throws(SessionError) {
         loop.assertInEventLoop()
         try engine.checkOpen()
@@ -122,17 +123,18 @@ extension SessionManager {
             throw SessionError(.invalidArgument, "no account \"\(key)\" is signed in here")
         }
         try makeActive(target)
-        if let mark {
-            if accountStore != nil { accountsEvent { $0.activeFollowed(to: key, readAt: mark) } }
-        } else {
-            recordActive(key)
-        }
+        recordActive(key, followingReadAt: mark)
         target.emit(.accountSwitched(account: key))
     }
 
-    /// The store remembers `key` as the active account (for the next start).
-    private func recordActive(_ key: String?) {
+    /// The store remembers `key` as the active account (for the next start) — unless the
+    /// change follows another process's, found by a read at `mark`, and needs no write.
+    private func recordActive(_ key: String?, followingReadAt mark: AccountsMachine.PointerMark? = nil) {
         guard accountStore != nil, let key else { return }
+        if let mark {
+            accountsEvent { $0.activeFollowed(to: key, readAt: mark) }
+            return
+        }
         accountsEvent { $0.activeChanged(to: key) }
     }
 
@@ -229,7 +231,7 @@ extension SessionManager {
         engine.onWriteLanded = { [weak self] in self?.activeWriteLanded() }
         engine.onFollowSignIn = { [weak self] key, mark in self?.followingSignIn(to: key, readAt: mark) ?? false }
         engine.onStoreReadSubmitted = { [weak self] in
-            self?.sessions.withLockedValue { $0.accounts.pointerMark } ?? AccountsMachine.PointerMark(request: 0, writing: true)
+            self?.sessions.withLockedValue { $0.accounts.pointerMark } ?? .unknown
         }
     }
 
@@ -242,7 +244,7 @@ extension SessionManager {
     /// active one or signed in meanwhile (a sign-in here wins). `mark`: where this manager's
     /// pointer writes stood when the read that found the sign-in was submitted (the switch
     /// writes the pointer only if one of ours may have landed after that read).
-    func followingSignIn(to key: String, readAt mark: AccountsMachine.PointerMark?) -> Bool {
+    func followingSignIn(to key: String, readAt mark: AccountsMachine.PointerMark) -> Bool {
         loop.assertInEventLoop()
         guard let target = sessions.withLockedValue({ $0.background[key] }) else { return false }
         let asking = engine
