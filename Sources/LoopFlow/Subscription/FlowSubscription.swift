@@ -129,7 +129,9 @@ final class SubscriberExtras: Sendable {
 /// How a C (or any FFI) subscriber's value callback is called: one per kind of foreign
 /// callback, shared by every subscriber using it. A C subscriber's record holds its function
 /// pointer and userdata, and the walk calls them through `call` — no Swift closure per
-/// subscriber.
+/// subscriber. The first invoker a flow's C subscribers bring is that flow's usual one: the
+/// flow keeps it until the flow goes (others are let go of with their last subscription), so
+/// make one per kind, not one per subscription.
 public final class ForeignCallback<Value>: Sendable {
     /// Calls `function` (a C function pointer of the kind this invoker knows) with the value
     /// and `userdata`.
