@@ -635,7 +635,8 @@ int sf_session_account_profile(sf_runtime *runtime, const char *account, sf_prof
                                size_t length, size_t *needed);
 
 /* Makes `account` the active one (the store remembers it for the next start). Returns
- * SF_OK (also when it is active already), SF_EINVAL (NULL, or no such account), SF_ECLOSED,
+ * SF_OK (also when it is active already: the store, which another process may have pointed
+ * elsewhere, names it again), SF_EINVAL (NULL, or no such account), SF_ECLOSED,
  * SF_ESHUTDOWN, SF_ETHREAD. Threads: as sf_session_sign_in. */
 int sf_session_switch_account(sf_runtime *runtime, const char *account);
 

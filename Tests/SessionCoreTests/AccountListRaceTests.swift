@@ -309,6 +309,26 @@ extension AccountListRaceTests {
         _ = try loop.shutdown()
     }
 
+    /// An explicit switch to the account this process is on records it in the store, which
+    /// may name another (another process chose it since): "switch to bob" leaves the store
+    /// naming bob, as a switch to any account does, and switches nothing here.
+    @Test func anExplicitSwitchToTheAccountThisProcessIsOnRecordsItInTheStore() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob", active: true)
+        let session = try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        #expect(await eventually { session.accounts.contains { $0.key == "bob" && $0.isActive } })
+        let onBob = session.engine
+        store.otherProcessPoints(to: "carol")
+        try await session.switchAccount(to: "bob")
+        #expect(store.activeKey == "bob")
+        #expect(store.locked { store.pointerWrites } == ["bob"])
+        #expect(session.engine === onBob)
+        #expect(session.state.value == .loggedIn)
+        await session.close()
+        _ = try loop.shutdown()
+    }
+
     /// The signed-out session a switch to a followed account retired is no longer active: a
     /// sign-in it still follows (a read of the store it submitted before the switch, answered
     /// after it) leaves it signed out — bob keeps one session, the one the switch made active.

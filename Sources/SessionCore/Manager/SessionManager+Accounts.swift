@@ -1,4 +1,4 @@
-// Over 400 lines (487): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (494): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 
@@ -31,7 +31,8 @@ extension SessionManager {
     }
 
     /// Makes `key`'s session the active one (see the type's notes). Returns once the store
-    /// recorded it as the active account.
+    /// recorded it as the active account — also when `key` is active already: nothing is
+    /// switched, and the store, which another process may have pointed elsewhere, names it.
     /// - Throws: `invalidArgument` if no such account has a session.
     public func switchAccount(to key: String) async throws(SessionError) {
         try await onLoopForAccounts { manager throws(SessionError) in try manager.switchAccountOnLoop(to: key) }
@@ -118,7 +119,13 @@ extension SessionManager {
         loop.assertInEventLoop()
         try engine.checkOpen()
         let active = engine.published
-        if active.account == key, active.state != .loggedOut { return }
+        if active.account == key, active.state != .loggedOut {
+            // Nothing to switch. An explicit switch still records `key`: the store may name
+            // another account (another process chose it since this one took `key`), and the
+            // call returns once the store names `key`. A followed switch found it named there.
+            if mark == nil { recordActive(key) }
+            return
+        }
         guard let target = sessions.withLockedValue({ $0.background[key] }), target.published.state != .loggedOut else {
             throw SessionError(.invalidArgument, "no account \"\(key)\" is signed in here")
         }
