@@ -10,6 +10,14 @@ import Testing
 /// slow disk: the answer of a read made before a change arrives after it).
 final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
     private let lock = NSLock()
+    /// Called inline on the loop thread (`callsMayBlock` false), as a store that never waits
+    /// may ask to be; its gates must then stay unused.
+    let inline: Bool
+    var callsMayBlock: Bool { !inline }
+
+    init(inline: Bool = false) {
+        self.inline = inline
+    }
     private var records: [String: StoredSession] = [:]
     private var active: String?
     /// While set, `readAccounts` takes the list at once, then waits for `release()`.
@@ -61,6 +69,7 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
             self.store = store
             self.key = key
         }
+        var callsMayBlock: Bool { store.callsMayBlock }
         func read() -> StoreRead { store.readRecord(key) }
         func write(_ session: StoredSession) throws(StoreError) { store.locked { store.records[key] = session } }
         func clear() throws(StoreError) { store.locked { store.records[key] = nil } }
@@ -325,6 +334,32 @@ extension AccountListRaceTests {
         #expect(store.locked { store.pointerWrites } == ["bob"])
         #expect(session.engine === onBob)
         #expect(session.state.value == .loggedIn)
+        await session.close()
+        _ = try loop.shutdown()
+    }
+
+    /// With a store called inline, a call that waits for the store work of the sessions it let
+    /// go of (a background account's logout retires its session) answers once they left, a
+    /// loop turn later — and not by waiting for them again and again inside the call itself
+    /// (each wait answered at once, inline, with the session still there: the stack ran out).
+    @Test func aCallOnAnInlineStoreWaitsForTheSessionsItRetiredOnALaterTurn() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore(inline: true)
+        let session = try await loop.submit {
+            try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        }
+        func tokens(_ key: String) -> SessionTokens {
+            SessionTokens(
+                accessToken: Secret("\(key)-a"), refreshToken: Secret("\(key)-r"), expiresIn: .seconds(3600),
+                memberID: key)
+        }
+        try await session.signIn(tokens("alice"))
+        try await session.addAccount(tokens("bob"))
+        #expect(session.accounts.map(\.key) == ["alice", "bob"])
+        try await session.logout(account: "alice")
+        #expect(session.accounts.map(\.key) == ["bob"])
+        #expect(session.sessions.withLockedValue { $0.retired.isEmpty })
+        #expect(store.locked { store.pointerWrites } == ["alice", "bob"])
         await session.close()
         _ = try loop.shutdown()
     }

@@ -182,13 +182,25 @@ public final class SessionManager: Sendable {
     /// work answered, and its close may submit more (a failed clear's last try).
     func afterStoreWork(of engines: [SessionEngine], _ body: @escaping @Sendable () -> Void) {
         let retired = sessions.withLockedValue { $0.retired.values.map(\.worker) }
+        // True until this call returns: an answer inside it came from stores called inline.
+        let inThisCall = LockedBox(true)
         afterWork(of: engines.map(\.worker) + retired + [pointerWorker].compactMap { $0 }) { [self] in
             if retired.isEmpty || sessions.withLockedValue({ $0.retired.isEmpty }) {
                 body()
+            } else if inThisCall.withLockedValue({ $0 }) {
+                // A retired session leaves in a job of the loop's (`retire`), never inside this
+                // turn: waiting again at once would find it again, without end. A later turn.
+                // (The loop shutting down: nothing more lands on it.)
+                do {
+                    try loop.execute { [self] in afterStoreWork(of: [], body) }
+                } catch {
+                    body()
+                }
             } else {
                 afterStoreWork(of: [], body)
             }
         }
+        inThisCall.withLockedValue { $0 = false }
     }
 
     private func afterWork(of workers: [StoreWorker], _ body: @escaping @Sendable () -> Void) {
