@@ -364,6 +364,52 @@ struct SubscriberRecordTests {
         #expect(await eventually { weakUsual == nil })
     }
 
+    /// A flow's first C subscriber may be admitted on another thread while a walk runs on the
+    /// loop: the walk read the usual invoker (none yet) before it started, the admission sets
+    /// it — no data race between them (the ThreadSanitizer run of this suite sees one if the
+    /// word is a plain one), and the newcomer gets the next value through it.
+    @Test func aFlowsFirstCSubscriberAdmittedDuringAWalkRacesNothing() async throws {
+        /// Relaxed flags: no happens-before between the walk's read and the admission's write.
+        final class Flags: Sendable {
+            let walking = Atomic<Bool>(false)
+            let admitted = Atomic<Bool>(false)
+        }
+        let flags = Flags()
+        let calls = Recorder<Int>()
+        let record: @convention(c) (Int, UnsafeMutableRawPointer?) -> Void = { _, _ in }
+        let function = UInt(bitPattern: unsafeBitCast(record, to: UnsafeRawPointer.self))
+        let invoker = ForeignCallback<Int> { value, _, _ in calls.append(value) }
+        try await withLoop { loop in
+            let state = MutableStateFlow(0, on: loop)
+            let swift = try state.subscribe(onState: { value in
+                guard value == 1 else { return }
+                flags.walking.store(true, ordering: .relaxed)
+                // A count, not a clock, as the hang guard (the admission takes microseconds):
+                // a clock's first read here ran a one-time initialization the admitting thread
+                // passed through too, and ThreadSanitizer took that for an order between them.
+                var spins = 0
+                while !flags.admitted.load(ordering: .relaxed) && spins < 50_000_000 {
+                    sched_yield()
+                    spins += 1
+                }
+            })
+            try await loop.submit {}
+            state.value = 1
+            let foreign = try await offThePool { () -> Result<FlowSubscription, LoopFlowError> in
+                while !flags.walking.load(ordering: .relaxed) { sched_yield() }
+                defer { flags.admitted.store(true, ordering: .relaxed) }
+                return Result { () throws(LoopFlowError) in
+                    try state.subscribe(foreign: invoker, function: UnsafeRawPointer(bitPattern: function)!, userdata: nil)
+                }
+            }.get()
+            #expect(await eventually { calls.all == [1] })
+            state.value = 2
+            #expect(await eventually { calls.all == [1, 2] })
+            swift.close()
+            foreign.close()
+        }
+    }
+
     @Test func anOpenSubscriptionWhoseHandleAndFlowAreGoneIsCompletedAtTeardown() async throws {
         let loop = try EventLoop(name: "records")
         let log = Recorder<String>()

@@ -38,7 +38,7 @@ public struct FlowSubscription: Sendable, Hashable, CustomStringConvertible {
     /// The first of `idBlock` fresh ids (ids are never reused, so a recycled record never
     /// matches an old handle). A flow hands them out under its own lock: one atomic add per
     /// block instead of one per subscribe. Wrapping: a checked add compiles to a
-    /// compare-and-swap loop; the 2^60 ids a tag holds do not run out.
+    /// compare-and-swap loop; the 2^59 ids a tag holds do not run out.
     static func reserveIDs() -> UInt64 { nextID.wrappingAdd(idBlock, ordering: .relaxed).oldValue }
 
     init(core: FlowCore, entry: SubscriberEntry, slot: Int32, id: UInt64) {
@@ -130,8 +130,9 @@ final class SubscriberExtras: Sendable {
 /// callback, shared by every subscriber using it. A C subscriber's record holds its function
 /// pointer and userdata, and the walk calls them through `call` — no Swift closure per
 /// subscriber. The first invoker a flow's C subscribers bring is that flow's usual one: the
-/// flow keeps it until the flow goes (others are let go of with their last subscription), so
-/// make one per kind, not one per subscription.
+/// flow keeps it until the flow goes (others are let go of with their last subscription), and
+/// lets go of it on whichever thread lets go of the flow last — so make one per kind, not one
+/// per subscription, and let its closure capture nothing that must die on the loop thread.
 public final class ForeignCallback<Value>: Sendable {
     /// Calls `function` (a C function pointer of the kind this invoker knows) with the value
     /// and `userdata`.
@@ -167,7 +168,7 @@ public final class ForeignCallback<Value>: Sendable {
     }
 }
 
-/// A Swift subscriber's value closure as a record holds it (two words at offset 16), made
+/// A Swift subscriber's value closure as a record holds it (two words at offset 8), made
 /// through this one-field struct so that no reabstraction thunk is allocated: a bit cast of
 /// the closure itself, in this generic code, goes through its most general form.
 struct ValueCallback<Value> {

@@ -1,4 +1,4 @@
-// Over 400 lines (419): the record layout, its pages and the walk over them are one memory
+// Over 400 lines (425): the record layout, its pages and the walk over them are one memory
 // contract (offsets, strides, who writes what under which lock); a quarter is doc comments.
 import CLibUV
 import Synchronization
@@ -165,19 +165,22 @@ struct SubscriberPages: @unchecked Sendable {
     /// 10 000 2.05× → 1.82×, 1 M (prefetching) 3.90× → 3.27×.
     static let prefetchFromPage = 6
 
-    /// Where the directory keeps the usual invoker, after the pages.
-    static let usualInvokerIndex = 2 * maxPages
-
-    /// `maxPages` record pages, then `maxPages` side pages, then the usual invoker (retained).
+    /// `maxPages` record pages, then `maxPages` side pages.
     private let directory: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    /// The usual invoker's address (retained; 0 until a C subscriber was admitted). Atomic: a
+    /// walk reads it on the loop thread, without the lock, while another thread's admission of
+    /// the flow's first C subscriber may set it.
+    private let usual: UnsafeMutablePointer<Atomic<UInt>>
     /// Bytes per record: `SubscriberEntry.valueStride` or `.sequencedStride`.
     let stride: Int
 
     init(stride: Int) {
         precondition(stride == SubscriberEntry.valueStride || stride == SubscriberEntry.sequencedStride)
         self.stride = stride
-        directory = .allocate(capacity: Self.usualInvokerIndex + 1)
-        directory.initialize(repeating: nil, count: Self.usualInvokerIndex + 1)
+        directory = .allocate(capacity: 2 * Self.maxPages)
+        directory.initialize(repeating: nil, count: 2 * Self.maxPages)
+        usual = .allocate(capacity: 1)
+        usual.initialize(to: Atomic(0))
     }
 
     /// Frees the pages and lets go of the usual invoker (the owner released every record still
@@ -186,31 +189,34 @@ struct SubscriberPages: @unchecked Sendable {
         for page in 0..<2 * Self.maxPages {
             directory[page]?.deallocate()
         }
-        if let usual = directory[Self.usualInvokerIndex] {
-            Unmanaged<AnyObject>.fromOpaque(usual).release()
+        if let invoker = usualInvoker {
+            Unmanaged<AnyObject>.fromOpaque(invoker).release()
         }
-        directory.deinitialize(count: Self.usualInvokerIndex + 1)
+        directory.deinitialize(count: 2 * Self.maxPages)
         directory.deallocate()
+        usual.deinitialize(count: 1)
+        usual.deallocate()
     }
 
     /// The usual invoker (unretained), nil until a C subscriber was admitted. On the loop
     /// thread, a walk reads it once before it starts: every record it calls with the
     /// `usualInvoker` bit was admitted — the invoker written — under the lock before the
     /// delivery took its arrival through that lock, and the invoker never changes once set.
+    /// (An acquiring load, a plain one on x86: an admission may set it meanwhile.)
     @inline(__always)
-    var usualInvoker: UnsafeRawPointer? { UnsafeRawPointer(directory[Self.usualInvokerIndex]) }
+    var usualInvoker: UnsafeRawPointer? { UnsafeRawPointer(bitPattern: usual.pointee.load(ordering: .acquiring)) }
 
     /// Under the lock, admitting a C subscriber with `invoker` (a retained `ForeignCallback`):
     /// whether it is the table's usual invoker — the first one admitted becomes it, and the
     /// table holds it (a reference of its own) until the flow's core goes.
     @inline(__always)
     func isUsualInvoker(_ invoker: UnsafeRawPointer) -> Bool {
-        guard let usual = directory[Self.usualInvokerIndex] else {
+        guard let current = usualInvoker else {
             _ = Unmanaged<AnyObject>.fromOpaque(invoker).retain()
-            directory[Self.usualInvokerIndex] = UnsafeMutableRawPointer(mutating: invoker)
+            usual.pointee.store(UInt(bitPattern: invoker), ordering: .releasing)
             return true
         }
-        return UnsafeRawPointer(usual) == invoker
+        return current == invoker
     }
 
     @inline(__always)
