@@ -1,7 +1,8 @@
 r"""A real OAuth 2.0 authorization server for the tests, on loopback: Authlib + Flask.
 
 Grants: password (how a test signs a user in) and refresh_token (RFC 6749 §6, with
-rotation: each refresh issues a new refresh token and revokes the old one).
+rotation: each refresh issues a new refresh token and revokes the old one; --no-rotation: none
+issued, the old one stays valid, as Google's do).
 Endpoints: RFC 7009 revocation, RFC 7662 introspection, a protected resource that answers
 401 for an expired or revoked token, and test hooks (/__stats, /__revoke_user, /__fault,
 /__last_request, /__requests, /__redirect_hits).
@@ -227,6 +228,7 @@ resource_presented = collections.Counter()  # access token -> how often it was p
 resource_settings = {"grant_scope": None}
 reuse_grace = {"seconds": 0.0}  # POST /__reuse_grace
 strict_reuse = False  # --strict-reuse: every rotated refresh token, not only rotate-late ones
+rotation = True  # --no-rotation: a refresh keeps the refresh token (no new one, the old one valid)
 
 
 class User:
@@ -418,7 +420,10 @@ class PasswordGrant(grants.ResourceOwnerPasswordCredentialsGrant):
 
 class RefreshGrant(grants.RefreshTokenGrant):
     TOKEN_ENDPOINT_AUTH_METHODS = ["none", "client_secret_post", "client_secret_basic"]
-    INCLUDE_NEW_REFRESH_TOKEN = True  # rotation
+
+    @property
+    def INCLUDE_NEW_REFRESH_TOKEN(self):  # noqa: N802 (Authlib's name)
+        return rotation  # --no-rotation: the answer has no refresh token; the old one stays
 
     def authenticate_refresh_token(self, refresh_token):
         with lock:
@@ -461,6 +466,8 @@ class RefreshGrant(grants.RefreshTokenGrant):
         return refresh_token.get_user()
 
     def revoke_old_credential(self, refresh_token):
+        if not rotation:
+            return  # the client keeps using it (Google's refresh tokens, say)
         with lock:
             refresh_token.revoked = True
             refresh_token.rotated = True
@@ -1525,7 +1532,7 @@ def exit_with_parent():
 
 
 def main():
-    global strict_reuse
+    global strict_reuse, rotation
     # A parent's thread may have blocked these; a test stopping us must be heard.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM, signal.SIGINT])
     threading.Thread(target=exit_with_parent, daemon=True).start()
@@ -1533,8 +1540,11 @@ def main():
     parser.add_argument("--expires-in", type=int, default=3600)
     parser.add_argument("--strict-reuse", action="store_true",
                         help="a rotated refresh token presented again revokes its whole grant")
+    parser.add_argument("--no-rotation", action="store_true",
+                        help="a refresh issues no new refresh token and keeps the old one valid")
     args = parser.parse_args()
     strict_reuse = args.strict_reuse
+    rotation = not args.no_rotation
     target = make_server("127.0.0.1", 0, create_redirect_target(), threaded=True)
     redirect_target["port"] = target.port
     threading.Thread(target=target.serve_forever, daemon=True).start()

@@ -576,6 +576,47 @@ struct RefreshStateMachineTests {
         #expect(s.emitted.last == .tokenRefreshed(expiresIn: Self.hour, reason: .sharedStore))
     }
 
+    /// A server that keeps its refresh tokens: another process's refresh stores the same
+    /// refresh token with a new access token. A process waiting for the lease adopts it when
+    /// the directory watch shows it (a later expiry than its own), instead of refreshing once
+    /// more when the lease frees; an older record (a write of ours the store missed) is not.
+    @Test func tokensAnotherProcessRefreshedWithTheSameRefreshTokenAreAdoptedIfLater() {
+        var s = State.waitingForLock.make()
+        guard let held = s.machine.live else {
+            Issue.record("no live session")
+            return
+        }
+        let older = Self.session(access: Self.a2, refresh: held.refreshToken, expiresAt: held.expiresAt - .seconds(1))
+        s.run(s.machine.storedTokensChanged(older, now: s.now, unitRandom: 0))
+        #expect(s.answers.isEmpty)
+        #expect(s.phaseName == "refreshing/waiting")
+        let later = LiveSession(
+            accessToken: Self.a2, refreshToken: held.refreshToken, expiresAt: s.now + Self.hour, lifetime: Self.hour)
+        s.run(s.machine.storedTokensChanged(later, now: s.now, unitRandom: 0))
+        #expect(s.sent.isEmpty)
+        #expect(s.answers.last?.result == .success(Self.a2))
+        #expect(s.emitted.last == .tokenRefreshed(expiresIn: Self.hour, reason: .sharedStore))
+    }
+
+    /// The rule itself (`LiveSession.refreshedElsewhere`), as the lease's look applies it to
+    /// the stored record: rotated → refreshed elsewhere; not rotated → only another access
+    /// token expiring later than the one held.
+    @Test func refreshedElsewhereIsARotatedRefreshTokenOrALaterAccessToken() {
+        func elsewhere(refresh: Secret, access: Secret, expiresAt: Duration?) -> Bool {
+            LiveSession.refreshedElsewhere(
+                refreshToken: refresh, accessToken: access, expiresAt: expiresAt,
+                inFlight: Self.r1, held: Self.a1, heldExpiresAt: .seconds(100))
+        }
+        #expect(elsewhere(refresh: Self.r2, access: Self.a1, expiresAt: .seconds(50)))
+        #expect(elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: .seconds(101)))
+        #expect(!elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: .seconds(100)))
+        #expect(!elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: nil))
+        #expect(!elsewhere(refresh: Self.r1, access: Self.a1, expiresAt: .seconds(200)))
+        #expect(!LiveSession.refreshedElsewhere(
+            refreshToken: Self.r1, accessToken: Self.a2, expiresAt: .seconds(200),
+            inFlight: Self.r1, held: nil, heldExpiresAt: nil))
+    }
+
     @Test func withoutARefreshTokenTheAccessTokenServesUntilItExpires() {
         var s = Storage()
         s.machine.sessionBegan(Self.session(refresh: nil, expiresAt: .seconds(100)))

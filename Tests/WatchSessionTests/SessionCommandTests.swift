@@ -196,8 +196,15 @@ struct SessionCommandTests {
         try await concurrentFreshTokens(tokens: 50, execs: 10, credentials: 10)
     }
 
-    func concurrentFreshTokens(tokens: Int, execs: Int, credentials: Int) async throws {
-        let server = try await AuthServer(expiresIn: 3600, ["--strict-reuse"])
+    /// Twenty `token` processes against a server that keeps its refresh tokens (Google's):
+    /// the store's refresh token does not change, yet one refresh serves them all — those
+    /// waiting for the lease take the newer access token another process stored.
+    @Test func tokenProcessesCauseOneRefreshWhenTheServerKeepsRefreshTokens() async throws {
+        try await concurrentFreshTokens(tokens: 20, execs: 0, credentials: 0, rotation: false)
+    }
+
+    func concurrentFreshTokens(tokens: Int, execs: Int, credentials: Int, rotation: Bool = true) async throws {
+        let server = try await AuthServer(expiresIn: 3600, rotation ? ["--strict-reuse"] : ["--no-rotation"])
         let (access, refresh) = try await server.passwordSignIn()
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -95,8 +95,11 @@ extension SessionEngine {
             perform(refresh.lockAttempted(.acquired, attempt: attempt.id, now: loop.now, unitRandom: configuration.random()))
             return
         }
+        let held = refresh.live
         let look = LockLook.Question(
-            memberID: memberID, refreshTokenInFlight: attempt.refreshToken, leaseDuration: refreshLeaseDuration)
+            memberID: memberID, refreshTokenInFlight: attempt.refreshToken, accessTokenHeld: held?.accessToken,
+            heldExpiresAt: held.map { configuration.wallClock() + ($0.expiresAt - loop.now) },
+            leaseDuration: refreshLeaseDuration)
         let attemptID = attempt.id
         worker.submit({ store in LockLook.look(look, in: store) }) { [weak self] answer in
             self?.storeAnswered(.lockLooked(answer, attempt: attemptID))

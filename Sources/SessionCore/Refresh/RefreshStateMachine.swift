@@ -455,8 +455,13 @@ struct RefreshStateMachine<Waiter> {
         case .inactive:
             return []
         case .refreshing(let attempt):
-            // Adopt only tokens refreshed with a refresh token other than the one in flight.
-            guard let rotated = stored.refreshToken, rotated != attempt.identity.refreshToken else { return [] }
+            // Adopt only tokens refreshed elsewhere: with a refresh token other than the one in
+            // flight, or (not rotated) another access token expiring later than ours.
+            guard let refreshToken = stored.refreshToken,
+                LiveSession.refreshedElsewhere(
+                    refreshToken: refreshToken, accessToken: stored.accessToken, expiresAt: stored.expiresAt,
+                    inFlight: attempt.identity.refreshToken, held: live.accessToken, heldExpiresAt: live.expiresAt)
+            else { return [] }
             return adoptRefreshedElsewhere(stored, now: now, unitRandom: unitRandom)
         case .idle, .backingOff:
             return adopt(stored, now: now, unitRandom: unitRandom)

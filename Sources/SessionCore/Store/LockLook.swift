@@ -2,11 +2,15 @@
 /// lease of a shared store (`SessionEngine.acquireLock`): the raw answers, turned into the
 /// refresh machine's `LockOutcome` on the loop.
 enum LockLook: Sendable, Equatable {
-    /// What the attempt looks for: tokens of `memberID` refreshed with a refresh token other
-    /// than the one in flight.
+    /// What the attempt looks for: tokens of `memberID` another process refreshed — with a
+    /// refresh token other than the one in flight, or (a server that keeps refresh tokens)
+    /// another access token than the one held here, expiring later (`refreshedElsewhere`).
     struct Question: Sendable {
         var memberID: String?
         var refreshTokenInFlight: Secret?
+        /// The access token this session holds, and when it expires (wall clock, as stored).
+        var accessTokenHeld: Secret? = nil
+        var heldExpiresAt: Duration? = nil
         var leaseDuration: Duration
     }
 
@@ -34,13 +38,34 @@ enum LockLook: Sendable, Equatable {
         return .acquired
     }
 
-    /// The stored session if it holds this member's tokens refreshed with a refresh token
-    /// other than the one the attempt would send.
+    /// The stored session if it holds this member's tokens refreshed elsewhere
+    /// (`LiveSession.refreshedElsewhere`).
     static func refreshedElsewhere(_ read: StoreRead, _ question: Question) -> StoredSession? {
         guard case .present(let stored) = read, !stored.expired,
             stored.memberID == question.memberID, let access = stored.accessToken, !access.isBlank,
-            let rotated = stored.refreshToken, rotated != question.refreshTokenInFlight
+            let refreshToken = stored.refreshToken,
+            LiveSession.refreshedElsewhere(
+                refreshToken: refreshToken, accessToken: access, expiresAt: stored.accessTokenExpiresAt,
+                inFlight: question.refreshTokenInFlight, held: question.accessTokenHeld,
+                heldExpiresAt: question.heldExpiresAt)
         else { return nil }
         return stored
+    }
+}
+
+extension LiveSession {
+    /// Whether tokens found in the store were refreshed by another process while this one
+    /// was about to send `inFlight`, holding the access token `held`: their refresh token is
+    /// another (the server rotates them: the one in flight may be spent) — or, a server that
+    /// keeps its refresh tokens, their access token is another one that expires later than
+    /// `held` (a refresh after the one that gave `held`; an older record, a write of ours the
+    /// store missed, expires earlier). `expiresAt` and `heldExpiresAt` on one clock.
+    static func refreshedElsewhere(
+        refreshToken: Secret, accessToken: Secret, expiresAt: Duration?,
+        inFlight: Secret?, held: Secret?, heldExpiresAt: Duration?
+    ) -> Bool {
+        if refreshToken != inFlight { return true }
+        guard let held, accessToken != held, let expiresAt, let heldExpiresAt else { return false }
+        return expiresAt > heldExpiresAt
     }
 }
