@@ -9,7 +9,7 @@ import time
 import pytest
 
 import sessionflow as sf
-from helpers import CLIENT, call
+from helpers import CLIENT, call, loopback
 
 httpx = pytest.importorskip("httpx")
 requests = pytest.importorskip("requests")
@@ -225,3 +225,35 @@ def test_httpx_a_403_goes_to_the_session_only_with_a_challenge(server):
                 client.get(resource(server))  # insufficient_scope: a new token would not help
             assert client.get(resource(server)).status_code == 403  # no challenge: the answer
         assert answers == [f"Bearer {access}"] * 2  # never retried
+
+
+# ---- Answers the session did not ask for, bodies that cannot be sent twice ----------------
+# Plain loopback servers (helpers.loopback) in front of the session: they see the header names.
+
+INVALID_TOKEN = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+
+def refuse(request):
+    return 401, INVALID_TOKEN
+
+
+def paths(seen):
+    return [request["path"] for request in seen]
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_requests_a_redirect_targets_401_is_returned_with_no_token_and_no_refresh(server, status):
+    """The session authorized origin A; A redirects to origin B, which refuses: B's 401 is the
+    answer. Nothing is refreshed and B never gets a token (requests copies the request and our
+    hook with it for the redirect)."""
+    runtime, access = signed_in(server)
+    with runtime, loopback(refuse) as (other, other_seen):
+        with loopback(lambda request: (status, {"Location": f"{other}/landing"})) as (origin, origin_seen):
+            refreshes = stats(server)["refresh_grants"]
+            response = requests.get(f"{origin}/start", auth=sessionflow.requests.Auth(runtime), timeout=30)
+            assert response.status_code == 401 and response.url == f"{other}/landing"
+            assert [answer.status_code for answer in response.history] == [status]
+            assert paths(origin_seen) == ["/start"] and "authorization" in origin_seen[0]["headers"]
+            assert paths(other_seen) == ["/landing"]  # once: not retried
+            assert not {"authorization", "dpop"} & other_seen[0]["headers"]
+            assert stats(server)["refresh_grants"] == refreshes

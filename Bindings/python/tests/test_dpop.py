@@ -5,7 +5,7 @@ server checks every proof (joserfc) and counts them (/__dpop/stats)."""
 import pytest
 
 import sessionflow as sf
-from helpers import CLIENT, call, wait_for
+from helpers import CLIENT, call, loopback, wait_for
 
 httpx = pytest.importorskip("httpx")
 requests = pytest.importorskip("requests")
@@ -98,3 +98,46 @@ def test_a_resource_nonce_costs_each_adapter_one_retry_and_no_refresh(server):
         assert httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)).status_code == 401
         assert call(f"{server}/__resource/stats")["requests"] - before == 2
         assert call(f"{server}/__stats")["refresh_grants"] == refreshes
+
+
+@pytest.mark.parametrize("case", ["another origin", "the same origin", "another origin, after a retry"])
+def test_requests_a_redirect_carries_no_proof_and_its_targets_401_is_returned(server, case):
+    """A proof names its method and URL: the requests adapter keeps it off a redirect's request
+    (requests builds it as a copy of the first), whether the redirect answers the request or its
+    retry. The target's 401 is returned as it is, nothing refreshed for it; another origin gets
+    no Authorization either."""
+    import base64
+    import os
+    answer = call(f"{server}/oauth/token", {"grant_type": "password", "username": "alice",
+                                            "password": "correct horse", "client_id": CLIENT})
+    key = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+    refusal = {"WWW-Authenticate": 'DPoP error="invalid_token"'}
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime, \
+            loopback(lambda request: (401, refusal)) as (other, other_seen):
+        runtime.sign_in(answer["access_token"], answer["refresh_token"], 3600, member="alice", dpop_key=key)
+        runtime.refresh_now()  # binds the tokens to the key
+        starts = []
+
+        def origin_answer(request):
+            if request["path"] != "/start":
+                return 401, refusal  # the same origin's redirect target
+            starts.append(request)
+            if case.endswith("after a retry") and len(starts) == 1:
+                return 401, refusal  # refused once (a refresh, a retry), then redirected
+            return 307, {"Location": target}
+
+        with loopback(origin_answer) as (origin, origin_seen):
+            target = f"{origin}/landing" if case == "the same origin" else f"{other}/landing"
+            assert runtime.authorize("GET", f"{origin}/start").scheme == "DPoP"
+            refreshes = call(f"{server}/__stats")["refresh_grants"]
+            response = requests.get(f"{origin}/start", auth=sessionflow.requests.Auth(runtime), timeout=30)
+            landed = [request for request in origin_seen + other_seen if request["path"] == "/landing"]
+            assert response.status_code == 401 and response.url == target
+            assert all({"authorization", "dpop"} <= request["headers"] for request in starts)
+            assert len(starts) == (2 if case.endswith("after a retry") else 1)
+            assert len(landed) == 1  # not retried
+            assert "dpop" not in landed[0]["headers"]
+            if case != "the same origin":
+                assert "authorization" not in landed[0]["headers"]
+            # A refresh only for the refusal of the request the session authorized.
+            assert call(f"{server}/__stats")["refresh_grants"] == refreshes + (case.endswith("after a retry"))

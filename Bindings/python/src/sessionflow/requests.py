@@ -18,6 +18,14 @@ raises UnauthorizedError (insufficient_scope: a new token would not help); a 403
 is returned as it is. Errors are the session's: AuthError when the session is dead (the
 state is SESSION_EXPIRED; nothing is retried), NotLoggedInError, NetworkError...
 
+Only the answer to the request the session authorized is handed to the session: requests
+copies that request, our hook with it, for each redirect, and a redirect target's 401 or 403
+(another URL than Authorization.url) is returned as it is: nothing refreshed, nothing retried,
+no token added (requests strips Authorization when the host changes; we never put it back). A
+DPoP proof is bound to its method and URL (htm, htu): on a 3xx with a Location the hook removes
+the `DPoP` header from the request the redirect is copied from, so that the proof never travels
+to the new location (requests keeps Authorization on the same host; the target judges it).
+
 A request whose body is a stream that cannot be rewound is not retried (the 401 is returned).
 The headers' values are secrets copied into the request (Python strings cannot be wiped).
 """
@@ -54,6 +62,14 @@ class Auth(requests.auth.AuthBase):
 
     def _hook(self, authorization: Authorization) -> Callable[..., Response]:
         def on_response(response: Response, **kwargs: Any) -> Response:
+            if _redirect(response):
+                # The redirect's request is a copy of this one (Session.resolve_redirects).
+                _drop_proof(response.request)
+                return response
+            if response.request.url != authorization.url:
+                # A redirect target's answer (the copy of the request runs this hook too): the
+                # session authorized another URL. Returned as it is, no token sent there.
+                return response
             challenge = response.headers.get("WWW-Authenticate")
             refused = response.status_code == 401 or (response.status_code == 403 and bool(challenge))
             if not refused:
@@ -71,11 +87,24 @@ class Auth(requests.auth.AuthBase):
             response.content  # read the refusal, so that its connection goes back to the pool
             response.close()
             sent: Response = response.connection.send(retry, **kwargs)
+            if _redirect(sent):
+                # requests builds the redirect's request from the first one (not the retry).
+                _drop_proof(response.request)
+                _drop_proof(retry)
             sent.history.append(response)
             sent.request = retry
             return sent
 
         return on_response
+
+
+def _redirect(response: Response) -> bool:
+    return 300 <= response.status_code < 400 and "Location" in response.headers
+
+
+def _drop_proof(request: PreparedRequest) -> None:
+    """A DPoP proof names its request's method and URL: useless after a redirect."""
+    request.headers.pop("DPoP", None)
 
 
 def _rewound(request: PreparedRequest) -> bool:
