@@ -4,6 +4,7 @@ the real libraries against the real test server's protected resource (Tests/Fixt
 oauth_server.py: /api/resource, Authlib's ResourceProtector)."""
 import asyncio
 import concurrent.futures
+import io
 import time
 
 import pytest
@@ -257,3 +258,30 @@ def test_requests_a_redirect_targets_401_is_returned_with_no_token_and_no_refres
             assert paths(other_seen) == ["/landing"]  # once: not retried
             assert not {"authorization", "dpop"} & other_seen[0]["headers"]
             assert stats(server)["refresh_grants"] == refreshes
+
+
+@pytest.mark.parametrize("kind", ["generator", "iterator"])
+def test_requests_a_body_sent_once_is_not_retried_nor_refreshed_for(server, kind):
+    """A generator's (an iterator's) body is consumed by the first send: the 401 is the answer,
+    the server got one request, nothing was refreshed. A body that rewinds is retried whole."""
+    runtime, access = signed_in(server)
+    with runtime, loopback(refuse) as (url, seen):
+        auth = sessionflow.requests.Auth(runtime)
+        refreshes = stats(server)["refresh_grants"]
+
+        def generator():
+            yield b"part one, "
+            yield b"part two"
+
+        body = generator() if kind == "generator" else iter([b"part one, ", b"part two"])
+        response = requests.post(f"{url}/upload", data=body, auth=auth, timeout=30)
+        assert response.status_code == 401 and response.history == []
+        assert [request["body"] for request in seen] == [b"part one, part two"]
+        assert stats(server)["refresh_grants"] == refreshes
+
+        # The same refusal for a body that rewinds: one refresh, one retry with the whole body.
+        del seen[:]
+        response = requests.post(f"{url}/upload", data=io.BytesIO(b"seekable"), auth=auth, timeout=30)
+        assert response.status_code == 401 and len(response.history) == 1
+        assert [request["body"] for request in seen] == [b"seekable"] * 2
+        assert stats(server)["refresh_grants"] == refreshes + 1

@@ -26,7 +26,10 @@ DPoP proof is bound to its method and URL (htm, htu): on a 3xx with a Location t
 the `DPoP` header from the request the redirect is copied from, so that the proof never travels
 to the new location (requests keeps Authorization on the same host; the target judges it).
 
-A request whose body is a stream that cannot be rewound is not retried (the 401 is returned).
+A request is retried only if its body can be sent again: none, bytes or str, or a stream
+requests recorded a position for (tell()) and which rewinds to it. Any other body (a generator,
+an iterator, a file without tell()) was consumed by the first send: its refusal (401, or 403
+with a challenge) is returned as it is, and the session is not asked (nothing refreshed).
 The headers' values are secrets copied into the request (Python strings cannot be wiped).
 """
 from __future__ import annotations
@@ -79,7 +82,7 @@ class Auth(requests.auth.AuthBase):
             # shares the hook lists: a new one, so that the running dispatch is not disturbed.)
             others = [hook for hook in retry.hooks["response"] if hook is not on_response]
             retry.hooks = {**retry.hooks, "response": others}
-            if not _rewound(retry):
+            if not _rewound(retry):  # before unauthorized(): no refresh for a request not retried
                 return response
             answer = self.runtime.unauthorized(authorization, response.status_code, challenge,
                                                dpop_nonce=response.headers.get("DPoP-Nonce"))
@@ -108,11 +111,14 @@ def _drop_proof(request: PreparedRequest) -> None:
 
 
 def _rewound(request: PreparedRequest) -> bool:
-    """Whether the body can be sent again: none, bytes or str, or a stream rewound to where
-    requests first found it."""
-    position = getattr(request, "_body_position", None)
-    if position is None:
-        return not hasattr(request.body, "read")
+    """Whether the body can be sent again: none, bytes or str, or a stream requests recorded a
+    position for (tell()), rewound to it. Any other body (a generator, an iterator, a file
+    without tell()) was consumed by the first send."""
+    body = request.body
+    if body is None or isinstance(body, (bytes, bytearray, str)):
+        return True
+    if getattr(request, "_body_position", None) is None:
+        return False
     try:
         requests.utils.rewind_body(request)
     except requests.exceptions.UnrewindableBodyError:
