@@ -285,3 +285,63 @@ def test_requests_a_body_sent_once_is_not_retried_nor_refreshed_for(server, kind
         assert response.status_code == 401 and len(response.history) == 1
         assert [request["body"] for request in seen] == [b"seekable"] * 2
         assert stats(server)["refresh_grants"] == refreshes + 1
+
+
+def httpx_send(runtime, flow, method, url, **options):
+    """One request through sessionflow.httpx.Auth, with httpx.Client or httpx.AsyncClient."""
+    auth = sessionflow.httpx.Auth(runtime)
+    if flow == "sync":
+        with httpx.Client(auth=auth, timeout=30, follow_redirects=True) as client:
+            return client.request(method, url, **options)
+
+    async def main():
+        async with httpx.AsyncClient(auth=auth, timeout=30, follow_redirects=True) as client:
+            return await client.request(method, url, **options)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("flow", ["sync", "async"])
+def test_httpx_a_streamed_body_refused_is_returned_with_no_refresh(server, flow):
+    """A generator's body (content=) cannot be sent again: the 401 is the answer (no
+    StreamConsumed), the server got one request, nothing was refreshed. Bytes are retried."""
+    runtime, access = signed_in(server)
+    with runtime, loopback(refuse) as (url, seen):
+        refreshes = stats(server)["refresh_grants"]
+        if flow == "sync":
+            def body():
+                yield b"part one, "
+                yield b"part two"
+        else:
+            async def body():
+                yield b"part one, "
+                yield b"part two"
+        response = httpx_send(runtime, flow, "POST", f"{url}/upload", content=body())
+        assert response.status_code == 401
+        assert [request["body"] for request in seen] == [b"part one, part two"]
+        assert stats(server)["refresh_grants"] == refreshes
+
+        # The same refusal for bytes: one refresh, one retry with the whole body.
+        del seen[:]
+        response = httpx_send(runtime, flow, "POST", f"{url}/upload", content=b"in memory")
+        assert response.status_code == 401
+        assert [request["body"] for request in seen] == [b"in memory"] * 2
+        assert stats(server)["refresh_grants"] == refreshes + 1
+
+
+@pytest.mark.parametrize("flow", ["sync", "async"])
+def test_httpx_a_redirect_targets_401_is_returned_with_no_refresh(server, flow):
+    """follow_redirects=True: httpx follows A's redirect within one step of the auth flow; B's
+    401 answers a URL the session did not authorize: returned as it is, nothing refreshed, A
+    not asked again (httpx strips Authorization for another origin)."""
+    runtime, access = signed_in(server)
+    with runtime, loopback(refuse) as (other, other_seen):
+        with loopback(lambda request: (302, {"Location": f"{other}/landing"})) as (origin, origin_seen):
+            refreshes = stats(server)["refresh_grants"]
+            response = httpx_send(runtime, flow, "GET", f"{origin}/start")
+            assert response.status_code == 401 and str(response.url) == f"{other}/landing"
+            assert [answer.status_code for answer in response.history] == [302]
+            assert paths(origin_seen) == ["/start"] and "authorization" in origin_seen[0]["headers"]
+            assert paths(other_seen) == ["/landing"]
+            assert "authorization" not in other_seen[0]["headers"]
+            assert stats(server)["refresh_grants"] == refreshes
