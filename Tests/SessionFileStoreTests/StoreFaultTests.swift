@@ -445,7 +445,10 @@ struct StoreFaultTests {
         let store = FileCredentialStore(directory: tmp.store)
         let observed = try await observedSession(store: FileCredentialStore(directory: tmp.store))
         try await observed.manager.signIn(tokens("alice"))
-        try await Task.sleep(for: .milliseconds(100))  // our own write's watch events pass
+        // The damage must be seen by the session's watch, set up as it starts (on its worker,
+        // then on the loop): a replacement made before was never seen, and the test's own read
+        // below then moved the file aside, which the watch saw as a logout (CI, loaded).
+        #expect(await eventually { await observed.manager.watchesStore() }, "the session never watched its store")
         let damaged = damage(contents(store.path), kind)
         replaceFile(store.path, with: damaged, staging: tmp.path + "/staging")
 

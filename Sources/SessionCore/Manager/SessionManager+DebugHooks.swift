@@ -1,4 +1,5 @@
-// Debug builds only: where a test stops a thread between two steps of the manager's.
+// Debug builds only: where a test stops a thread between two steps of the manager's, and
+// what a test waits for before it acts.
 import LoopFlow
 #if DEBUG
 extension SessionManager {
@@ -8,6 +9,14 @@ extension SessionManager {
     /// Tests only: runs in `init` (a store of several accounts) between the making of the
     /// active account's session and the setting of the callbacks it calls the manager with.
     @TaskLocal static var beforeFirstSessionCallbacks: (@Sendable (SessionEngine) -> Void)?
+
+    /// Tests only: whether the active session watches its shared store's directory. Its start
+    /// sets the watch up on its worker, then on the loop: another writer's change made before
+    /// then is never seen, so a test waits for this before it changes the store behind the
+    /// session's back (a fixed sleep was too short on a loaded machine).
+    package func watchesStore() async -> Bool {
+        (try? await loop.submit { [self] in engine.storeWatch != nil }) ?? false
+    }
 }
 
 extension SessionEngine {
