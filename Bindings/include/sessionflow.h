@@ -763,8 +763,11 @@ int sf_session_unauthorized(sf_runtime *runtime, const char *method, const char 
  * most 1024 bytes, copied), for a DPoP session (scheme "DPoP", `refused` "DPoP <token>"): a
  * 401 whose challenge is `DPoP error="use_dpop_nonce"` (RFC 9449 §9) is no reason to refresh —
  * the nonce is remembered for that server and on_done gets the same token with a new proof
- * carrying it. SF_EUNAUTHORIZED in on_done when the server demands the very nonce the refused
- * proof carried, or names none. Otherwise exactly sf_session_unauthorized. Returns, threads:
+ * carrying it (also when another request learnt that nonce meanwhile: the library cannot tell
+ * which nonce the refused proof carried, so retry once and take a second refusal as the
+ * answer). SF_EUNAUTHORIZED in on_done when the server names no nonce, or one no proof can
+ * carry (not NQCHARs, RFC 9449 §4.2: never remembered). Otherwise exactly
+ * sf_session_unauthorized. Returns, threads:
  * as sf_session_unauthorized (SF_EINVAL also for a `dpop_nonce` too long). */
 int sf_session_unauthorized_dpop(sf_runtime *runtime, const char *method, const char *url, const char *refused,
                                  int http_status, const char *www_authenticate, const char *dpop_nonce,

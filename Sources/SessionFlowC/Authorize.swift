@@ -172,11 +172,12 @@ private func unauthorized(
     }
     let answer = AuthorizeCallback(function: onDone, userdata: userdata)
     return posting(pointer) { runtime throws(SessionError) in
-        // The host keeps only the header it sent: its proof carried the nonce remembered for
-        // that server (the library put it there), so that is the nonce the refusal is about.
-        let authorization = try RequestAuthorization(
-            refused: refusedValue, method: request.method, url: request.url,
-            dpopNonce: DPoPNonces.shared.nonce(for: request.url))
+        // The host hands back only the Authorization value it sent, not its proof: which nonce
+        // that proof carried is not known. Not the one remembered now — a concurrent request
+        // refused for want of the same nonce may have remembered it meanwhile, and this one
+        // must still be retried with it. So a nonce demanded is always retried with (once: the
+        // host's second refusal is the answer).
+        let authorization = try RequestAuthorization(refused: refusedValue, method: request.method, url: request.url)
         try runtime.session.unauthorized(authorization, status: Int(httpStatus), wwwAuthenticate: challenge, dpopNonce: nonce) {
             answer($0)
         }

@@ -60,17 +60,20 @@ final class DPoPExchange: HTTPCancellable, @unchecked Sendable {
         current = post(Self.line("DPoP: ", proof)) { [self] outcome in
             current = nil
             guard case .success(let answer) = outcome else { return done(outcome) }
-            if let given = answer.dpopNonce { DPoPNonces.shared.remember(given, for: url.absoluteString) }
+            // A value no proof can carry is not remembered (it would fail every later proof).
+            let usable = answer.dpopNonce.map { DPoPNonces.shared.remember($0, for: url.absoluteString) } ?? false
             guard (400...401).contains(answer.status), TokenResponse.error(from: answer).code == "use_dpop_nonce" else {
                 return done(outcome)
             }
             if cancelled { return done(.failure(.cancelled)) }
-            guard !retried, let given = answer.dpopNonce, given != nonce else {
+            guard !retried, let given = answer.dpopNonce, given != nonce, usable else {
+                let why = retried
+                    ? "the server demanded a new DPoP nonce again after one retry with the nonce it gave"
+                    : answer.dpopNonce != nil && !usable
+                    ? "the server's DPoP nonce (DPoP-Nonce) is not a string of NQCHARs (RFC 9449 §4.2)"
+                    : "the server demands a DPoP nonce but gave none that is new (DPoP-Nonce)"
                 return done(.failure(AuthorityError(
-                    .configuration, code: "use_dpop_nonce",
-                    message: retried
-                        ? "HTTP \(answer.status): use_dpop_nonce: the server demanded a new DPoP nonce again after one retry with the nonce it gave"
-                        : "HTTP \(answer.status): use_dpop_nonce: the server demands a DPoP nonce but gave none that is new (DPoP-Nonce)")))
+                    .configuration, code: "use_dpop_nonce", message: "HTTP \(answer.status): use_dpop_nonce: \(why)")))
             }
             send(nonce: given, retried: true)
         }

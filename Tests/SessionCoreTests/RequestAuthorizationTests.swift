@@ -54,6 +54,35 @@ import Testing
     }
 }
 
+/// A server's DPoP nonce is checked before it is remembered for its origin: one no proof can
+/// carry (not NQCHARs, RFC 9449 §4.2) would fail every later proof to that server.
+@Suite struct DPoPNonceTests {
+    @Test(arguments: ["", "bad \"nonce", "with space", "back\\slash", "tab\tnonce", "é", String(repeating: "n", count: 1025)])
+    func aNonceNoProofCanCarryIsNeverRemembered(_ nonce: String) throws {
+        let nonces = DPoPNonces()
+        let url = "https://api.example.com/items"
+        #expect(nonces.remember("n-1", for: url))
+        #expect(!nonces.remember(nonce, for: url))
+        #expect(nonces.nonce(for: url) == "n-1")
+        // Through a refusal: that refusal is the answer, the origin keeps its nonce.
+        let origin = "https://nonce-check-\(nonce.utf8.count).example.com/items"
+        DPoPNonces.shared.remember("n-2", for: origin)
+        let refused = try RequestAuthorization(refused: Secret("DPoP tok-1"), method: "GET", url: origin)
+        #expect(throws: SessionError.self) {
+            try SessionManager.wantsNonce(refused, wwwAuthenticate: #"DPoP error="use_dpop_nonce""#, dpopNonce: nonce)
+        }
+        #expect(DPoPNonces.shared.nonce(for: origin) == "n-2")
+    }
+
+    @Test func aNonceOfNQCharsIsRememberedAndCarried() throws {
+        let url = "https://nonce-ok.example.com/items"
+        let refused = try RequestAuthorization(refused: Secret("DPoP tok-1"), method: "GET", url: url)
+        let nonce = "!#[]~" + String(repeating: "z", count: 1019)
+        #expect(try SessionManager.wantsNonce(refused, wwwAuthenticate: #"DPoP error="use_dpop_nonce""#, dpopNonce: nonce))
+        #expect(DPoPNonces.shared.nonce(for: url) == nonce)
+    }
+}
+
 @Suite struct AuthenticationChallengeTests {
     @Test func bearerParametersAreRead() {
         let challenges = AuthenticationChallenge.parse(

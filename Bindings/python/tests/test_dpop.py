@@ -100,6 +100,60 @@ def test_a_resource_nonce_costs_each_adapter_one_retry_and_no_refresh(server):
         assert call(f"{server}/__stats")["refresh_grants"] == refreshes
 
 
+def _dpop_session(server, runtime):
+    import base64
+    import os
+    answer = call(f"{server}/oauth/token", {"grant_type": "password", "username": "alice",
+                                            "password": "correct horse", "client_id": CLIENT})
+    key = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+    runtime.sign_in(answer["access_token"], answer["refresh_token"], 3600, member="alice", dpop_key=key)
+    runtime.refresh_now()  # binds the tokens to the key
+
+
+def _proof_nonce(authorization):
+    import base64
+    import json
+    proof = dict(authorization.headers)["DPoP"]
+    payload = proof.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))).get("nonce")
+
+
+def test_requests_refused_together_for_one_nonce_are_each_retried_with_it(server):
+    """Two requests sent before the server asked for a nonce are both refused with the same
+    use_dpop_nonce N: the first refusal handed to the session remembers N, and the second is
+    retried with N too (through the C API, which cannot see the refused proof: it once took the
+    nonce remembered meanwhile for the proof's own and answered UnauthorizedError)."""
+    resource = f"{server}/api/resource"
+    challenge = 'DPoP error="use_dpop_nonce", error_description="Resource server requires nonce in DPoP proof"'
+    nonce = "shared-nonce-" + str(id(server))
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
+        _dpop_session(server, runtime)
+        first = runtime.authorize("GET", resource)
+        second = runtime.authorize("GET", resource)
+        assert _proof_nonce(first) != nonce and _proof_nonce(second) != nonce
+        refreshes = call(f"{server}/__stats")["refresh_grants"]
+        retries = [runtime.unauthorized(refused, 401, challenge, dpop_nonce=nonce) for refused in (first, second)]
+        assert [_proof_nonce(retry) for retry in retries] == [nonce, nonce]
+        assert call(f"{server}/__stats")["refresh_grants"] == refreshes
+
+
+def test_a_nonce_no_proof_can_carry_is_refused_and_never_remembered(server):
+    """A DPoP-Nonce that is not NQCHARs (RFC 9449 §4.2: a quote, a space) cannot go into a
+    proof: that refusal is the answer (UnauthorizedError), and the server's later requests
+    still get proofs (it was never remembered for the origin: before, every authorize() to it
+    failed for the rest of the process)."""
+    resource = f"{server}/api/resource"
+    challenge = 'DPoP error="use_dpop_nonce"'
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
+        _dpop_session(server, runtime)
+        refused = runtime.authorize("GET", resource)
+        with pytest.raises(sf.UnauthorizedError):
+            runtime.unauthorized(refused, 401, challenge, dpop_nonce='bad "nonce')
+        again = runtime.authorize("GET", resource)
+        assert again.scheme == "DPoP" and _proof_nonce(again) != 'bad "nonce'
+        assert runtime.unauthorized(again, 401, challenge, dpop_nonce="good-nonce").scheme == "DPoP"
+
+
 @pytest.mark.parametrize("case", ["another origin", "the same origin", "another origin, after a retry"])
 def test_requests_a_redirect_carries_no_proof_and_its_targets_401_is_returned(server, case):
     """A proof names its method and URL: the requests adapter keeps it off a redirect's request

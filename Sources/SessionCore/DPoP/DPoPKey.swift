@@ -82,6 +82,14 @@ public struct DPoPKey: Sendable, Hashable, CustomStringConvertible {
     /// The most a proof may hold: the URL and nonce are bounded, so is the proof.
     package static let maximumNonceLength = 1024
 
+    /// Whether `nonce` can go into a proof: 1 to `maximumNonceLength` NQCHARs (RFC 9449 §4.2:
+    /// %x21 / %x23-5B / %x5D-7E, nothing to escape in JSON). A server's value is checked before
+    /// it is remembered: one that is not is never stored (it would fail every later proof).
+    package static func isNonce(_ nonce: String) -> Bool {
+        !nonce.isEmpty && nonce.utf8.count <= maximumNonceLength
+            && nonce.utf8.allSatisfy { $0 == 0x21 || (0x23...0x5B).contains($0) || (0x5D...0x7E).contains($0) }
+    }
+
     /// A DPoP proof (RFC 9449 §4.2) for `method` on `url`: a JWS (ES256) whose header holds
     /// typ `dpop+jwt`, alg `ES256` and the public jwk, and whose claims are a new `jti`
     /// (128 random bits), `htm`, `htu` (`url` without query and fragment), `iat`
@@ -93,11 +101,8 @@ public struct DPoPKey: Sendable, Hashable, CustomStringConvertible {
         method: String, url: String, accessToken: Secret? = nil, nonce: String? = nil,
         issuedAt: Int64 = DPoPKey.now()
     ) throws(SessionError) -> Secret {
-        if let nonce {
-            // NQCHAR = %x21 / %x23-5B / %x5D-7E: nothing to escape in JSON.
-            guard !nonce.isEmpty, nonce.utf8.count <= Self.maximumNonceLength,
-                  nonce.utf8.allSatisfy({ $0 == 0x21 || (0x23...0x5B).contains($0) || (0x5D...0x7E).contains($0) })
-            else { throw SessionError(.invalidArgument, "the server's DPoP nonce is not a string of NQCHARs (RFC 9449 §4.2)") }
+        if let nonce, !Self.isNonce(nonce) {
+            throw SessionError(.invalidArgument, "the server's DPoP nonce is not a string of NQCHARs (RFC 9449 §4.2)")
         }
         var claims = #"{"jti":""# + Self.newJTI() + #"","htm":"# + Self.jsonString(method)
             + #","htu":"# + Self.jsonString(Self.targetURI(url)) + #","iat":"# + String(issuedAt)

@@ -19,14 +19,18 @@ package final class DPoPNonces: Sendable {
         return nonces.withLockedValue { list in list.last { $0.origin == origin }?.nonce }
     }
 
-    /// Remembers `nonce` for the server of `url` (replacing the one it had).
-    package func remember(_ nonce: String, for url: String) {
+    /// Remembers `nonce` for the server of `url` (replacing the one it had) — unless it is no
+    /// nonce a proof can carry (`DPoPKey.isNonce`): then nothing changes, and false.
+    @discardableResult
+    package func remember(_ nonce: String, for url: String) -> Bool {
+        guard DPoPKey.isNonce(nonce) else { return false }
         let origin = Self.origin(of: url)
         nonces.withLockedValue { list in
             list.removeAll { $0.origin == origin }
             list.append((origin, nonce))
             if list.count > Self.capacity { list.removeFirst(list.count - Self.capacity) }
         }
+        return true
     }
 
     /// `scheme://authority` of `url`, lowercased (the path and what follows dropped).

@@ -117,7 +117,9 @@ extension SessionManager {
         if refused.dpopNonce == dpopNonce {
             throw SessionError(.unauthorized, "the server demanded a DPoP nonce again of a proof that carried the one it gave")
         }
-        DPoPNonces.shared.remember(dpopNonce, for: refused.url)
+        guard DPoPNonces.shared.remember(dpopNonce, for: refused.url) else {
+            throw SessionError(.unauthorized, "the server's DPoP nonce (DPoP-Nonce) is not a string of NQCHARs (RFC 9449 §4.2): no proof can carry it")
+        }
         return true
     }
 
