@@ -258,12 +258,31 @@ struct TokenSource {
             } else {
                 try await manager.freshAccessToken()
             }
+            // A refresh writes the new tokens (a rotated refresh token among them) to the store:
+            // the token goes out only once the store took them. The write waits for the store's
+            // write lock within the store's patience; one that missed it gets a last try when the
+            // session closes, and the record says whether one landed.
+            await manager.storeWorkDone()
+            let missed: StoreError? = if case .unavailable(let error) = manager.storeStatus.value { error } else { nil }
             try await close()
+            if let missed, !Self.stored(token, in: view.store.account(account.key, isActive: false)) {
+                throw CommandFailure(
+                    message: "the refreshed tokens could not be stored, so no token is given out: \(missed.message). "
+                        + "The new refresh token is lost with this process; if the server rotated it, the next "
+                        + "refresh fails and the session must be signed in again (watch-session login)",
+                    code: StatusCodes.storeUnavailable)
+            }
             return token
         } catch let error as SessionError {
             try await close()
             throw Self.failure(error, account: account)
         }
+    }
+
+    /// Whether the store's record of the account holds `token` (the session's write of it landed).
+    private static func stored(_ token: Secret, in store: any CredentialStore) -> Bool {
+        guard case .present(let session) = store.read() else { return false }
+        return session.accessToken == token
     }
 
     static func failure(_ error: SessionError, account: StoreView.Account) -> CommandFailure {

@@ -19,7 +19,8 @@ struct Token: AsyncParsableCommand {
             output; messages go to standard error.
 
             Exit codes (as status): 0 printed, 1 signed out (or no such account), 4 the session \
-            expired, 7 the store cannot be read, 8 a due refresh failed, 64 bad usage.
+            expired, 7 the store cannot be read (or the refreshed tokens could not be stored: \
+            nothing printed), 8 a due refresh failed, 64 bad usage.
             """)
 
     @OptionGroup var options: AccountOptions
@@ -67,8 +68,8 @@ struct Exec: AsyncParsableCommand {
             The command's exit status is passed through (128+N when a signal N ended it).
 
             Exit codes before the command runs (as status): 1 signed out, 4 the session expired, \
-            7 the store cannot be read, 8 a due refresh failed, 64 bad usage, 127 the command \
-            cannot be run.
+            7 the store cannot be read (or the refreshed tokens could not be stored: the command \
+            is not run), 8 a due refresh failed, 64 bad usage, 127 the command cannot be run.
             """)
 
     @OptionGroup var options: AccountOptions
