@@ -20,6 +20,9 @@ enum StatusCodes {
     static let storeUnavailable: Int32 = 7
     /// A refresh was due and could not be made (the server unreachable or failing).
     static let refreshFailed: Int32 = 8
+    /// watch-session itself failed, whatever the session (sysexits' EX_OSERR): its event loop
+    /// or another resource of the system could not be had (too many open files, say).
+    static let internalFailure: Int32 = 71
 }
 
 /// A failure of a command: the message for standard error and the exit code.
@@ -213,8 +216,14 @@ struct TokenSource {
             return (try await fetch(chosen), chosen)
         } catch let failure as CommandFailure {
             throw failure
+        } catch let error as OAuthConfigurationError {
+            // The profile names a token endpoint the authority refuses: no refresh can be made.
+            throw CommandFailure(message: "the token could not be refreshed: \(error)", code: StatusCodes.refreshFailed)
         } catch {
-            throw CommandFailure(message: "\(error)", code: StatusCodes.signedOut)
+            // Not the session's answer: the loop, the system's resources (descriptors, threads).
+            throw CommandFailure(
+                message: "watch-session could not run its session (nothing is known of it): \(error)",
+                code: StatusCodes.internalFailure)
         }
     }
 
@@ -253,6 +262,13 @@ struct TokenSource {
         do {
             try manager.start()
             await manager.storeRead()
+            // The first look (`StoreView`) found the account signed in; the session's own read
+            // of the store must agree before anything it says counts: a store it cannot read
+            // is "not known" (exit 7), never "signed out".
+            if case .unavailable(let error) = manager.storeStatus.value {
+                try await close()
+                throw Self.unreadable(error)
+            }
             let token = if let refused {
                 try await manager.handleUnauthorized(token: refused)
             } else {
@@ -274,8 +290,9 @@ struct TokenSource {
             }
             return token
         } catch let error as SessionError {
+            let status = manager.storeStatus.value
             try await close()
-            throw Self.failure(error, account: account)
+            throw Self.failure(error, account: account, storeStatus: status)
         }
     }
 
@@ -285,8 +302,19 @@ struct TokenSource {
         return session.accessToken == token
     }
 
-    static func failure(_ error: SessionError, account: StoreView.Account) -> CommandFailure {
-        switch error.code {
+    /// The session's own read of the store failed (after the first look found the account).
+    static func unreadable(_ error: StoreError) -> CommandFailure {
+        CommandFailure(
+            message: "the session could not read the store, so the session is not known: \(error.message)",
+            code: StatusCodes.storeUnavailable)
+    }
+
+    static func failure(_ error: SessionError, account: StoreView.Account, storeStatus: StoreStatus) -> CommandFailure {
+        // Signed out only when the store says so: a session that could not read it knows nothing.
+        if case .unavailable(let storeError) = storeStatus, error.code == .notLoggedIn {
+            return unreadable(storeError)
+        }
+        return switch error.code {
         case .notLoggedIn:
             CommandFailure(message: "not signed in (watch-session login signs in)", code: StatusCodes.signedOut)
         case .sessionExpired, .sessionEnded:
@@ -295,6 +323,9 @@ struct TokenSource {
                 code: StatusCodes.expired)
         case .storeUnavailable, .store:
             CommandFailure(message: "the store cannot be read or written: \(error.message)", code: StatusCodes.storeUnavailable)
+        case .shutDown:
+            CommandFailure(
+                message: "watch-session could not run its session: \(error.message)", code: StatusCodes.internalFailure)
         case .configuration where account.session.profile == nil:
             CommandFailure(
                 message: "the token of \(account.who) needs a refresh, but the store does not say which issuer minted "

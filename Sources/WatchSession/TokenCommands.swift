@@ -20,7 +20,8 @@ struct Token: AsyncParsableCommand {
 
             Exit codes (as status): 0 printed, 1 signed out (or no such account), 4 the session \
             expired, 7 the store cannot be read (or the refreshed tokens could not be stored: \
-            nothing printed), 8 a due refresh failed, 64 bad usage.
+            nothing printed), 8 a due refresh failed, 64 bad usage, 71 watch-session could not \
+            run (its event loop, too many open files).
             """)
 
     @OptionGroup var options: AccountOptions
@@ -69,7 +70,8 @@ struct Exec: AsyncParsableCommand {
 
             Exit codes before the command runs (as status): 1 signed out, 4 the session expired, \
             7 the store cannot be read (or the refreshed tokens could not be stored: the command \
-            is not run), 8 a due refresh failed, 64 bad usage, 127 the command cannot be run.
+            is not run), 8 a due refresh failed, 64 bad usage, 71 watch-session could not run, \
+            127 the command cannot be run.
             """)
 
     @OptionGroup var options: AccountOptions

@@ -4,9 +4,39 @@ import SessionFileStore
 import SessionFlowTestSupport
 import Testing
 
+/// A watch-session process run through `/bin/sh -c SCRIPT` (for what a test cannot set up with
+/// `Process` alone: `ulimit -n`, a closed or full standard output); `$0` is the binary, `$1`…
+/// the arguments after it. Its status, whether it ended by a signal, and its output.
+func shellRun(
+    _ script: String, _ arguments: [String], input: String = ""
+) async throws -> (status: Int32, signalled: Bool, stdout: String, stderr: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/bin/sh")
+    process.arguments = ["-c", script, binary("watch-session")] + arguments
+    var environment = ProcessInfo.processInfo.environment
+    environment["NO_COLOR"] = "1"
+    process.environment = environment
+    let out = Pipe()
+    let err = Pipe()
+    let stdin = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    process.standardInput = stdin
+    try process.run()
+    stdin.fileHandleForWriting.write(Data(input.utf8))
+    try stdin.fileHandleForWriting.close()
+    return await offThePool {
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, process.terminationReason == .uncaughtSignal,
+                String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+    }
+}
+
 /// `token`, `exec` and `credential` when something other than the session fails: the store
-/// cannot take a refresh's tokens (docs/watch-session.md, the status table and "token, exec,
-/// credential").
+/// cannot take a refresh's tokens, the process runs out of descriptors (docs/watch-session.md,
+/// the status table and "token, exec, credential").
 @Suite("watch-session token, exec, credential when something fails", .serialized)
 struct TokenFailureTests {
     /// Another process holds the store's write lock longer than the store's patience while a
@@ -57,5 +87,46 @@ struct TokenFailureTests {
         let fresh = try #require(storedAccessToken(directory))
         #expect(fresh != access && run.stdout == fresh + "\n", "\(run)")
         #expect(run.stderr.isEmpty, "\(run)")
+    }
+
+    /// Out of descriptors (`ulimit -n N`, as the reviewer ran it), on a signed-in store whose
+    /// token must be refreshed, N rising from 4 (with 3 the dynamic loader cannot open the
+    /// libraries) until both faults below were seen: never exit 1 — "signed out" is what the
+    /// store says, and it says signed in. Where the event loop cannot be made: 71 (watch-session
+    /// itself failed); where the session cannot read the store after the first look found the
+    /// account: 7 (so is a first look that cannot read it). Then, with descriptors enough: 0 and
+    /// the token. (Below about 9 descriptors libdispatch and libuv abort the process themselves
+    /// — their eventfd, their signal pipe — before watch-session has a say: a death by a signal,
+    /// not an exit status. A little above the faults sought here the library's lease file
+    /// cannot be opened, which it reports as a busy lease after its whole wait: not run.)
+    @Test func outOfDescriptorsIsNeverSignedOut() async throws {
+        let server = try await AuthServer()
+        func run(limit: Int) async throws -> (status: Int32, signalled: Bool, stdout: String, stderr: String) {
+            // A store of its own for each run: nothing one run did is left for the next.
+            let (access, refresh) = try await server.passwordSignIn()
+            let directory = temporaryStore()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
+            let run = try await shellRun(#"ulimit -n "$1"; exec "$0" token --store "$2" --min-valid 1200"#, ["\(limit)", directory])
+            #expect(clean(run.stderr, of: [access, refresh]), "ulimit -n \(limit): \(run)")
+            return run
+        }
+        var seen: [(limit: Int, status: Int32, stderr: String)] = []
+        func sawLoopFailure() -> Bool { seen.contains { $0.status == 71 && $0.stderr.contains("uv_loop_init") } }
+        func sawSessionReadFailure() -> Bool {
+            seen.contains { $0.status == 7 && $0.stderr.contains("the session could not read the store") }
+        }
+        for limit in 4...24 where !(sawLoopFailure() && sawSessionReadFailure()) {
+            let result = try await run(limit: limit)
+            if result.signalled { continue }
+            seen.append((limit, result.status, result.stderr))
+            #expect([7, 71].contains(result.status) && result.stdout.isEmpty, "ulimit -n \(limit): \(result)")
+        }
+        let summary = seen.map { "\($0.limit): \($0.status)" }.joined(separator: ", ")
+        #expect(!seen.contains { $0.status == 1 }, "a signed-in store said signed out: \(summary)")
+        #expect(sawLoopFailure(), "\(summary)")
+        #expect(sawSessionReadFailure(), "\(summary)")
+        let enough = try await run(limit: 256)
+        #expect(enough.status == 0 && enough.stdout.hasSuffix("\n") && enough.stderr.isEmpty, "\(enough)")
     }
 }
