@@ -15,14 +15,40 @@ struct StandardStream: Sendable {
 
     let descriptor: Int32
 
-    func write(_ bytes: some Sequence<UInt8>) {
+    /// Writes every byte. Nil when all went out; else why not (an errno: a closed descriptor,
+    /// a full disk, a closed pipe with SIGPIPE ignored), the rest unwritten.
+    @discardableResult
+    func write(_ bytes: some Sequence<UInt8>) -> Int32? {
         let all = Array(bytes)
         var written = 0
         while written < all.count {
             let count = all[written...].withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
             if count < 0 && errno == EINTR { continue }
-            guard count > 0 else { return }  // a closed pipe: nothing more can go out
+            guard count > 0 else { return count == 0 ? EIO : errno }  // 0: nothing taken, no reason given
             written += count
+        }
+        return nil
+    }
+
+    /// Makes sure descriptors 0, 1 and 2 are open, before anything else opens one: a process
+    /// started with one of them closed would otherwise hand that number to the next descriptor
+    /// it opens (libdispatch's epoll, a store file, a socket), and what is meant for standard
+    /// output — a token — would go there. A closed one gets /dev/null, opened read-only: a read
+    /// of standard input finds its end, and a write to standard output or error still fails
+    /// (`EBADF`, as on the closed descriptor), so `token` says it could not print. Exits (71)
+    /// when a hole cannot be filled.
+    static func openStandardDescriptors() {
+        for descriptor in STDIN_FILENO...STDERR_FILENO where fcntl(descriptor, F_GETFD) == -1 && errno == EBADF {
+            // The lowest free number: this one, the lower ones being open already.
+            let opened = open("/dev/null", O_RDONLY)
+            if opened == descriptor { continue }
+            if opened >= 0, dup2(opened, descriptor) == descriptor {
+                close(opened)
+                continue
+            }
+            let message = "watch-session: standard descriptor \(descriptor) is closed and /dev/null cannot be opened onto it\n"
+            _ = message.withCString { Glibc.write(STDERR_FILENO, $0, strlen($0)) }
+            exit(StatusCodes.internalFailure)
         }
     }
 

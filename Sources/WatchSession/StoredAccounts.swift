@@ -23,6 +23,9 @@ enum StatusCodes {
     /// watch-session itself failed, whatever the session (sysexits' EX_OSERR): its event loop
     /// or another resource of the system could not be had (too many open files, say).
     static let internalFailure: Int32 = 71
+    /// The token could not be written to standard output (sysexits' EX_IOERR): closed, full,
+    /// a short write.
+    static let outputFailed: Int32 = 74
 }
 
 /// A failure of a command: the message for standard error and the exit code.

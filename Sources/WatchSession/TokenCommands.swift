@@ -21,7 +21,8 @@ struct Token: AsyncParsableCommand {
             Exit codes (as status): 0 printed, 1 signed out (or no such account), 4 the session \
             expired, 7 the store cannot be read (or the refreshed tokens could not be stored: \
             nothing printed), 8 a due refresh failed, 64 bad usage, 71 watch-session could not \
-            run (its event loop, too many open files).
+            run (its event loop, too many open files), 74 the token could not be written to \
+            standard output (closed, full).
             """)
 
     @OptionGroup var options: AccountOptions
@@ -50,12 +51,21 @@ struct Token: AsyncParsableCommand {
                 view: try options.view(), account: options.account, logLevel: verbosity.level,
                 minimumValidity: minValid.map { .seconds($0) }
             ).token()
-            token.withUnsafeBytes { bytes in
+            let failure = token.withUnsafeBytes { bytes in
                 StandardStream.output.write(Data(bytes) + Data([0x0A]))
             }
+            if let failure { throw Self.outputFailure(failure) }
         } catch let failure as CommandFailure {
             throw failure.exit()
         }
+    }
+
+    /// The token (or git's answer) did not all reach standard output: a script must not go on
+    /// with a part of it, or with none.
+    static func outputFailure(_ error: Int32) -> CommandFailure {
+        CommandFailure(
+            message: "the token could not be written to standard output: \(String(cString: strerror(error)))",
+            code: StatusCodes.outputFailed)
     }
 }
 
@@ -156,10 +166,11 @@ struct Credential: AsyncParsableCommand {
             var answer = Data("username=\(username)\npassword=".utf8)
             token.withUnsafeBytes { answer.append(contentsOf: $0) }
             answer.append(Data("\n".utf8))
-            StandardStream.output.write(answer)
+            let failure = StandardStream.output.write(answer)
             answer.withUnsafeMutableBytes { bytes in _ = memset(bytes.baseAddress!, 0, bytes.count) }
-        } catch {
-            throw error.exit()
+            if let failure { throw Token.outputFailure(failure) }
+        } catch let failure as CommandFailure {
+            throw failure.exit()
         }
     }
 

@@ -89,9 +89,13 @@ struct WatchSession: AsyncParsableCommand {
         subcommands: [Watch.self, DemoCommand.self, Login.self, Status.self, Token.self, Exec.self, Credential.self, Logout.self],
         defaultSubcommand: Watch.self)
 
-    /// Before anything: the process holds tokens, so it is made non-dumpable (no core dump;
-    /// no other process of the user, Swift's crash reporter included, may read its memory).
+    /// Before anything: descriptors 0, 1 and 2 are open (a closed standard output must never
+    /// become another descriptor, which would receive a token). The process holds tokens, so it
+    /// is made non-dumpable (no core dump; no other process of the user, Swift's crash reporter
+    /// included, may read its memory).
     static func main() async {
+        // First of all, before any descriptor is opened: 0, 1 and 2 are taken.
+        StandardStream.openStandardDescriptors()
         _ = sf_set_not_dumpable()
         await Self.main(nil)
     }

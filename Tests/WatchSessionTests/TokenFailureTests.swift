@@ -35,8 +35,8 @@ func shellRun(
 }
 
 /// `token`, `exec` and `credential` when something other than the session fails: the store
-/// cannot take a refresh's tokens, the process runs out of descriptors (docs/watch-session.md,
-/// the status table and "token, exec, credential").
+/// cannot take a refresh's tokens, the process runs out of descriptors, standard output cannot
+/// be written (docs/watch-session.md, the status table and "token, exec, credential").
 @Suite("watch-session token, exec, credential when something fails", .serialized)
 struct TokenFailureTests {
     /// Another process holds the store's write lock longer than the store's patience while a
@@ -128,5 +128,46 @@ struct TokenFailureTests {
         #expect(sawSessionReadFailure(), "\(summary)")
         let enough = try await run(limit: 256)
         #expect(enough.status == 0 && enough.stdout.hasSuffix("\n") && enough.stderr.isEmpty, "\(enough)")
+    }
+
+    /// Standard output that cannot take the token — /dev/full, or closed — is an error: exit 74,
+    /// a message on standard error (no token in it). With standard output closed the token
+    /// reaches nothing else either: the descriptor a refresh opens next (an epoll, a socket, a
+    /// store file) does not get number 1, and the refresh's tokens are stored as they should be.
+    @Test func aTokenThatCannotBeWrittenExits74() async throws {
+        let server = try await AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
+
+        let full = try await shellRun(#"exec "$0" token --store "$1" >/dev/full"#, [directory])
+        #expect(full.status == 74 && !full.signalled, "\(full)")
+        #expect(full.stderr.contains("could not be written to standard output"), "\(full)")
+        #expect(clean(full.stderr, of: [access, refresh]), "\(full)")
+
+        let closed = try await shellRun(#"exec "$0" token --store "$1" >&-"#, [directory])
+        #expect(closed.status == 74 && !closed.signalled, "\(closed)")
+        #expect(closed.stdout.isEmpty && closed.stderr.contains("could not be written to standard output"), "\(closed)")
+        #expect(clean(closed.stderr, of: [access, refresh]), "\(closed)")
+
+        // Through a refresh: the loop, the store's worker, the HTTP client all open descriptors.
+        let refreshing = try await shellRun(#"exec "$0" token --store "$1" --min-valid 1200 >&-"#, [directory])
+        #expect(refreshing.status == 74 && !refreshing.signalled, "\(refreshing)")
+        #expect(try await server.stats()["refresh_grants"] == 1)
+        let fresh = try #require(storedAccessToken(directory))
+        #expect(fresh != access)
+        #expect(refreshing.stdout.isEmpty && clean(refreshing.stderr, of: [access, refresh, fresh]), "\(refreshing)")
+        // Not written into a file of the store either.
+        for name in try FileManager.default.contentsOfDirectory(atPath: directory) {
+            let contents = FileManager.default.contents(atPath: directory + "/" + name) ?? Data()
+            #expect(contents.range(of: Data(fresh.utf8)) == nil, "the token is in \(name)")
+        }
+
+        let credential = try await shellRun(
+            #"exec "$0" credential --store "$1" get >/dev/full"#, [directory], input: "protocol=https\nhost=git.example\n\n")
+        #expect(credential.status == 74 && !credential.signalled, "\(credential)")
+        #expect(credential.stderr.contains("could not be written to standard output"), "\(credential)")
+        #expect(clean(credential.stderr, of: [fresh]), "\(credential)")
     }
 }
