@@ -124,45 +124,60 @@ struct Exec: AsyncParsableCommand {
 }
 
 /// `watch-session credential get|store|erase`: git's credential helper protocol
-/// (`git help credential`), the token as the password.
+/// (`git help credential`, gitcredentials(7)), the token as the password.
 struct Credential: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "A git credential helper: answers git with a fresh access token as the password.",
         discussion: """
             git config --global credential.https://git.example.com.helper \
-            '!watch-session credential --account alice'
+            '!watch-session credential --account alice --host git.example.com'
 
             get: answers username and password (a fresh access token) for the host git asks \
             about. erase (git got a 401 with that token): the session compares and refreshes, \
             so the next get answers a new token. store: accepted and ignored (the session keeps \
-            its tokens itself). Exit codes as token; git goes on without an answer.
-            """)
+            its tokens itself). Any other operation is ignored (exit 0, nothing printed), as \
+            gitcredentials(7) asks of a helper.
 
-    enum Operation: String, ExpressibleByArgument, CaseIterable {
-        case get, store, erase
-    }
+            Only https requests are answered (plain http only for a loopback host: localhost, \
+            127.0.0.1, [::1]); with --host, only requests for those hosts. Without --host, the \
+            helper answers any host git asks it about: the git config key (credential.<url>.helper) \
+            is then what keeps the token to one server. A request it does not answer gets \
+            nothing (exit 0), and git goes on to its other helpers. Exit codes as token.
+            """)
 
     @OptionGroup var options: AccountOptions
 
     @Option(help: "The username to answer (most servers ignore it for a bearer token).")
     var username = "oauth2"
 
+    @Option(name: .customLong("host"), help: ArgumentHelp(
+        "Answer only requests for this host (as git sends it: with its port when the URL names one). Repeatable.",
+        valueName: "host"))
+    var hosts: [String] = []
+
     @OptionGroup var verbosity: VerbosityOptions
 
-    @Argument(help: "What git asks: get, store or erase.")
-    var operation: Operation
+    @Argument(help: "What git asks: get, store or erase (any other operation is ignored).")
+    var operation: String
+
+    func validate() throws {
+        if hosts.contains(where: \.isEmpty) { throw ValidationError("--host is empty") }
+    }
 
     func run() async throws {
         let request = Self.readRequest()
-        if operation == .store { return }
+        // store: the session keeps its tokens itself; an operation git may add later: not ours.
+        guard operation == "get" || operation == "erase" else { return }
+        // A request for another server, or in the clear: nothing to say (git asks elsewhere).
+        guard Self.answers(request, hosts: hosts) else { return }
         var source = TokenSource(view: try options.view(), account: options.account, logLevel: verbosity.level)
-        if operation == .erase {
+        if operation == "erase" {
             guard let password = request["password"] else { return }
             source.refused = Secret(password)
         }
         do {
             let (token, _) = try await source.token()
-            guard operation == .get else { return }
+            guard operation == "get" else { return }
             var answer = Data("username=\(username)\npassword=".utf8)
             token.withUnsafeBytes { answer.append(contentsOf: $0) }
             answer.append(Data("\n".utf8))
@@ -172,6 +187,35 @@ struct Credential: AsyncParsableCommand {
         } catch let failure as CommandFailure {
             throw failure.exit()
         }
+    }
+
+    /// Whether the helper answers `request`: https (plain http only to a loopback host), and
+    /// one of `hosts` when any are given (compared with git's `host` as it is, its port
+    /// included, letter case aside).
+    static func answers(_ request: [String: String], hosts: [String]) -> Bool {
+        guard let host = request["host"], !host.isEmpty else { return false }
+        switch request["protocol"]?.lowercased() {
+        case "https": break
+        case "http" where isLoopback(host): break
+        default: return false
+        }
+        return hosts.isEmpty || hosts.contains { $0.lowercased() == host.lowercased() }
+    }
+
+    /// `localhost`, 127.0.0.0/8 or `[::1]`, with or without a port (git's `host` field).
+    static func isLoopback(_ host: String) -> Bool {
+        func isNumber(_ text: Substring) -> Bool { !text.isEmpty && text.allSatisfy { $0.isASCII && $0.isNumber } }
+        if host.hasPrefix("[") {
+            guard let close = host.firstIndex(of: "]") else { return false }
+            let port = host[host.index(after: close)...]
+            guard port.isEmpty || (port.first == ":" && isNumber(port.dropFirst())) else { return false }
+            return host[host.index(after: host.startIndex)..<close] == "::1"
+        }
+        let parts = host.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count == 1 || (parts.count == 2 && isNumber(parts[1])) else { return false }
+        if parts[0].lowercased() == "localhost" { return true }
+        let octets = parts[0].split(separator: ".", omittingEmptySubsequences: false)
+        return octets.count == 4 && octets[0] == "127" && octets.allSatisfy { isNumber($0) && $0.count <= 3 && Int($0)! <= 255 }
     }
 
     /// git's `key=value` lines, up to a blank line or the end of the input.

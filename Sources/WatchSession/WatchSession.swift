@@ -42,8 +42,8 @@ let helpText = """
       watch-session status [--json]    once: each account's state, issuer, scopes, expiry (exit 0/1/4/7)
       TOKEN=$(watch-session token)     a fresh access token (refreshed first when due), nothing else
       watch-session exec -- curl …     a command with a fresh token in $ACCESS_TOKEN
-      git config credential.https://git.example.com.helper '!watch-session credential'
-                                       git's password is a fresh token
+      git config credential.https://git.example.com.helper '!watch-session credential --host git.example.com'
+                                       git's password is a fresh token (https only; --host: for that host only)
       watch-session logout [--store DIR]
                                        sign out: revoke the refresh token at its issuer, wipe the store
 
@@ -80,7 +80,7 @@ struct WatchSession: AsyncParsableCommand {
               watch-session status [--json] [--store <dir>] [--account <key>]
               watch-session token [--min-valid <seconds>] [--show] [--store <dir>] [--account <key>]
               watch-session exec [--env <name>] [--store <dir>] [--account <key>] -- <command> <argument>…
-              watch-session credential [--store <dir>] [--account <key>] get|store|erase
+              watch-session credential [--store <dir>] [--account <key>] [--host <host>]… get|store|erase
               watch-session logout [--store <dir>] [--account <key>] [--key-file <file>] [--json]
               (every option of each: watch-session help watch|demo|login|status|token|exec|credential|logout)
             """,

@@ -36,7 +36,8 @@ func shellRun(
 
 /// `token`, `exec` and `credential` when something other than the session fails: the store
 /// cannot take a refresh's tokens, the process runs out of descriptors, standard output cannot
-/// be written (docs/watch-session.md, the status table and "token, exec, credential").
+/// be written; and what the credential helper answers (docs/watch-session.md, the status table
+/// and "token, exec, credential").
 @Suite("watch-session token, exec, credential when something fails", .serialized)
 struct TokenFailureTests {
     /// Another process holds the store's write lock longer than the store's patience while a
@@ -169,5 +170,81 @@ struct TokenFailureTests {
         #expect(credential.status == 74 && !credential.signalled, "\(credential)")
         #expect(credential.stderr.contains("could not be written to standard output"), "\(credential)")
         #expect(clean(credential.stderr, of: [fresh]), "\(credential)")
+    }
+
+    /// git's credential protocol: a request in the clear (http to a host that is not loopback),
+    /// or for a host `--host` does not name, gets no answer (exit 0, nothing printed) — and an
+    /// `erase` for it causes no refresh. https is answered; http only on loopback; `--host`
+    /// compares git's host (letter case aside, port included).
+    @Test func theCredentialHelperAnswersOnlyHttpsAndTheHostsItIsGiven() async throws {
+        let server = try await AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
+        func credential(_ request: String, _ extra: [String] = [], operation: String = "get") async throws
+            -> (status: Int32, stdout: String, stderr: String)
+        {
+            try await Spawned(["credential", "--store", directory] + extra + [operation], input: request + "\n").finish()
+        }
+        let answer = "username=oauth2\npassword=\(access)\n"
+        let unanswered: [(request: String, options: [String])] = [
+            ("protocol=http\nhost=evil.example\n", []),
+            ("protocol=http\nhost=127.0.0.1.evil.example\n", []),
+            ("protocol=ftp\nhost=git.example\n", []),
+            ("host=git.example\n", []),
+            ("protocol=https\n", []),
+            ("protocol=https\nhost=evil.example\n", ["--host", "git.example"]),
+            ("protocol=https\nhost=git.example:8443\n", ["--host", "git.example"]),
+            ("protocol=http\nhost=git.example\n", ["--host", "git.example"]),
+        ]
+        for (request, options) in unanswered {
+            let run = try await credential(request, options)
+            #expect(run.status == 0 && run.stdout.isEmpty && run.stderr.isEmpty, "\(request) \(options): \(run)")
+        }
+        let answered: [(request: String, options: [String])] = [
+            ("protocol=https\nhost=git.example\n", []),
+            ("protocol=https\nhost=anything.example\n", []),
+            ("protocol=https\nhost=git.example\n", ["--host", "git.example"]),
+            ("protocol=https\nhost=GIT.Example\n", ["--host", "git.example"]),
+            ("protocol=https\nhost=git.example:8443\n", ["--host", "other.example", "--host", "git.example:8443"]),
+            ("protocol=http\nhost=127.0.0.1:8080\n", []),
+            ("protocol=http\nhost=localhost\n", []),
+            ("protocol=http\nhost=[::1]:3000\n", ["--host", "[::1]:3000"]),
+        ]
+        for (request, options) in answered {
+            let run = try await credential(request, options)
+            #expect(run.status == 0 && run.stdout == answer && run.stderr.isEmpty, "\(request) \(options): \(run)")
+        }
+        // A 401 from another server says nothing about this token: no refresh.
+        let erase = try await credential("protocol=http\nhost=evil.example\npassword=\(access)\n", operation: "erase")
+        #expect(erase.status == 0 && erase.stdout.isEmpty && erase.stderr.isEmpty, "\(erase)")
+        let eraseOther = try await credential(
+            "protocol=https\nhost=evil.example\npassword=\(access)\n", ["--host", "git.example"], operation: "erase")
+        #expect(eraseOther.status == 0 && eraseOther.stdout.isEmpty && eraseOther.stderr.isEmpty, "\(eraseOther)")
+        #expect(try await server.stats()["refresh_grants"] == 0)
+        #expect(storedAccessToken(directory) == access)
+        let empty = try await Spawned(["credential", "--store", directory, "--host", "", "get"], input: "\n").finish()
+        #expect(empty.status == 64 && empty.stdout.isEmpty, "\(empty)")
+    }
+
+    /// gitcredentials(7): "If a helper receives any other operation, it should silently ignore
+    /// the request." Exit 0, nothing on either output, the store not even read.
+    @Test func anUnknownCredentialOperationIsIgnored() async throws {
+        let server = try await AuthServer()
+        let (access, refresh) = try await server.passwordSignIn()
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
+        for operation in ["bogus", "capability", "GET"] {
+            let run = try await Spawned(["credential", "--store", directory, operation], input: "protocol=https\nhost=git.example\n\n")
+                .finish()
+            #expect(run.status == 0 && run.stdout.isEmpty && run.stderr.isEmpty, "\(operation): \(run)")
+        }
+        // Nor when nothing was signed in: the operation is not looked at further.
+        let nowhere = temporaryStore()
+        let run = try await Spawned(["credential", "--store", nowhere, "bogus"], input: "\n").finish()
+        #expect(run.status == 0 && run.stdout.isEmpty && run.stderr.isEmpty, "\(run)")
+        #expect(!FileManager.default.fileExists(atPath: nowhere))
     }
 }
