@@ -1,6 +1,7 @@
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFlowTestSupport
 import Testing
 
 @testable import SessionFileStore
@@ -32,7 +33,8 @@ struct SharedStoreRegressionTests {
         }
         try await manager.signIn(SessionTokens(
             accessToken: Secret("a1"), refreshToken: Secret("r1"), expiresIn: .seconds(3600), memberID: "alice"))
-        try await Task.sleep(for: .milliseconds(200))
+        // The watch must be up, or the change below is never seen and nothing is tested.
+        #expect(await eventually { await manager.watchesStore() }, "the session never watched its store")
         store.failClear.withLockedValue { $0 = true }
         try await manager.logout()
         #expect(manager.state.value == .loggedOut)
