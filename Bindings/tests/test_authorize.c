@@ -105,6 +105,7 @@ typedef struct answer {
     char value[1024]; /* the Authorization value (a secret: wiped by answer_end) */
     pthread_t asker;  /* the thread that asked */
     int on_asking_thread;
+    char message[256]; /* a failing answer: sf_last_error_message read in the callback */
 } answer;
 
 static void answer_begin(answer *a) {
@@ -127,6 +128,10 @@ static void on_authorized(int result, const sf_authorization *authorization, voi
     a->result = result;
     a->on_asking_thread = pthread_equal(pthread_self(), a->asker);
     a->null_authorization = authorization == NULL;
+    if (result < 0) {
+        const char *why = sf_last_error_message();
+        snprintf(a->message, sizeof a->message, "%s", why ? why : "");
+    }
     if (authorization) {
         a->size = authorization->size;
         a->header_count = authorization->header_count;
@@ -286,6 +291,8 @@ void test_authorize_when_logged_out_is_enotloggedin_in_the_callback(void) {
     CHECK_EQ_INT(a.calls, 1);
     CHECK(a.null_authorization);
     CHECK(!a.on_asking_thread);
+    /* Inside the callback, the loop thread's sf_last_error_message says why the answer failed. */
+    CHECK(strcmp(a.message, "sf_session_authorize (answer): no one is signed in") == 0);
     answer_end(&a);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }

@@ -29,13 +29,16 @@ extension RequestAuthorization.Scheme {
 struct AuthorizeCallback: @unchecked Sendable {
     let function: sf_authorize_fn
     let userdata: UnsafeMutableRawPointer?
+    /// The C function that asked (for sf_last_error_message in a failing answer).
+    let call: String
 
     func callAsFunction(_ result: Result<RequestAuthorization, SessionError>) {
         switch result {
         case .success(let authorization):
             lend(authorization) { function(SF_OK.code, $0, userdata) }
         case .failure(let error):
-            function(errorCode(error), nil, userdata)
+            let code = answerFailed(call, error)
+            function(code, nil, userdata)
         }
     }
 }
@@ -104,7 +107,7 @@ public func sf_session_authorize(
             refuse("sf_session_authorize", pointer, "on_done is NULL")
             return SF_EINVAL.code
         }
-        let answer = AuthorizeCallback(function: onDone, userdata: userdata)
+        let answer = AuthorizeCallback(function: onDone, userdata: userdata, call: "sf_session_authorize")
         return posting(pointer) { runtime throws(SessionError) in
             try runtime.session.authorization(method: request.method, url: request.url) { answer($0) }
         }
@@ -170,7 +173,7 @@ private func unauthorized(
             decoding: UnsafeRawBufferPointer(start: $0, count: strnlen($0, AuthenticationChallenge.maximumFieldLength)),
             as: UTF8.self)
     }
-    let answer = AuthorizeCallback(function: onDone, userdata: userdata)
+    let answer = AuthorizeCallback(function: onDone, userdata: userdata, call: function)
     return posting(pointer) { runtime throws(SessionError) in
         // The host hands back only the Authorization value it sent, not its proof: which nonce
         // that proof carried is not known. Not the one remembered now — a concurrent request
@@ -188,7 +191,7 @@ private func unauthorized(
 public func sf_session_refresh_now(_ pointer: OpaquePointer!, _ callback: sf_token_fn!, _ userdata: UnsafeMutableRawPointer!) -> Int32 {
     api("sf_session_refresh_now") {
         guard let callback else { return SF_EINVAL.code }
-        let answer = TokenCallback(function: callback, userdata: userdata)
+        let answer = TokenCallback(function: callback, userdata: userdata, call: "sf_session_refresh_now")
         return posting(pointer) { runtime throws(SessionError) in
             try runtime.session.refreshNow { answer($0) }
         }

@@ -1,6 +1,7 @@
 import CSessionFlow
 import LoopFlow
 import SessionCore
+import SessionFlowErrors
 
 #if canImport(Glibc)
 import Glibc
@@ -10,6 +11,8 @@ import Glibc
 struct TokenCallback: @unchecked Sendable {
     let function: sf_token_fn
     let userdata: UnsafeMutableRawPointer?
+    /// The C function that asked (for sf_last_error_message in a failing answer).
+    let call: String
 
     func callAsFunction(_ result: Result<Secret, SessionError>) {
         switch result {
@@ -17,9 +20,20 @@ struct TokenCallback: @unchecked Sendable {
             // In place: the host borrows the secret's own bytes (no copy to zero).
             token.withCString { function(SF_OK.code, $0, userdata) }
         case .failure(let error):
-            function(errorCode(error), nil, userdata)
+            let code = answerFailed(call, error)
+            function(code, nil, userdata)
         }
     }
+}
+
+/// A failing answer of `call` is about to be handed to the host's callback, on this (the loop)
+/// thread: its code, and the reason as this thread's sf_last_error_message ("call (answer):
+/// the session's message"), which the callback may read. Never a secret: errors carry none.
+func answerFailed(_ call: String, _ error: SessionError) -> Int32 {
+    let code = errorCode(error)
+    sf_detail_clear()
+    sf_detail_set(error.message)
+    return "\(call) (answer)".withCString { sf_detail_finish($0, code) }
 }
 
 /// A secret copied straight from a host's C string (never through a `String`, which could
@@ -125,7 +139,7 @@ public func sf_session_member_id(_ pointer: OpaquePointer!, _ buffer: UnsafeMuta
 public func sf_session_fresh_token(_ pointer: OpaquePointer!, _ callback: sf_token_fn!, _ userdata: UnsafeMutableRawPointer!) -> Int32 {
     api("sf_session_fresh_token") {
         guard let callback else { return SF_EINVAL.code }
-        let answer = TokenCallback(function: callback, userdata: userdata)
+        let answer = TokenCallback(function: callback, userdata: userdata, call: "sf_session_fresh_token")
         return posting(pointer) { runtime throws(SessionError) in
             try runtime.session.freshAccessToken { answer($0) }
         }

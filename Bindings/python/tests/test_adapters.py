@@ -91,10 +91,31 @@ def test_authorize_bad_input_raises_at_once(server):
         assert stats(server)["refresh_grants"] == refreshes
 
 
+def test_a_failed_answer_carries_the_sessions_reason():
+    """An answer that fails in the callback (on the loop thread) carries the session's reason,
+    read there from sf_last_error_message — not only its code (a 401 for the current token of a
+    session without a refresh token: nothing can be refreshed)."""
+    with sf.Runtime() as runtime:
+        runtime.sign_in("access-1", None, 3600)
+        authorization = runtime.authorize("GET", "https://api.example.com/x")
+        with pytest.raises(sf.UnauthorizedError) as error:
+            runtime.unauthorized(authorization, 401)
+        assert error.value.call == "sf_session_unauthorized (answer)"
+        assert "no refresh token" in (error.value.detail or ""), str(error.value)
+
+        async def main():
+            with pytest.raises(sf.UnauthorizedError) as failure:
+                await runtime.unauthorized_async(authorization, 401)
+            assert "no refresh token" in (failure.value.detail or ""), str(failure.value)
+
+        asyncio.run(main())
+
+
 def test_authorize_when_logged_out_raises_not_logged_in():
     with sf.Runtime() as runtime:
-        with pytest.raises(sf.NotLoggedInError):
+        with pytest.raises(sf.NotLoggedInError) as error:
             runtime.authorize("GET", "https://api.example.com/x")
+        assert error.value.call == "sf_session_authorize (answer)"
 
         async def main():
             with pytest.raises(sf.NotLoggedInError):

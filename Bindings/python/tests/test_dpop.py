@@ -147,8 +147,9 @@ def test_a_nonce_no_proof_can_carry_is_refused_and_never_remembered(server):
     with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
         _dpop_session(server, runtime)
         refused = runtime.authorize("GET", resource)
-        with pytest.raises(sf.UnauthorizedError):
+        with pytest.raises(sf.UnauthorizedError) as refusal:
             runtime.unauthorized(refused, 401, challenge, dpop_nonce='bad "nonce')
+        assert "NQCHAR" in str(refusal.value), str(refusal.value)  # the library's reason, not only the code
         again = runtime.authorize("GET", resource)
         assert again.scheme == "DPoP" and _proof_nonce(again) != 'bad "nonce'
         assert runtime.unauthorized(again, 401, challenge, dpop_nonce="good-nonce").scheme == "DPoP"

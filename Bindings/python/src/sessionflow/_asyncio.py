@@ -170,17 +170,17 @@ class AsyncTokenEntry(Entry):
         self.loop = loop
         self.future = future
 
-    def on_token(self, result: int, token: Optional[bytes]) -> None:
+    def on_token(self, result: int, token: Optional[bytes], detail: Optional[str] = None) -> None:
         value = _ffi.text(token)  # borrowed: copied now, on the loop thread
         try:
-            self.loop.call_soon_threadsafe(self._resolve, result, value)
+            self.loop.call_soon_threadsafe(self._resolve, result, value, detail)
         except RuntimeError:
             pass  # the event loop is closed: no one awaits it
 
-    def _resolve(self, result: int, token: str) -> None:
+    def _resolve(self, result: int, token: str, detail: Optional[str] = None) -> None:
         if self.future.done():  # the awaiting task was cancelled
             return
         if result < 0:
-            self.future.set_exception(SessionFlowError.from_code(result, "sf_session_fresh_token (answer)"))
+            self.future.set_exception(SessionFlowError.from_code(result, "sf_session_fresh_token (answer)", detail))
         else:
             self.future.set_result(token)

@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable, Dict, Optional, TypeVar
 
 from . import _ffi
+from .errors import answer_detail
 
 _log = logging.getLogger("sessionflow")
 
@@ -89,13 +90,13 @@ class Entry:
     def on_error(self, code: int, message: Optional[bytes]) -> None: ...
     def on_complete(self) -> None: ...
     def on_release(self) -> None: ...
-    def on_token(self, result: int, token: Optional[bytes]) -> None: ...
+    def on_token(self, result: int, token: Optional[bytes], detail: Optional[str]) -> None: ...
     def on_refresh(self, request: int, refresh_token: Optional[bytes]) -> None: ...
     def on_cancel(self, request: int) -> None: ...
     def on_prompt(self, raw: Any) -> None: ...
     def on_log(self, level: int, line: Optional[bytes]) -> None: ...
     def on_done(self, result: int, message: Optional[bytes]) -> None: ...
-    def on_authorized(self, result: int, raw: Any) -> None: ...
+    def on_authorized(self, result: int, raw: Any, detail: Optional[str]) -> None: ...
 
 
 def _entry(userdata: Optional[int]) -> Optional[Entry]:
@@ -141,7 +142,8 @@ def _status(status: int, reason: Optional[bytes], userdata: Optional[int]) -> No
 
 
 def _token(result: int, token: Optional[bytes], userdata: Optional[int]) -> None:
-    _last(userdata, "on_token", result, token)
+    # Why a failing answer failed: this (the loop) thread's sf_last_error_message, read now.
+    _last(userdata, "on_token", result, token, answer_detail(result) if result < 0 else None)
 
 
 def _refresh(request: Optional[int], refresh_token: Optional[bytes], userdata: Optional[int]) -> None:
@@ -161,7 +163,7 @@ def _done(result: int, message: Optional[bytes], userdata: Optional[int]) -> Non
 
 
 def _authorized(result: int, raw: Any, userdata: Optional[int]) -> None:
-    _last(userdata, "on_authorized", result, raw)
+    _last(userdata, "on_authorized", result, raw, answer_detail(result) if result < 0 else None)
 
 
 def _log_line(level: int, line: Optional[bytes], userdata: Optional[int]) -> None:

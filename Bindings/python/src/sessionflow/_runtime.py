@@ -205,9 +205,10 @@ class _TokenEntry(Entry):
         self.done = threading.Event()
         self.result = 0
         self.token = ""
+        self.detail: Optional[str] = None
 
-    def on_token(self, result: int, token: Optional[bytes]) -> None:
-        self.result, self.token = result, _ffi.text(token)
+    def on_token(self, result: int, token: Optional[bytes], detail: Optional[str] = None) -> None:
+        self.result, self.token, self.detail = result, _ffi.text(token), detail
         self.done.set()
 
 
@@ -238,13 +239,14 @@ class _AuthorizeEntry(Entry):
         self.done = threading.Event()
         self.result = 0
         self.authorization: Optional[Authorization] = None
+        self.detail: Optional[str] = None
         self.loop = loop
         self.future: "Optional[asyncio.Future[Authorization]]" = loop.create_future() if loop else None
 
-    def on_authorized(self, result: int, raw: Any) -> None:
+    def on_authorized(self, result: int, raw: Any, detail: Optional[str] = None) -> None:
         if result == 0 and raw:
             self.authorization = Authorization._from_raw(self.method, self.url, raw.contents)
-        self.result = result
+        self.result, self.detail = result, detail
         self.done.set()
         if self.loop is not None:
             try:
@@ -253,9 +255,10 @@ class _AuthorizeEntry(Entry):
                 pass  # the event loop is closed: no one awaits it
 
     def _answer(self) -> Authorization:
-        # Not check(): sf_last_error_message is of this thread's calls, not of the loop's answer.
+        # Not check(): sf_last_error_message is of this thread's calls; the answer's reason came
+        # with it (read on the loop thread, in the callback).
         if self.result < 0:
-            raise SessionFlowError.from_code(self.result, f"{self.call} (answer)")
+            raise SessionFlowError.from_code(self.result, f"{self.call} (answer)", self.detail)
         if self.authorization is None:  # never: SF_OK always comes with one
             raise SessionFlowError.from_code(ErrorCode.EINVAL, f"{self.call} (answer)", "no authorization")
         return self.authorization
@@ -830,7 +833,8 @@ class Runtime:
             check(code, call)  # raises, with what the library said
         if not entry.done.wait(timeout):
             raise TimeoutError(f"{call}: no answer within {timeout} s")
-        check(entry.result, f"{call} (answer)")
+        if entry.result < 0:
+            raise SessionFlowError.from_code(entry.result, f"{call} (answer)", entry.detail)
         return entry.token
 
     # ---- authorizing requests (the one primitive of sessionflow.httpx and sessionflow.requests)
@@ -866,7 +870,8 @@ class Runtime:
         use_dpop_nonce refusal is then answered with a proof carrying it, nothing refreshed."""
         self._not_on_loop_thread("unauthorized", "unauthorized_async()")
         args = _refusal(authorization, status, www_authenticate)
-        entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url)
+        call = "sf_session_unauthorized" if dpop_nonce is None else "sf_session_unauthorized_dpop"
+        entry = _AuthorizeEntry(self._sink, call, authorization.method, authorization.url)
         key = keep(entry)
         if dpop_nonce is not None:
             code = int(_ffi.lib.sf_session_unauthorized_dpop(self._pointer, *args, _c_text(dpop_nonce, "dpop_nonce"),
@@ -892,7 +897,8 @@ class Runtime:
         (sf_session_unauthorized)."""
         self._sink.raise_pending()
         args = _refusal(authorization, status, www_authenticate)
-        entry = _AuthorizeEntry(self._sink, "sf_session_unauthorized", authorization.method, authorization.url,
+        call = "sf_session_unauthorized" if dpop_nonce is None else "sf_session_unauthorized_dpop"
+        entry = _AuthorizeEntry(self._sink, call, authorization.method, authorization.url,
                                 asyncio.get_running_loop())
         key = keep(entry)
         if dpop_nonce is not None:

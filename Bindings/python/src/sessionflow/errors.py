@@ -69,6 +69,17 @@ def last_error_message() -> Optional[str]:
     return _ffi.text(message) if message else None
 
 
+def answer_detail(code: int) -> Optional[str]:
+    """Inside a callback answering with a negative code, on the loop thread: why the answer
+    failed, as the library said it ("sf_session_authorize (answer): why" — the why)."""
+    message = last_error_message()
+    marker = " (answer): "
+    if not message or marker not in message:
+        return None
+    detail = message.split(marker, 1)[1]
+    return None if detail == strerror(code) else detail
+
+
 def _detail_of(code: int, call: str) -> Optional[str]:
     """What the library said of the call that just failed on this thread, beyond its code."""
     message = last_error_message()
