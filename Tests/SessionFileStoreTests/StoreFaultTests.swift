@@ -446,14 +446,23 @@ struct StoreFaultTests {
         let observed = try await observedSession(store: FileCredentialStore(directory: tmp.store))
         try await observed.manager.signIn(tokens("alice"))
         // The damage must be seen by the session's watch, set up as it starts (on its worker,
-        // then on the loop): a replacement made before was never seen, and the test's own read
-        // below then moved the file aside, which the watch saw as a logout (CI, loaded).
+        // then on the loop): a replacement made before is never seen.
         #expect(await eventually { await observed.manager.watchesStore() }, "the session never watched its store")
         let damaged = damage(contents(store.path), kind)
         replaceFile(store.path, with: damaged, staging: tmp.path + "/staging")
 
-        let message = await observed.storeError(containing: "damaged")
-        #expect(message != nil, "store errors: \(observed.storeErrors)")
+        // Waits for the session's report (a hang guard: the clean-clone CI, every suite at once
+        // on two cores, ran past the 5 s it had twice). Nothing of the test reads the store
+        // before it: a read of ours would find the damage first and move the file aside, and the
+        // session would then see a store with no session in it, another process's logout.
+        let started = ContinuousClock.now
+        let message = await observed.storeError(containing: "damaged", within: .seconds(60))
+        #expect(message != nil, "store errors: \(observed.storeErrors); the session's log and events:\n\(observed.output)")
+        print("store damaged (\(kind)) under a running session: reported after \(ContinuousClock.now - started)")
+        guard message != nil else {
+            await observed.stop()
+            return
+        }
         #expect(await eventually(timeout: .seconds(20)) { summary(of: store.read()) == aliceStored }, "written again from memory")
         #expect(observed.manager.state.value == .loggedIn)
         await observed.stop()

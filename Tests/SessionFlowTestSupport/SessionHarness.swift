@@ -134,8 +134,10 @@ package final class SessionHarness<Authority: SessionAuthority, Store: Credentia
         recordedEvents.compactMap { if case .storeError(let error) = $0 { error.message } else { nil } }
     }
 
-    /// The first store error whose message contains `text`, waiting up to `timeout`.
-    package func storeError(containing text: String, within timeout: Duration = .seconds(5)) async -> String? {
+    /// The first store error whose message contains `text`, waiting up to `timeout` (a hang
+    /// guard: it returns as soon as the error is there; the clean-clone CI runs every suite at
+    /// once on two cores, where 5 s was once too short).
+    package func storeError(containing text: String, within timeout: Duration = .seconds(30)) async -> String? {
         _ = await eventually(timeout: timeout) { self.storeErrors.contains { $0.contains(text) } }
         return storeErrors.first { $0.contains(text) }
     }
