@@ -106,9 +106,12 @@ const char *sf_err_name(int code);
  * out first"; the code's sf_strerror text when there is nothing more to say. Like errno:
  * a call that succeeds leaves it as it was, so read it right after the failing call. NULL
  * before the thread's first failure. The text is the thread's own, valid until its next
- * failing call; never a token or key. Any thread. Inside a callback that answers with a
- * negative `result` (sf_authorize_fn, sf_token_fn), on the loop thread, it says why the answer
- * failed: "sf_session_authorize (answer): <the session's reason>". */
+ * failing call; never a token or key. Any thread. One more writer: a failing answer
+ * (sf_authorize_fn, sf_token_fn with a negative `result`) sets it on the thread that runs the
+ * callback, just before calling it — "sf_session_authorize (answer): <the session's reason>";
+ * read it first thing in the callback. That thread is the loop's: on a borrowed loop it is
+ * yours, inside uv_run or inside a call that answers waiting requests there (sf_session_logout
+ * fails them), which then leaves this message set although it succeeded. */
 const char *sf_last_error_message(void);
 
 /* ---- Types -------------------------------------------------------------------- */

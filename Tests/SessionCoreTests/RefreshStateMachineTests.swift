@@ -588,10 +588,19 @@ struct RefreshStateMachineTests {
         }
         let older = Self.session(access: Self.a2, refresh: held.refreshToken, expiresAt: held.expiresAt - .seconds(1))
         s.run(s.machine.storedTokensChanged(older, now: s.now, unitRandom: 0))
+        // Expired: a record whose time is up is no refresh to take (the rule's table below has
+        // the case where ours expired even earlier).
+        s.run(s.machine.storedTokensChanged(
+            Self.session(access: Self.a2, refresh: held.refreshToken, expiresAt: s.now), now: s.now, unitRandom: 0))
         #expect(s.answers.isEmpty)
         #expect(s.phaseName == "refreshing/waiting")
         let later = LiveSession(
             accessToken: Self.a2, refreshToken: held.refreshToken, expiresAt: s.now + Self.hour, lifetime: Self.hour)
+        // With the lease held, our own request is on its way: nothing is taken (letting the
+        // lease go would let another process send the same refresh token).
+        var holding = State.holdingLock.make()
+        holding.run(holding.machine.storedTokensChanged(later, now: holding.now, unitRandom: 0))
+        #expect(holding.answers.isEmpty && holding.lockHeld)
         s.run(s.machine.storedTokensChanged(later, now: s.now, unitRandom: 0))
         #expect(s.sent.isEmpty)
         #expect(s.answers.last?.result == .success(Self.a2))
@@ -602,19 +611,23 @@ struct RefreshStateMachineTests {
     /// the stored record: rotated → refreshed elsewhere; not rotated → only another access
     /// token expiring later than the one held.
     @Test func refreshedElsewhereIsARotatedRefreshTokenOrALaterAccessToken() {
-        func elsewhere(refresh: Secret, access: Secret, expiresAt: Duration?) -> Bool {
+        func elsewhere(refresh: Secret, access: Secret, expiresAt: Duration?, now: Duration = .seconds(90)) -> Bool {
             LiveSession.refreshedElsewhere(
                 refreshToken: refresh, accessToken: access, expiresAt: expiresAt,
-                inFlight: Self.r1, held: Self.a1, heldExpiresAt: .seconds(100))
+                inFlight: Self.r1, held: Self.a1, heldExpiresAt: .seconds(100), now: now)
         }
         #expect(elsewhere(refresh: Self.r2, access: Self.a1, expiresAt: .seconds(50)))
         #expect(elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: .seconds(101)))
         #expect(!elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: .seconds(100)))
         #expect(!elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: nil))
         #expect(!elsewhere(refresh: Self.r1, access: Self.a1, expiresAt: .seconds(200)))
+        // The held token expired long ago: a record that expires later but has expired too is
+        // no refresh of another process's (an older write, retried).
+        #expect(!elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: .seconds(150), now: .seconds(150)))
+        #expect(elsewhere(refresh: Self.r1, access: Self.a2, expiresAt: .seconds(151), now: .seconds(150)))
         #expect(!LiveSession.refreshedElsewhere(
             refreshToken: Self.r1, accessToken: Self.a2, expiresAt: .seconds(200),
-            inFlight: Self.r1, held: nil, heldExpiresAt: nil))
+            inFlight: Self.r1, held: nil, heldExpiresAt: nil, now: .seconds(90)))
     }
 
     @Test func withoutARefreshTokenTheAccessTokenServesUntilItExpires() {

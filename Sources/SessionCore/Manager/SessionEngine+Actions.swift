@@ -96,9 +96,10 @@ extension SessionEngine {
             return
         }
         let held = refresh.live
+        let wallNow = configuration.wallClock()
         let look = LockLook.Question(
             memberID: memberID, refreshTokenInFlight: attempt.refreshToken, accessTokenHeld: held?.accessToken,
-            heldExpiresAt: held.map { configuration.wallClock() + ($0.expiresAt - loop.now) },
+            heldExpiresAt: held.map { wallNow + ($0.expiresAt - loop.now) }, askedAt: wallNow,
             leaseDuration: refreshLeaseDuration)
         let attemptID = attempt.id
         worker.submit({ store in LockLook.look(look, in: store) }) { [weak self] answer in

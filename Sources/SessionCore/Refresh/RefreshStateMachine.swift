@@ -456,11 +456,15 @@ struct RefreshStateMachine<Waiter> {
             return []
         case .refreshing(let attempt):
             // Adopt only tokens refreshed elsewhere: with a refresh token other than the one in
-            // flight, or (not rotated) another access token expiring later than ours.
+            // flight, or (not rotated) another valid access token expiring later than ours —
+            // that only while waiting for the lease: with it held, our request is on its way,
+            // and letting the lease go would let another process send the same refresh token.
             guard let refreshToken = stored.refreshToken,
-                LiveSession.refreshedElsewhere(
-                    refreshToken: refreshToken, accessToken: stored.accessToken, expiresAt: stored.expiresAt,
-                    inFlight: attempt.identity.refreshToken, held: live.accessToken, heldExpiresAt: live.expiresAt)
+                refreshToken != attempt.identity.refreshToken
+                    || (attempt.lock == .waiting && LiveSession.refreshedElsewhere(
+                        refreshToken: refreshToken, accessToken: stored.accessToken, expiresAt: stored.expiresAt,
+                        inFlight: attempt.identity.refreshToken, held: live.accessToken,
+                        heldExpiresAt: live.expiresAt, now: now))
             else { return [] }
             return adoptRefreshedElsewhere(stored, now: now, unitRandom: unitRandom)
         case .idle, .backingOff:

@@ -11,6 +11,9 @@ enum LockLook: Sendable, Equatable {
         /// The access token this session holds, and when it expires (wall clock, as stored).
         var accessTokenHeld: Secret? = nil
         var heldExpiresAt: Duration? = nil
+        /// When the question was asked (wall clock): a stored token expired by then is no
+        /// refresh of another process's to take.
+        var askedAt: Duration? = nil
         var leaseDuration: Duration
     }
 
@@ -47,7 +50,7 @@ enum LockLook: Sendable, Equatable {
             LiveSession.refreshedElsewhere(
                 refreshToken: refreshToken, accessToken: access, expiresAt: stored.accessTokenExpiresAt,
                 inFlight: question.refreshTokenInFlight, held: question.accessTokenHeld,
-                heldExpiresAt: question.heldExpiresAt)
+                heldExpiresAt: question.heldExpiresAt, now: question.askedAt)
         else { return nil }
         return stored
     }
@@ -59,13 +62,15 @@ extension LiveSession {
     /// another (the server rotates them: the one in flight may be spent) — or, a server that
     /// keeps its refresh tokens, their access token is another one that expires later than
     /// `held` (a refresh after the one that gave `held`; an older record, a write of ours the
-    /// store missed, expires earlier). `expiresAt` and `heldExpiresAt` on one clock.
+    /// store missed, expires earlier) and is still valid `now` (the one held may have expired
+    /// long ago: any older record would expire "later"). `expiresAt`, `heldExpiresAt` and
+    /// `now` on one clock.
     static func refreshedElsewhere(
         refreshToken: Secret, accessToken: Secret, expiresAt: Duration?,
-        inFlight: Secret?, held: Secret?, heldExpiresAt: Duration?
+        inFlight: Secret?, held: Secret?, heldExpiresAt: Duration?, now: Duration?
     ) -> Bool {
         if refreshToken != inFlight { return true }
-        guard let held, accessToken != held, let expiresAt, let heldExpiresAt else { return false }
-        return expiresAt > heldExpiresAt
+        guard let held, accessToken != held, let expiresAt, let heldExpiresAt, let now else { return false }
+        return expiresAt > heldExpiresAt && expiresAt > now
     }
 }

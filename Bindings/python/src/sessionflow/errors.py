@@ -72,7 +72,10 @@ def last_error_message() -> Optional[str]:
 def answer_detail(code: int) -> Optional[str]:
     """Inside a callback answering with a negative code, on the loop thread: why the answer
     failed, as the library said it ("sf_session_authorize (answer): why" — the why)."""
-    message = last_error_message()
+    try:
+        message = last_error_message()
+    except Exception:  # noqa: BLE001 - never out of a callback thunk (the interpreter going away)
+        return None
     marker = " (answer): "
     if not message or marker not in message:
         return None
