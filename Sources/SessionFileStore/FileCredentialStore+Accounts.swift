@@ -21,7 +21,9 @@ extension FileCredentialStore: AccountCredentialStore {
                     return .present(StoredAccounts(keys: [], active: nil))
                 }
                 try checkLockFiles(in: directory)
-                let document = try load(in: directory) ?? Document()
+                // Damage is left for the active session's read to find (and report, and write
+                // the session back over): the list has nothing to do about it.
+                let document = try load(in: directory, movingDamageAside: false) ?? Document()
                 return .present(StoredAccounts(keys: document.accounts.keys.sorted(), active: document.active))
             } catch {
                 switch error {

@@ -47,8 +47,8 @@ extension FileCredentialStore {
     }
 
     /// The document, nil when there is no file. A damaged file is moved aside first.
-    func load(in directory: TrustedDirectory) throws(StoreFailure) -> Document? {
-        try loadKeepingKeys(in: directory)?.document
+    func load(in directory: TrustedDirectory, movingDamageAside: Bool = true) throws(StoreFailure) -> Document? {
+        try loadKeepingKeys(in: directory, movingDamageAside: movingDamageAside)?.document
     }
 
     /// `load`, and the keys it used (nil when the file had no header to say where they are).
@@ -56,8 +56,14 @@ extension FileCredentialStore {
     /// The header says which source's key sealed the file (`keyHome`): a source that cannot be
     /// reached, or another than configured, is unavailable. A file that does not decode (a key
     /// id the ring lacks, a failed authentication) is damage — unless the file changed
-    /// meanwhile: then it is read again (up to three times).
-    func loadKeepingKeys(in directory: TrustedDirectory) throws(StoreFailure) -> (document: Document, keys: LoadedKeys?)? {
+    /// meanwhile: then it is read again (up to three times). Damage is moved aside — unless
+    /// `movingDamageAside` is false (a read whose caller does not handle damage, the account
+    /// list's: the damage stays for the session's own read, which reports it and writes the
+    /// session back; moved aside by the list read, it was lost, and the session then read a
+    /// store without its record — another process's logout).
+    func loadKeepingKeys(
+        in directory: TrustedDirectory, movingDamageAside: Bool = true
+    ) throws(StoreFailure) -> (document: Document, keys: LoadedKeys?)? {
         var attempts = 0
         while true {
             let bytes: [UInt8]
@@ -94,6 +100,9 @@ extension FileCredentialStore {
                 // last write is the spare the next one overwrites (`FileIO.replaceThroughSpare`).
                 attempts += 1
                 if attempts < 4, case .read(let now) = FileIO.readAll(name, in: directory), now != bytes { continue }
+                guard movingDamageAside else {
+                    throw .damaged("the store file was damaged or tampered with (\(describe(error))); left in place")
+                }
                 let aside = moveAside(bytes, in: directory)
                 throw .damaged("the store file was damaged or tampered with (\(describe(error))); moved aside to \(aside)")
             }

@@ -437,6 +437,34 @@ struct StoreFaultTests {
         #expect(store.read() == .absent)
     }
 
+    /// The account list's read (the manager reads it on every change of the store, on the
+    /// active session's worker) leaves a damaged file where it is: the session's own read is
+    /// the one that reports it and writes the session back. Moved aside by the list read, the
+    /// damage went unreported and the session's next read found no record: it followed "another
+    /// process's logout" (the flake of aStoreDamagedUnderARunningSession…, reproduced under
+    /// ThreadSanitizer: the list read queued by our own write's change ran after the damage).
+    @Test(arguments: ["garbage", "header-then-garbage", "truncated", "empty"])
+    func theAccountListReadLeavesADamagedFileForTheSession(kind: String) throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice"))
+        let damaged = damage(contents(store.path), kind)
+        replaceFile(store.path, with: damaged, staging: tmp.path + "/staging")
+        guard case .unavailable = store.readAccounts() else {
+            Issue.record("the list read of a damaged store did not say so")
+            return
+        }
+        #expect(contents(store.path) == damaged, "the list read moved or changed the damaged file")
+        #expect(!tmp.files().contains { $0.hasPrefix("session.sfstore.damaged-") })
+        // The session's read finds it, says so, and moves it aside.
+        guard case .damaged(let error) = store.read() else {
+            Issue.record("the session's read did not report the damage")
+            return
+        }
+        #expect(error.message.contains("moved aside"), "\(error.message)")
+        #expect(tmp.files().filter { $0.hasPrefix("session.sfstore.damaged-") }.count == 1)
+    }
+
     /// Another writer puts garbage where the store was, under a running session: the watch
     /// sees it, the damaged file is kept aside, and the session in memory is written again.
     @Test(arguments: ["garbage", "header-then-garbage", "truncated", "empty"])
@@ -457,7 +485,10 @@ struct StoreFaultTests {
         // session would then see a store with no session in it, another process's logout.
         let started = ContinuousClock.now
         let message = await observed.storeError(containing: "damaged", within: .seconds(60))
-        #expect(message != nil, "store errors: \(observed.storeErrors); the session's log and events:\n\(observed.output)")
+        #expect(message != nil, """
+            store errors: \(observed.storeErrors); files: \(tmp.files()), beside: \(tmp.files(in: tmp.path)); \
+            the session's log and events:\n\(observed.output)
+            """)
         print("store damaged (\(kind)) under a running session: reported after \(ContinuousClock.now - started)")
         guard message != nil else {
             await observed.stop()

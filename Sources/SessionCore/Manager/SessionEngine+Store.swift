@@ -42,6 +42,11 @@ extension SessionEngine {
             case .retryRead(let read):
                 storeEvent { $0.retryReadAnswered(read) }
             case .changeRead(let read):
+                // Debug: why a change read is or is not followed (no secret: kinds and counts).
+                logger.debug("store change read answered", metadata: [
+                    "read": "\(Self.kind(of: read))", "changeRead": "\(storeMachine.changeRead)",
+                    "savesSubmitted": "\(storeMachine.savesSubmitted)", "behind": "\(storeMachine.isBehind)",
+                ])
                 storeEvent { $0.changeReadAnswered(read) }
             case .saved(let failure, let kind):
                 saveAnswered(failure, kind)
@@ -71,6 +76,16 @@ extension SessionEngine {
         }
     }
 
+    /// A read's kind for the debug log (never its contents).
+    static func kind(of read: StoreRead) -> String {
+        switch read {
+        case .present: "present"
+        case .absent: "absent"
+        case .unavailable: "unavailable"
+        case .damaged: "damaged"
+        }
+    }
+
     /// Runs an event of the store-sync machine, then performs its actions in order.
     func storeEvent(_ event: (inout StoreSyncMachine) -> [StoreSyncMachine.Action]) {
         loop.assertInEventLoop()
@@ -83,6 +98,8 @@ extension SessionEngine {
             case .startUp(let read):
                 start(from: read)
             case .read(let purpose):
+                logger.debug("store read submitted", metadata: [
+                    "purpose": "\(purpose)", "savesSubmitted": "\(storeMachine.savesSubmitted)"])
                 if purpose == .change { changeReadPointerMark = onStoreReadSubmitted?() ?? .unknown }
                 worker.read { [weak self] read in
                     self?.storeAnswered(purpose == .retry ? .retryRead(read) : .changeRead(read))

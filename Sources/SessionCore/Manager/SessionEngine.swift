@@ -436,6 +436,7 @@ final class SessionEngine: @unchecked Sendable {
 
     /// Another process changed the shared store: follow it.
     func storeChanged() {
+        logger.debug("store directory changed")
         entry { readAndFollowStore() }
         onStoreChanged?()
     }
