@@ -482,24 +482,9 @@ struct SessionCommandTests {
     }
 
     func git(_ arguments: [String], input: String = "", environment extra: [String: String]) async throws -> (status: Int32, stdout: String, stderr: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/git")
-        process.arguments = arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(extra) { $1 }
-        let out = Pipe()
-        let err = Pipe()
-        let stdin = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        process.standardInput = stdin
-        try process.run()
-        stdin.fileHandleForWriting.write(Data(input.utf8))
-        try stdin.fileHandleForWriting.close()
-        return await offThePool {
-            let stdout = out.fileHandleForReading.readDataToEndOfFile()
-            let stderr = err.fileHandleForReading.readDataToEndOfFile()
-            process.waitUntilExit()
-            return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
-        }
+        let run = try await runProcess(
+            "/usr/bin/git", arguments, input: input,
+            environment: ProcessInfo.processInfo.environment.merging(extra) { $1 })
+        return (run.status, run.stdout, run.stderr)
     }
 }

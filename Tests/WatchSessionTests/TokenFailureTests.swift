@@ -10,11 +10,21 @@ import Testing
 func shellRun(
     _ script: String, _ arguments: [String], input: String = ""
 ) async throws -> (status: Int32, signalled: Bool, stdout: String, stderr: String) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/bin/sh")
-    process.arguments = ["-c", script, binary("watch-session")] + arguments
     var environment = ProcessInfo.processInfo.environment
     environment["NO_COLOR"] = "1"
+    return try await runProcess(
+        "/bin/sh", ["-c", script, binary("watch-session")] + arguments, input: input, environment: environment)
+}
+
+/// `executable` with `arguments`, `input` on its standard input: its status, whether it ended
+/// by a signal, and its output (read off the cooperative pool).
+func runProcess(
+    _ executable: String, _ arguments: [String], input: String = "",
+    environment: [String: String] = ProcessInfo.processInfo.environment
+) async throws -> (status: Int32, signalled: Bool, stdout: String, stderr: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
     process.environment = environment
     let out = Pipe()
     let err = Pipe()
@@ -34,6 +44,15 @@ func shellRun(
     }
 }
 
+/// A store signed in as a new user of `server` (tokens valid for 10 minutes): its directory
+/// (the caller removes it) and the tokens.
+func signedInStore(_ server: AuthServer) async throws -> (directory: String, access: String, refresh: String) {
+    let (access, refresh) = try await server.passwordSignIn()
+    let directory = temporaryStore()
+    try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
+    return (directory, access, refresh)
+}
+
 /// `token`, `exec` and `credential` when something other than the session fails: the store
 /// cannot take a refresh's tokens, the process runs out of descriptors, standard output cannot
 /// be written; and what the credential helper answers (docs/watch-session.md, the status table
@@ -50,10 +69,8 @@ struct TokenFailureTests {
     /// rotated, the next refresh is refused: the session expired (exit 4).
     @Test func aRefreshTheStoreCannotTakePrintsNoTokenAndExits7() async throws {
         let server = try await AuthServer()
-        let (access, refresh) = try await server.passwordSignIn()
-        let directory = temporaryStore()
+        let (directory, access, refresh) = try await signedInStore(server)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
         // The lock is held by this process (flock is per open file: the CLI's own open conflicts)
         // until the CLI has exited.
         let lock = open(FileCredentialStore(directory: directory).writeLockPath, O_RDWR | O_CLOEXEC)
@@ -76,10 +93,8 @@ struct TokenFailureTests {
     /// a failure at the first sight of a lock.
     @Test func aWriteLockLetGoInTimeLetsTheTokenOut() async throws {
         let server = try await AuthServer()
-        let (access, refresh) = try await server.passwordSignIn()
-        let directory = temporaryStore()
+        let (directory, access, _) = try await signedInStore(server)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
         let lock = open(FileCredentialStore(directory: directory).writeLockPath, O_RDWR | O_CLOEXEC)
         #expect(lock >= 0 && flock(lock, LOCK_EX) == 0)
         let token = try Spawned(["token", "--store", directory, "--min-valid", "1200"])
@@ -107,10 +122,8 @@ struct TokenFailureTests {
         let server = try await AuthServer()
         func run(limit: Int) async throws -> (status: Int32, signalled: Bool, stdout: String, stderr: String) {
             // A store of its own for each run: nothing one run did is left for the next.
-            let (access, refresh) = try await server.passwordSignIn()
-            let directory = temporaryStore()
+            let (directory, access, refresh) = try await signedInStore(server)
             defer { try? FileManager.default.removeItem(atPath: directory) }
-            try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
             let run = try await shellRun(#"ulimit -n "$1"; exec "$0" token --store "$2" --min-valid 1200"#, ["\(limit)", directory])
             #expect(clean(run.stderr, of: [access, refresh]), "ulimit -n \(limit): \(run)")
             return run
@@ -147,10 +160,8 @@ struct TokenFailureTests {
     /// store file) does not get number 1, and the refresh's tokens are stored as they should be.
     @Test func aTokenThatCannotBeWrittenExits74() async throws {
         let server = try await AuthServer()
-        let (access, refresh) = try await server.passwordSignIn()
-        let directory = temporaryStore()
+        let (directory, access, refresh) = try await signedInStore(server)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
 
         let full = try await shellRun(#"exec "$0" token --store "$1" >/dev/full"#, [directory])
         #expect(full.status == 74 && !full.signalled, "\(full)")
@@ -188,10 +199,8 @@ struct TokenFailureTests {
     /// compares git's host (letter case aside, port included).
     @Test func theCredentialHelperAnswersOnlyHttpsAndTheHostsItIsGiven() async throws {
         let server = try await AuthServer()
-        let (access, refresh) = try await server.passwordSignIn()
-        let directory = temporaryStore()
+        let (directory, access, _) = try await signedInStore(server)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
         func credential(_ request: String, _ extra: [String] = [], operation: String = "get") async throws
             -> (status: Int32, stdout: String, stderr: String)
         {
@@ -242,10 +251,8 @@ struct TokenFailureTests {
     /// the request." Exit 0, nothing on either output, the store not even read.
     @Test func anUnknownCredentialOperationIsIgnored() async throws {
         let server = try await AuthServer()
-        let (access, refresh) = try await server.passwordSignIn()
-        let directory = temporaryStore()
+        let (directory, _, _) = try await signedInStore(server)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try storeSignedIn(directory, server: server, access: access, refresh: refresh, expiresIn: .seconds(600))
         for operation in ["bogus", "capability", "GET"] {
             let run = try await Spawned(["credential", "--store", directory, operation], input: "protocol=https\nhost=git.example\n\n")
                 .finish()
