@@ -50,23 +50,29 @@ extension FileCredentialStore: AccountCredentialStore {
     /// Reads the record of `key` (absent if it has none).
     func read(account key: String) -> StoreRead {
         lock.withLock {
+            let startedAt = FileIO.realTimeNow()
+            let read: StoreRead
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: false) else { return .absent }
                 try checkLockFiles(in: directory)
-                guard let record = try load(in: directory)?.accounts[key] else { return .absent }
+                guard let record = try load(in: directory)?.accounts[key] else {
+                    return absent(.account(key), in: directory)
+                }
                 var session = record.session
                 session.account = key
-                return .present(session)
+                read = .present(session)
             } catch {
-                return error.read
+                read = error.read
             }
+            witness(.account(key), read, startedAt: startedAt)
+            return read
         }
     }
 
     /// Writes the record of `key`; with `claimingActive`, it becomes the active one if the
     /// store has none (otherwise the active pointer is left as it is).
     func write(_ session: StoredSession, account key: String, claimingActive: Bool) throws(StoreError) {
-        try change(creating: true) { document in
+        try change(creating: true, witnessing: .account(key)) { document in
             document.accounts[key] = Record(session, keepingProfileOf: document.accounts[key])
             if claimingActive && document.active == nil { document.active = key }
             return true
@@ -92,7 +98,7 @@ extension FileCredentialStore: AccountCredentialStore {
     /// (`saveRotatingKey`), so no copy of the file taken before opens any more — also when the
     /// file was damaged (moved aside, that copy is shredded too).
     func clear(account key: String) throws(StoreError) {
-        try change(clearing: true) { document in
+        try change(clearing: true, witnessing: .account(key)) { document in
             let removed = document.accounts.removeValue(forKey: key) != nil
             let wasActive = document.active == key
             if wasActive { document.active = nil }
@@ -104,11 +110,16 @@ extension FileCredentialStore: AccountCredentialStore {
     /// changed anything (nothing is written otherwise). A store that does not exist yet is
     /// created only with `creating`. `clearing` (a record's clear, a logout): written with a new
     /// key — also when only a damaged file was found — and a store left without accounts loses
-    /// its damaged copies and orphaned temporaries too.
+    /// its damaged copies and orphaned temporaries too (not when the change met damage: the
+    /// records of other accounts were in it, and their sessions are told by those copies,
+    /// `RecordWitness`). `witnessing`: the record the change writes (seen now), or clears
+    /// (forgotten), once it succeeded.
     private func change(
-        creating: Bool = false, clearing: Bool = false, _ body: (inout Document) -> Bool
+        creating: Bool = false, clearing: Bool = false, witnessing record: RecordWitness.Record? = nil,
+        _ body: (inout Document) -> Bool
     ) throws(StoreError) {
         try lock.withLock { () throws(StoreError) in
+            let startedAt = FileIO.realTimeNow()
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: creating) else {
                     if creating { throw .unavailable("cannot create \(self.directory)") }
@@ -133,11 +144,14 @@ extension FileCredentialStore: AccountCredentialStore {
                     } else {
                         try save(document, in: directory, loaded: loaded)
                     }
-                    if clearing && document.accounts.isEmpty {
+                    if clearing && document.accounts.isEmpty && !damaged {
                         // Nothing of any session is left: neither are copies of its files.
                         FileIO.removeDamagedCopies(of: name, in: directory)
                         FileIO.removeOrphanedTemporaries(of: [name], in: directory)
                     }
+                }
+                if let record {
+                    if clearing { witness.forget(record) } else { witness.saw(record, at: startedAt) }
                 }
             } catch {
                 throw error.storeError

@@ -83,6 +83,9 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     private var lease: LeaseFile.Hold = .none
     /// Whether this instance is inside `withWriteLock` (guarded by `lock`).
     var holdsWriteLock = false
+    /// When this instance last saw each record (guarded by `lock`): a record lost with a damaged
+    /// file another reader moved aside reads as damaged (`RecordWitness`).
+    var witness = RecordWitness()
 
     private static let defaultAccount = "default"
 
@@ -210,22 +213,28 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     public func read() -> StoreRead {
         lock.withLock {
+            let startedAt = FileIO.realTimeNow()
+            let read: StoreRead
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: false) else { return .absent }
                 try checkLockFiles(in: directory)
-                guard let document = try load(in: directory) else { return .absent }
-                guard let active = document.active, let record = document.accounts[active] else { return .absent }
+                guard let document = try load(in: directory), let active = document.active,
+                    let record = document.accounts[active]
+                else { return absent(.active, in: directory) }
                 var session = record.session
                 session.account = active
-                return .present(session)
+                read = .present(session)
             } catch {
-                return error.read
+                read = error.read
             }
+            witness(.active, read, startedAt: startedAt)
+            return read
         }
     }
 
     public func write(_ session: StoredSession) throws(StoreError) {
         try lock.withLock { () throws(StoreError) in
+            let startedAt = FileIO.realTimeNow()
             do throws(StoreFailure) {
                 // Out of reach → fail (never overwrite other accounts blindly); damaged →
                 // already moved aside, start afresh.
@@ -242,6 +251,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                     document.active = account
                     try save(document, in: directory, loaded: loaded?.keys)
                 }
+                witness.saw(.active, at: startedAt)
             } catch {
                 throw error.storeError
             }
@@ -262,6 +272,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
                     document.active = nil
                     try saveRotatingKey(document, in: directory, loaded: loaded.keys)
                 }
+                witness.forget(.active)
             } catch {
                 throw error.storeError
             }

@@ -346,26 +346,49 @@ enum FileIO {
     /// (only those entries: `unlinkat` of the name, never following it). Returns how many.
     @discardableResult
     static func removeDamagedCopies(of name: String, in directory: TrustedDirectory) -> Int {
-        let copy = fcntl(directory.descriptor, F_DUPFD_CLOEXEC, 0)
-        guard copy >= 0 else { return 0 }
-        guard let handle = fdopendir(copy) else {
-            close(copy)
-            return 0
-        }
-        defer { closedir(handle) }
-        var names: [String] = []
-        while let entry = readdir(handle) {
-            let entryName = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
-            if entryName.hasPrefix(name + ".damaged-") { names.append(entryName) }
-        }
         var removed = 0
-        for entryName in names where unlinkat(directory.descriptor, entryName, 0) == 0 {
+        for copy in damagedCopies(of: name, in: directory) where unlinkat(directory.descriptor, copy.name, 0) == 0 {
             removed += 1
         }
         if removed > 0 { syncDirectory(directory) }
         return removed
+    }
+
+    /// The copies of a damaged store file moved aside as `<name>.damaged-<seconds>-<nanoseconds>`
+    /// (`CLOCK_REALTIME` of the move), with that time in nanoseconds (0 where the name does not
+    /// carry one).
+    static func damagedCopies(of name: String, in directory: TrustedDirectory) -> [(name: String, movedAt: Int64)] {
+        let copy = fcntl(directory.descriptor, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { return [] }
+        guard let handle = fdopendir(copy) else {
+            close(copy)
+            return []
+        }
+        defer { closedir(handle) }
+        let prefix = name + ".damaged-"
+        var copies: [(name: String, movedAt: Int64)] = []
+        while let entry = readdir(handle) {
+            let entryName = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            guard entryName.hasPrefix(prefix) else { continue }
+            let fields = entryName.dropFirst(prefix.count).split(separator: "-")
+            var movedAt: Int64 = 0
+            if fields.count == 2, let seconds = Int64(fields[0]), let nanoseconds = Int64(fields[1]),
+                seconds >= 0, seconds < Int64.max / 1_000_000_000, (0..<1_000_000_000).contains(nanoseconds)
+            {
+                movedAt = seconds * 1_000_000_000 + nanoseconds
+            }
+            copies.append((entryName, movedAt))
+        }
+        return copies
+    }
+
+    /// `CLOCK_REALTIME` in nanoseconds: the clock a damaged copy's name carries.
+    static func realTimeNow() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
     }
 
     /// fsync of the directory, so a rename or link in it survives a crash.

@@ -434,6 +434,13 @@ struct StoreFaultTests {
         #expect(contents(tmp.store + "/" + name) == damaged, "moved aside byte for byte")
         #expect(mode(tmp.store + "/" + name) == 0o600)
         #expect(!message.contains(sentinelAccess) && !message.contains(sentinelRefresh))
+        // The file is gone. `store` wrote alice's record, which another reader (the session's)
+        // lost with the damage: it is told once (`LostRecordTests`); a new reader finds nothing.
+        #expect(FileCredentialStore(directory: tmp.store).read() == .absent)
+        guard case .damaged = store.read() else {
+            Issue.record("the writer of the record lost with the damage was not told")
+            return
+        }
         #expect(store.read() == .absent)
     }
 
