@@ -778,6 +778,20 @@ int sf_session_unauthorized_dpop(sf_runtime *runtime, const char *method, const 
                                  int http_status, const char *www_authenticate, const char *dpop_nonce,
                                  sf_authorize_fn on_done, void *userdata);
 
+/* The `DPoP-Nonce` header `dpop_nonce` of an answer to a request the session authorized at
+ * `url`, whatever its status (a 2xx included: a server may give a new nonce on any answer and
+ * accept only that one from then on, RFC 9449 §8.2 and §9): remembered for that server (the
+ * URL's origin), so that the next proof to it carries it. Without it, each rotation costs the
+ * next request one use_dpop_nonce refusal and a retry. A refusal's nonce goes to
+ * sf_session_unauthorized_dpop instead. Synchronous, no hop to the loop: nonces are
+ * process-wide. Both strings are read, not kept.
+ * Returns SF_OK (remembered), or SF_EINVAL and nothing remembered (NULL runtime, url or
+ * dpop_nonce; a URL sf_session_authorize refuses; a nonce no proof can carry: not 1 to 1024
+ * NQCHARs, RFC 9449 §4.2 — a server's bad header on a good answer, which the host should not
+ * take as a failure of its request; sf_last_error_message says which), SF_ECLOSED.
+ * Any thread, callbacks included. */
+int sf_session_remember_dpop_nonce(sf_runtime *runtime, const char *url, const char *dpop_nonce);
+
 /* ---- Sign-in flows ---------------------------------------------------------------- */
 /* The library signs the user in itself, with the OAuth 2.0 authority's own user-facing
  * flows, and ends like sf_session_sign_in (SF_LOGGED_IN, SF_EVENT_SIGNED_IN, stored):

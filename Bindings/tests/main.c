@@ -100,6 +100,7 @@
     XX(token_info_bad_arguments_are_einval)                          \
     XX(dpop_options_and_a_bad_key_are_einval)                        \
     XX(dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop)   \
+    XX(dpop_a_nonce_on_a_good_answer_serves_the_next_proof)          \
     XX(load_relocation_tables_are_released_after_load)
 
 #define SF_DECLARE_(name) void test_##name(void);

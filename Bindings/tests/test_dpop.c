@@ -139,3 +139,89 @@ void test_dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop(void) {
     CHECK_EQ_INT(atomic_load(&refreshed), 1);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
+
+/* Authorizes GET `resource` and sends it with the answer's two headers; the answer's status,
+ * and its DPoP-Nonce header in `nonce` ("" if none). */
+static int dpop_get(sf_runtime *runtime, const char *resource, char *nonce, size_t nonce_length) {
+    dpop_answer a;
+    memset(&a, 0, sizeof a);
+    CHECK_CODE(sf_session_authorize(runtime, "GET", resource, on_dpop_authorized, &a), SF_OK);
+    WAIT_FOR(atomic_load(&a.calls) == 1);
+    CHECK_CODE(atomic_load(&a.result), SF_OK);
+    char headers[3200], answer[1024];
+    snprintf(headers, sizeof headers, "Authorization: %s\r\nDPoP: %s", a.authorization, a.proof);
+    int status = http_exchange(resource, NULL, headers, answer, sizeof answer, "DPoP-Nonce", nonce, nonce_length);
+    explicit_bzero(headers, sizeof headers);
+    explicit_bzero(&a, sizeof a);
+    return status;
+}
+
+/* A server that gives a new nonce on every good answer (RFC 9449 §8.2) and accepts only the
+ * newest: each answer's DPoP-Nonce handed to sf_session_remember_dpop_nonce serves the next
+ * proof, so no request after the first is refused. Bad arguments are SF_EINVAL and change
+ * nothing. */
+void test_dpop_a_nonce_on_a_good_answer_serves_the_next_proof(void) {
+    const char *base = oauth_server();
+    CHECK(base != NULL);
+    if (!base) return;
+    CHECK_EQ_INT(oauth_post("/__dpop/config", "reset=1"), 200);
+    char url[256], body[4096], access[512] = "", refresh[512] = "";
+    snprintf(url, sizeof url, "%s/oauth/token", base);
+    CHECK_EQ_INT(http_request(url, "grant_type=password&username=alice&password=correct%20horse&client_id=sessionflow-public",
+                              body, sizeof body, NULL, 0), 200);
+    const char *at = strstr(body, "\"access_token\": \"");
+    if (at) sscanf(at + 17, "%511[^\"]", access);
+    at = strstr(body, "\"refresh_token\": \"");
+    if (at) sscanf(at + 18, "%511[^\"]", refresh);
+    CHECK(access[0] && refresh[0]);
+    sf_options options;
+    sf_options_init(&options);
+    options.token_endpoint = url;
+    options.client_id = "sessionflow-public";
+    sf_runtime *runtime = NULL;
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    if (!runtime) return;
+    char key[44];
+    unsigned char raw[32];
+    dpop_test_key(key, raw);
+    sf_tokens tokens = test_tokens(access, refresh, 0, "alice");  /* refreshed with a proof: bound */
+    CHECK_CODE(sf_session_sign_in_dpop(runtime, &tokens, key), SF_OK);
+    explicit_bzero(key, sizeof key);
+    char resource[256];
+    snprintf(resource, sizeof resource, "%s/api/resource", base);
+
+    CHECK_EQ_INT(oauth_post("/__dpop/config", "nonce_resource=rotate"), 200);
+    char nonce[1100] = "";
+    /* The first proof carries no nonce: refused, with one. */
+    CHECK_EQ_INT(dpop_get(runtime, resource, nonce, sizeof nonce), 401);
+    CHECK(nonce[0] != 0);
+    long demanded = oauth_stat("/__dpop/stats", "nonce_demanded");
+    for (int i = 0; i < 3; i++) {
+        CHECK_CODE(sf_session_remember_dpop_nonce(runtime, resource, nonce), SF_OK);
+        char previous[1100];
+        snprintf(previous, sizeof previous, "%s", nonce);
+        CHECK_EQ_INT(dpop_get(runtime, resource, nonce, sizeof nonce), 200);
+        CHECK(nonce[0] != 0 && strcmp(nonce, previous) != 0); /* rotated on the good answer */
+    }
+    CHECK_EQ_INT((int)oauth_stat("/__dpop/stats", "nonce_demanded"), (int)demanded);
+
+    /* Refused, nothing remembered: the next proof still carries the last good nonce. */
+    CHECK_CODE(sf_session_remember_dpop_nonce(NULL, resource, "n"), SF_EINVAL);
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, NULL, "n"), SF_EINVAL);
+    CHECK(strstr(sf_last_error_message(), "url is NULL") != NULL);
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, resource, NULL), SF_EINVAL);
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, "ftp://127.0.0.1/api/resource", "n"), SF_EINVAL);
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, resource, "bad \"nonce"), SF_EINVAL);
+    CHECK(strstr(sf_last_error_message(), "NQCHAR") != NULL);
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, resource, ""), SF_EINVAL);
+    char longest[1026];
+    memset(longest, 'n', 1025);
+    longest[1025] = 0;
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, resource, longest), SF_EINVAL);
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, resource, nonce), SF_OK);
+    CHECK_EQ_INT(dpop_get(runtime, resource, nonce, sizeof nonce), 200);
+
+    CHECK_EQ_INT(oauth_post("/__dpop/config", "reset=1"), 200);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+    CHECK_CODE(sf_session_remember_dpop_nonce(runtime, resource, nonce), SF_ECLOSED);
+}

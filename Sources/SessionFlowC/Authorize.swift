@@ -138,6 +138,35 @@ public func sf_session_unauthorized_dpop(
     }
 }
 
+@c @implementation
+public func sf_session_remember_dpop_nonce(
+    _ pointer: OpaquePointer!, _ url: UnsafePointer<CChar>!, _ dpopNonce: UnsafePointer<CChar>!
+) -> Int32 {
+    api("sf_session_remember_dpop_nonce") {
+        guard let url, let dpopNonce else {
+            refuse("sf_session_remember_dpop_nonce", pointer, url == nil ? "url is NULL" : "dpop_nonce is NULL")
+            return SF_EINVAL.code
+        }
+        return withRuntime(pointer) { runtime throws(SessionError) in
+            guard let urlBytes = bounded(url, RequestAuthorization.maximumURLLength) else {
+                throw SessionError(.invalidArgument, "url is longer than \(RequestAuthorization.maximumURLLength) bytes")
+            }
+            let address = String(decoding: urlBytes, as: UTF8.self)
+            if let problem = RequestAuthorization.problem(method: "GET", url: address) {
+                throw SessionError(.invalidArgument, problem)
+            }
+            guard let nonceBytes = bounded(dpopNonce, DPoPKey.maximumNonceLength),
+                runtime.session.rememberDPoPNonce(String(decoding: nonceBytes, as: UTF8.self), for: address)
+            else {
+                throw SessionError(
+                    .invalidArgument,
+                    "dpop_nonce is not 1 to \(DPoPKey.maximumNonceLength) NQCHARs (RFC 9449 §4.2): no proof can carry it")
+            }
+            return SF_OK.code
+        }
+    }
+}
+
 /// What both refusals share (see the header); `dpopNonce`: the answer's DPoP-Nonce, if any.
 private func unauthorized(
     _ function: String, _ pointer: OpaquePointer?, _ method: UnsafePointer<CChar>?, _ url: UnsafePointer<CChar>?,

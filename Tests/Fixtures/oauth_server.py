@@ -149,7 +149,7 @@ bound key (a bound token sent as Bearer is invalid_token). Refusals: 400 invalid
 use_dpop_nonce at the token endpoint, 401 with `WWW-Authenticate: DPoP error=...` at resources;
 a demanded nonce comes in `DPoP-Nonce` (also on good answers while nonces are on). Metadata lists
 dpop_signing_alg_values_supported.
-  POST /__dpop/config   nonce_token / nonce_resource = off | on | always, iat_window=<s>, ignore=1,
+  POST /__dpop/config   nonce_token / nonce_resource = off | on | rotate | always, iat_window=<s>, ignore=1,
                         advertise=0, new_nonce=1, reset=1 (see dpop_config)
   GET  /__dpop/stats    {"endpoints": {token|resource|userinfo: {"valid", "invalid", "absent",
                         "nonce_demanded"}}, "nonce", "bound_refused", "log"}
@@ -741,7 +741,7 @@ def dpop_check(endpoint, nonce_mode, access_token=None):
         entry["nonce"] = claims.get("nonce")
         with lock:
             # §4.3 11 with §8: a nonce the server demands; "always": a new one every time.
-            if nonce_mode == "always" or (nonce_mode == "on" and (
+            if nonce_mode == "always" or (nonce_mode in ("on", "rotate") and (
                     dpop_state["nonce"] is None or claims.get("nonce") != dpop_state["nonce"])):
                 nonce = dpop_new_nonce_locked() if nonce_mode == "always" or dpop_state["nonce"] is None \
                     else dpop_state["nonce"]
@@ -786,10 +786,11 @@ def dpop_error_answer(error, status=400, resource=False):
 
 
 def dpop_nonce_header(answer, mode):
-    """The current nonce on a good answer when nonces are demanded (§8.2: the client uses it next)."""
+    """The current nonce on a good answer when nonces are demanded (§8.2: the client uses it next);
+    "rotate": a new one, and the one the proof carried is no longer accepted."""
     with lock:
-        nonce = dpop_state["nonce"]
-    if mode == "on" and nonce:
+        nonce = dpop_new_nonce_locked() if mode == "rotate" else dpop_state["nonce"]
+    if mode in ("on", "rotate") and nonce:
         answer.headers["DPoP-Nonce"] = nonce
     return answer
 
@@ -881,7 +882,8 @@ def create_app(expires_in):
         """DPoP settings: nonce_token / nonce_resource = off | on (the current nonce is demanded:
         a proof without it, or with an old one, is answered use_dpop_nonce with DPoP-Nonce) | always
         (every proof is answered use_dpop_nonce with a new nonce: a server that never lets a client
-        through); iat_window=<s> (default 60); ignore=1 (the token endpoint ignores proofs: Bearer
+        through) | rotate (as on, and every good answer carries a new nonce, which the next proof
+        must carry: RFC 9449 §8.2); iat_window=<s> (default 60); ignore=1 (the token endpoint ignores proofs: Bearer
         tokens, as a server without DPoP); advertise=0 (metadata lists no
         dpop_signing_alg_values_supported); new_nonce=1 (the current nonce replaced); reset=1
         (defaults, counters and replay cache cleared). Answers the settings."""
@@ -895,8 +897,8 @@ def create_app(expires_in):
                 dpop_state["nonce"] = None
             for key in ("nonce_token", "nonce_resource"):
                 if key in request.form:
-                    if request.form[key] not in ("off", "on", "always"):
-                        return jsonify(ok=False, error=f"{key}: off, on or always"), 400
+                    if request.form[key] not in ("off", "on", "rotate", "always"):
+                        return jsonify(ok=False, error=f"{key}: off, on, rotate or always"), 400
                     dpop_settings[key] = request.form[key]
             if "iat_window" in request.form:
                 dpop_settings["iat_window"] = float(request.form["iat_window"])

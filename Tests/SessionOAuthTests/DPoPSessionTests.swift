@@ -64,7 +64,8 @@ extension OAuthServer {
 /// server, which checks every proof with joserfc and binds tokens to the key's thumbprint.
 @Suite("DPoP sessions against a real server", .serialized)
 struct DPoPSessionTests {
-    /// The resource through `perform`, passing the refusal's DPoP-Nonce on (what adapters do).
+    /// The resource through `perform`, passing the refusal's DPoP-Nonce on, and a good answer's
+    /// (what adapters do).
     static func perform(_ session: SessionManager, _ url: String, requestID: String) async throws -> ResourceClient.Answer {
         try await session.perform(method: "GET", url: url) { authorization in
             var request = URLRequest(url: URL(string: url)!)
@@ -78,6 +79,8 @@ struct DPoPSessionTests {
                     status: http.statusCode, wwwAuthenticate: http.value(forHTTPHeaderField: "WWW-Authenticate"),
                     dpopNonce: http.value(forHTTPHeaderField: "DPoP-Nonce"))
             }
+            // A good answer's nonce serves the next proof (RFC 9449 §8.2; what adapters do).
+            if let nonce = http.value(forHTTPHeaderField: "DPoP-Nonce") { session.rememberDPoPNonce(nonce, for: url) }
             return .done(ResourceClient.Answer(status: http.statusCode, body: data))
         }
     }
@@ -149,6 +152,36 @@ struct DPoPSessionTests {
         #expect(try await server.stats()["token_requests"]! - again == 1)
         _ = try await Self.perform(session.manager, server.resourceURL, requestID: "m")
         #expect(try await server.resourceStats().counts["requests"] == 3)
+        await session.stop()
+    }
+
+    /// A server that gives a new nonce on every good answer and accepts only the newest (RFC
+    /// 9449 §8.2): handed to `rememberDPoPNonce`, each serves the next proof. Five requests make
+    /// six (the first refused once for want of a nonce), not ten; nothing is refreshed. A nonce
+    /// on a 401 that is no use_dpop_nonce (here invalid_token) is remembered too, for the retry.
+    @Test func aServerRotatingItsNonceOnGoodAnswersCostsNoRefusal() async throws {
+        let server = try await OAuthServer(expiresIn: 3600)
+        let session = try await LiveSession(server)
+        try await session.manager.signIn(try await server.signInWithDPoP())
+        try await server.dpop(["nonce_resource": "rotate"])
+        let refreshes = try await server.stats()["refresh_grants"]!
+        for index in 0..<5 {
+            #expect(try await Self.perform(session.manager, server.resourceURL, requestID: "r\(index)").status == 200)
+        }
+        let resource = try await server.resourceStats()
+        #expect(resource.counts["requests"] == 6 && resource.counts["ok"] == 5, "\(resource.counts)")
+        #expect(try await server.dpopStats("resource")["nonce_demanded"] == 1)
+        #expect(try await server.stats()["refresh_grants"]! == refreshes)
+        // What no proof can carry, or a URL no request goes to, changes nothing.
+        #expect(!session.manager.rememberDPoPNonce(#"bad "nonce"#, for: server.resourceURL))
+        #expect(!session.manager.rememberDPoPNonce("n", for: "ftp://127.0.0.1/x"))
+        let remembered = DPoPNonces.shared.nonce(for: server.resourceURL)
+        #expect(remembered != nil)
+        // Another refusal's nonce (not use_dpop_nonce) is remembered for the retry's proof.
+        let refused = try await session.manager.authorization(method: "GET", url: server.resourceURL)
+        _ = try? await session.manager.unauthorized(
+            refused, status: 401, wwwAuthenticate: #"DPoP error="invalid_token""#, dpopNonce: "after-invalid-token")
+        #expect(DPoPNonces.shared.nonce(for: server.resourceURL) == "after-invalid-token")
         await session.stop()
     }
 

@@ -196,3 +196,51 @@ def test_requests_a_redirect_carries_no_proof_and_its_targets_401_is_returned(se
                 assert "authorization" not in landed[0]["headers"]
             # A refresh only for the refusal of the request the session authorized.
             assert call(f"{server}/__stats")["refresh_grants"] == refreshes + (case.endswith("after a retry"))
+
+
+@pytest.mark.parametrize("adapter", ["httpx", "httpx async", "requests"])
+def test_a_server_rotating_its_nonce_on_good_answers_costs_no_refusal(server, adapter):
+    """nonce_resource=rotate: every good answer carries a new nonce, and only it is accepted next
+    (RFC 9449 §8.2). Each adapter hands the good answer's nonce to the session
+    (remember_dpop_nonce), so 5 requests cost 6 resource requests (the first is refused once for
+    want of a nonce), not 10; nothing is refreshed."""
+    import asyncio
+    resource = f"{server}/api/resource"
+    call(f"{server}/__dpop/config", {"reset": "1"})
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
+        _dpop_session(server, runtime)
+        call(f"{server}/__dpop/config", {"nonce_resource": "rotate"})
+        refreshes = call(f"{server}/__stats")["refresh_grants"]
+        before = call(f"{server}/__resource/stats")["requests"]
+        if adapter == "httpx":
+            with httpx.Client(auth=sessionflow.httpx.Auth(runtime)) as client:
+                statuses = [client.get(resource).status_code for _ in range(5)]
+        elif adapter == "httpx async":
+            async def five():
+                async with httpx.AsyncClient(auth=sessionflow.httpx.Auth(runtime)) as client:
+                    return [(await client.get(resource)).status_code for _ in range(5)]
+            statuses = asyncio.run(five())
+        else:
+            with requests.Session() as session:
+                session.auth = sessionflow.requests.Auth(runtime)
+                statuses = [session.get(resource).status_code for _ in range(5)]
+        assert statuses == [200] * 5
+        assert call(f"{server}/__resource/stats")["requests"] - before == 6
+        assert call(f"{server}/__stats")["refresh_grants"] == refreshes
+    call(f"{server}/__dpop/config", {"reset": "1"})
+
+
+def test_remember_dpop_nonce_refuses_what_no_proof_can_carry(server):
+    """Runtime.remember_dpop_nonce: True once remembered (the next proof to that origin carries
+    it); False, nothing remembered, for a nonce that is not NQCHARs, empty or too long, or a URL
+    authorize() refuses: a server's bad header on a good answer fails no request."""
+    resource = f"{server}/api/resource"
+    with sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT) as runtime:
+        _dpop_session(server, runtime)
+        assert runtime.remember_dpop_nonce(resource, "fresh-nonce-1") is True
+        assert _proof_nonce(runtime.authorize("GET", f"{server}/api/me")) == "fresh-nonce-1"  # per origin
+        for url, nonce in ((resource, 'bad "nonce'), (resource, "with space"), (resource, ""),
+                           (resource, "n" * 1025), (resource, "nul\0"), ("ftp://127.0.0.1/x", "n"),
+                           ("http://example.com/x", "n")):
+            assert runtime.remember_dpop_nonce(url, nonce) is False, (url, nonce)
+        assert _proof_nonce(runtime.authorize("GET", resource)) == "fresh-nonce-1"

@@ -125,7 +125,7 @@ extension RequestAuthorization {
     /// Why `method` and `url` cannot be authorized, or nil. The method is an RFC 9110 token
     /// (`tchar`s); the URL is absolute `https://`, or `http://` to a loopback host only (a
     /// bearer token in clear over a network is anyone's), without a fragment, printable ASCII.
-    static func problem(method: String, url: String) -> String? {
+    package static func problem(method: String, url: String) -> String? {
         let tchar = Set("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz".utf8)
         guard !method.isEmpty, method.utf8.count <= maximumMethodLength, method.utf8.allSatisfy(tchar.contains) else {
             return "the method is not an HTTP method name (1 to \(maximumMethodLength) token characters)"

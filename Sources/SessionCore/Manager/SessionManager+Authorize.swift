@@ -110,7 +110,11 @@ extension SessionManager {
     static func wantsNonce(_ refused: RequestAuthorization, wwwAuthenticate: String?, dpopNonce: String?) throws(SessionError) -> Bool {
         guard refused.scheme == .dpop,
               AuthenticationChallenge.parse(wwwAuthenticate).contains(where: { $0.scheme == "dpop" && $0.error == "use_dpop_nonce" })
-        else { return false }
+        else {
+            // Another refusal may give a new nonce too (§8.2): the retry's proof carries it.
+            if refused.scheme == .dpop, let dpopNonce { DPoPNonces.shared.remember(dpopNonce, for: refused.url) }
+            return false
+        }
         guard let dpopNonce, !dpopNonce.isEmpty else {
             throw SessionError(.unauthorized, "the server demands a DPoP nonce (use_dpop_nonce) but sent none (no DPoP-Nonce header)")
         }
@@ -121,6 +125,26 @@ extension SessionManager {
             throw SessionError(.unauthorized, "the server's DPoP nonce (DPoP-Nonce) is not a string of NQCHARs (RFC 9449 §4.2): no proof can carry it")
         }
         return true
+    }
+
+    /// A server's `DPoP-Nonce` on an answer to a request this session authorized, whatever the
+    /// answer's status: a server may give a new nonce on any answer, a 200 included, and accept
+    /// only that one from then on (RFC 9449 §8.2, §9). It is remembered for the server of `url`
+    /// (its origin), so that the next proof to that server carries it. Without it, each
+    /// rotation costs the next request one refusal (`use_dpop_nonce`) and a retry. The
+    /// adapters call this for every answer with the header; a refusal's nonce goes to
+    /// `unauthorized(_:status:wwwAuthenticate:dpopNonce:)` instead.
+    ///
+    /// Any thread; no hop to the loop (the nonces are process-wide, like the proofs' keys'
+    /// servers).
+    /// - Returns: false, and nothing remembered, when `url` is not one
+    ///   `authorization(method:url:)` accepts, or `nonce` is not one a proof can carry (1 to
+    ///   1024 NQCHARs, RFC 9449 §4.2). A server's bad nonce on a good answer is no reason to
+    ///   fail the request that got it.
+    @discardableResult
+    public func rememberDPoPNonce(_ nonce: String, for url: String) -> Bool {
+        guard RequestAuthorization.problem(method: "GET", url: url) == nil else { return false }
+        return DPoPNonces.shared.remember(nonce, for: url)
     }
 
     /// Runs `request` with an authorization for `method` `url`; when it reports a refusal
@@ -137,6 +161,9 @@ extension SessionManager {
     ///     return .done(data)
     /// }
     /// ```
+    /// A DPoP session talking to a server that gives nonces on good answers: hand each answer's
+    /// `DPoP-Nonce` to `rememberDPoPNonce(_:for:)` from `request`, and a refusal's in
+    /// `.refused(status:wwwAuthenticate:dpopNonce:)`.
     /// - Throws: the session's errors (as `authorization` and `unauthorized`), or what
     ///   `request` throws; `unauthorized` when the retry is refused too.
     public func perform<Value: Sendable>(

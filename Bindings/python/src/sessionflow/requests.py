@@ -30,6 +30,9 @@ A request is retried only if its body can be sent again: none, bytes or str, or 
 requests recorded a position for (tell()) and which rewinds to it. Any other body (a generator,
 an iterator, a file without tell()) was consumed by the first send: its refusal (401, or 403
 with a challenge) is returned as it is, and the session is not asked (nothing refreshed).
+A DPoP server's `DPoP-Nonce` on an answer to the authorized URL that is no refusal (a 200
+included: RFC 9449 §8.2) is remembered for the next proof to that server
+(Runtime.remember_dpop_nonce), so that a server rotating its nonce costs no refusal.
 The headers' values are secrets copied into the request (Python strings cannot be wiped).
 """
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Auth(requests.auth.AuthBase):
             challenge = response.headers.get("WWW-Authenticate")
             refused = response.status_code == 401 or (response.status_code == 403 and bool(challenge))
             if not refused:
+                self._nonce(authorization, response)
                 return response
             retry = response.request.copy()
             # The mark: the copy runs no hook of ours, so it is never retried again. (copy()
@@ -90,6 +94,7 @@ class Auth(requests.auth.AuthBase):
             response.content  # read the refusal, so that its connection goes back to the pool
             response.close()
             sent: Response = response.connection.send(retry, **kwargs)
+            self._nonce(authorization, sent)
             if _redirect(sent):
                 # requests builds the redirect's request from the first one (not the retry).
                 _drop_proof(response.request)
@@ -99,6 +104,13 @@ class Auth(requests.auth.AuthBase):
             return sent
 
         return on_response
+
+    def _nonce(self, authorization: Authorization, response: Response) -> None:
+        """A DPoP server's new nonce on an answer that is no refusal of ours (RFC 9449 §8.2):
+        remembered for the next proof to it (a refusal's goes to unauthorized())."""
+        nonce = response.headers.get("DPoP-Nonce")
+        if nonce is not None and authorization.scheme == "DPoP" and response.request.url == authorization.url:
+            self.runtime.remember_dpop_nonce(authorization.url, nonce)
 
 
 def _redirect(response: Response) -> bool:
