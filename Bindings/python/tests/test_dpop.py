@@ -244,3 +244,26 @@ def test_remember_dpop_nonce_refuses_what_no_proof_can_carry(server):
                            ("http://example.com/x", "n")):
             assert runtime.remember_dpop_nonce(url, nonce) is False, (url, nonce)
         assert _proof_nonce(runtime.authorize("GET", resource)) == "fresh-nonce-1"
+
+
+def test_remember_dpop_nonce_raises_nothing_a_callback_left_pending(server, caplog):
+    """It runs after the server answered (the adapters' hooks): a callback's exception kept for
+    the host's next call must not make a request that got its answer fail. It stays pending
+    for the next call, and a destroyed runtime answers False."""
+    import logging
+    caplog.set_level(logging.ERROR, logger="sessionflow")
+    resource = f"{server}/api/resource"
+    runtime = sf.Runtime(token_endpoint=f"{server}/oauth/token", client_id=CLIENT)
+    _dpop_session(server, runtime)
+
+    def on_state(state):
+        raise ValueError("boom in on_state")
+
+    runtime.subscribe_state(on_state)
+    assert wait_for(lambda: "boom in on_state" in caplog.text)
+    assert runtime.remember_dpop_nonce(resource, "after-a-callback-failed") is True
+    with pytest.raises(sf.CallbackError):
+        runtime.authorize("GET", resource)  # still pending for the host's next call
+    assert _proof_nonce(runtime.authorize("GET", resource)) == "after-a-callback-failed"
+    runtime.destroy()
+    assert runtime.remember_dpop_nonce(resource, "n") is False

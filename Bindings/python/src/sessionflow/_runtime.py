@@ -880,23 +880,25 @@ class Runtime:
             code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
         return entry.wait(key, code, timeout)
 
-    @_api
     def remember_dpop_nonce(self, url: str, nonce: str) -> bool:
         """sf_session_remember_dpop_nonce: the DPoP-Nonce header of an answer, whatever its status,
         to a request authorized for `url`: remembered for that server, so that the next proof to
         it carries it (RFC 9449 §8.2: a server may give a new nonce on a 200 and accept only that
         one from then on; without this, each rotation costs the next request a refusal and a
-        retry). The adapters call it for every answer with the header. False, and nothing
-        remembered, when the nonce is none a proof can carry (1 to 1024 NQCHARs) or the URL is one
-        authorize() refuses: a server's bad header on a good answer fails no request. Returns at
-        once (no hop to the loop)."""
+        retry). The adapters call it for every answer from the URL they authorized, except a
+        refusal they hand to unauthorized() (which takes its nonce). Returns at once (no hop to
+        the loop), and never raises: it runs after the server answered, and a request that got
+        its answer must not fail for it. False, nothing remembered, when the nonce is none a proof
+        can carry (1 to 1024 NQCHARs), the URL is one authorize() refuses, or the runtime is
+        destroyed. Concurrent answers from one server: the last one handed over wins (an older
+        nonce then costs one refusal and retry)."""
         if "\0" in url or "\0" in nonce:
             return False
-        code = int(_ffi.lib.sf_session_remember_dpop_nonce(self._pointer, url.encode(), nonce.encode()))
-        if code == ErrorCode.EINVAL:
+        try:
+            code = int(_ffi.lib.sf_session_remember_dpop_nonce(self._pointer, url.encode(), nonce.encode()))
+        except Exception:  # a pointer of a destroyed runtime, an unencodable string
             return False
-        check(code, "sf_session_remember_dpop_nonce")
-        return True
+        return code == 0
 
     async def authorize_async(self, method: str, url: str) -> Authorization:
         """`await runtime.authorize_async(method, url)`: authorize() without blocking the event

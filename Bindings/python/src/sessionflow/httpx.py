@@ -30,9 +30,10 @@ Redirects and DPoP: httpx strips Authorization when a redirect changes origin, b
 bound to its method and URL (htm, htu), useless elsewhere: a DPoP session should not follow
 redirects (httpx's default: follow_redirects=False).
 
-A DPoP server's `DPoP-Nonce` on an answer to the authorized URL that is no refusal (a 200
-included: RFC 9449 §8.2) is remembered for the next proof to that server
-(Runtime.remember_dpop_nonce), so that a server rotating its nonce costs no refusal.
+A DPoP server's `DPoP-Nonce` on an answer from the authorized URL (a 200 included: RFC 9449
+§8.2) is remembered for the next proof to that server (Runtime.remember_dpop_nonce, which never
+raises), so that a server rotating its nonce costs no refusal; a refusal handed to the session
+carries its nonce to unauthorized() instead.
 
 The async flow never blocks the event loop (Runtime.authorize_async / unauthorized_async).
 The headers' values are secrets copied into the request (Python strings cannot be wiped).
@@ -110,13 +111,13 @@ class Auth(httpx.Auth):
         response = yield request
         challenge = _refusal(authorization, response)
         if challenge is None or not _replayable(request):  # no refresh for a request not retried
-            self._nonce(authorization, response, challenge)
+            self._nonce(authorization, response)
             return
         retry = self.runtime.unauthorized(authorization, response.status_code, challenge or None,
                                           dpop_nonce=response.headers.get("DPoP-Nonce"))
         _apply(request, retry)
         response = yield request
-        self._nonce(authorization, response, _refusal(authorization, response))
+        self._nonce(authorization, response)
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         authorization = await self.runtime.authorize_async(request.method, str(request.url))
@@ -124,18 +125,18 @@ class Auth(httpx.Auth):
         response = yield request
         challenge = _refusal(authorization, response)
         if challenge is None or not _replayable(request):  # no refresh for a request not retried
-            self._nonce(authorization, response, challenge)
+            self._nonce(authorization, response)
             return
         retry = await self.runtime.unauthorized_async(authorization, response.status_code, challenge or None,
                                                       dpop_nonce=response.headers.get("DPoP-Nonce"))
         _apply(request, retry)
         response = yield request
-        self._nonce(authorization, response, _refusal(authorization, response))
+        self._nonce(authorization, response)
 
-    def _nonce(self, authorization: Authorization, response: httpx.Response, challenge: Optional[str]) -> None:
-        """A DPoP server's new nonce on an answer to the authorized URL that is no refusal (RFC
-        9449 §8.2): remembered for the next proof to it (a refusal's goes to unauthorized())."""
+    def _nonce(self, authorization: Authorization, response: httpx.Response) -> None:
+        """A DPoP server's new nonce on an answer from the authorized URL (RFC 9449 §8.2):
+        remembered for the next proof to it. Not for a refusal handed to unauthorized(), which
+        takes its nonce. Never raises (Runtime.remember_dpop_nonce)."""
         nonce = response.headers.get("DPoP-Nonce")
-        if nonce is not None and challenge is None and authorization.scheme == "DPoP" \
-                and str(response.request.url) == authorization.url:
+        if nonce is not None and authorization.scheme == "DPoP" and str(response.request.url) == authorization.url:
             self.runtime.remember_dpop_nonce(authorization.url, nonce)

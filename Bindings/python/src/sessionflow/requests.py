@@ -30,9 +30,10 @@ A request is retried only if its body can be sent again: none, bytes or str, or 
 requests recorded a position for (tell()) and which rewinds to it. Any other body (a generator,
 an iterator, a file without tell()) was consumed by the first send: its refusal (401, or 403
 with a challenge) is returned as it is, and the session is not asked (nothing refreshed).
-A DPoP server's `DPoP-Nonce` on an answer to the authorized URL that is no refusal (a 200
-included: RFC 9449 §8.2) is remembered for the next proof to that server
-(Runtime.remember_dpop_nonce), so that a server rotating its nonce costs no refusal.
+A DPoP server's `DPoP-Nonce` on an answer from the authorized URL (a 200 included: RFC 9449
+§8.2) is remembered for the next proof to that server (Runtime.remember_dpop_nonce, which never
+raises), so that a server rotating its nonce costs no refusal; a refusal handed to the session
+carries its nonce to unauthorized() instead.
 The headers' values are secrets copied into the request (Python strings cannot be wiped).
 """
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Auth(requests.auth.AuthBase):
             if _redirect(response):
                 # The redirect's request is a copy of this one (Session.resolve_redirects).
                 _drop_proof(response.request)
+                self._nonce(authorization, response)
                 return response
             if response.request.url != authorization.url:
                 # A redirect target's answer (the copy of the request runs this hook too): the
@@ -87,6 +89,7 @@ class Auth(requests.auth.AuthBase):
             others = [hook for hook in retry.hooks["response"] if hook is not on_response]
             retry.hooks = {**retry.hooks, "response": others}
             if not _rewound(retry):  # before unauthorized(): no refresh for a request not retried
+                self._nonce(authorization, response)
                 return response
             answer = self.runtime.unauthorized(authorization, response.status_code, challenge,
                                                dpop_nonce=response.headers.get("DPoP-Nonce"))
@@ -106,8 +109,9 @@ class Auth(requests.auth.AuthBase):
         return on_response
 
     def _nonce(self, authorization: Authorization, response: Response) -> None:
-        """A DPoP server's new nonce on an answer that is no refusal of ours (RFC 9449 §8.2):
-        remembered for the next proof to it (a refusal's goes to unauthorized())."""
+        """A DPoP server's new nonce on an answer from the authorized URL (RFC 9449 §8.2):
+        remembered for the next proof to it. Not for a refusal handed to unauthorized(), which
+        takes its nonce. Never raises (Runtime.remember_dpop_nonce)."""
         nonce = response.headers.get("DPoP-Nonce")
         if nonce is not None and authorization.scheme == "DPoP" and response.request.url == authorization.url:
             self.runtime.remember_dpop_nonce(authorization.url, nonce)
