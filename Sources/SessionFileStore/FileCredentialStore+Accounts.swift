@@ -50,29 +50,34 @@ extension FileCredentialStore: AccountCredentialStore {
     /// Reads the record of `key` (absent if it has none).
     func read(account key: String) -> StoreRead {
         lock.withLock {
-            let startedAt = FileIO.realTimeNow()
-            let read: StoreRead
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: false) else { return .absent }
-                try checkLockFiles(in: directory)
-                guard let record = try load(in: directory)?.accounts[key] else {
-                    return absent(.account(key), in: directory)
+                let copies = FileIO.damagedCopies(of: name, in: directory)
+                let read: StoreRead
+                do throws(StoreFailure) {
+                    try checkLockFiles(in: directory)
+                    let document = try load(in: directory)
+                    guard let record = document?.accounts[key] else {
+                        return absent(.account(key), in: directory, document: document)
+                    }
+                    var session = record.session
+                    session.account = key
+                    read = .present(session)
+                } catch {
+                    read = error.read
                 }
-                var session = record.session
-                session.account = key
-                read = .present(session)
+                witness(.account(key), account: key, read, copiesBefore: copies, in: directory)
+                return read
             } catch {
-                read = error.read
+                return error.read
             }
-            witness(.account(key), read, startedAt: startedAt)
-            return read
         }
     }
 
     /// Writes the record of `key`; with `claimingActive`, it becomes the active one if the
     /// store has none (otherwise the active pointer is left as it is).
     func write(_ session: StoredSession, account key: String, claimingActive: Bool) throws(StoreError) {
-        try change(creating: true, witnessing: .account(key)) { document in
+        try change(creating: true, account: key, witnessing: .account(key)) { document in
             document.accounts[key] = Record(session, keepingProfileOf: document.accounts[key])
             if claimingActive && document.active == nil { document.active = key }
             return true
@@ -98,7 +103,7 @@ extension FileCredentialStore: AccountCredentialStore {
     /// (`saveRotatingKey`), so no copy of the file taken before opens any more — also when the
     /// file was damaged (moved aside, that copy is shredded too).
     func clear(account key: String) throws(StoreError) {
-        try change(clearing: true, witnessing: .account(key)) { document in
+        try change(clearing: true, account: key, witnessing: .account(key)) { document in
             let removed = document.accounts.removeValue(forKey: key) != nil
             let wasActive = document.active == key
             if wasActive { document.active = nil }
@@ -108,50 +113,79 @@ extension FileCredentialStore: AccountCredentialStore {
 
     /// A read-modify-write of the document under the write lock; `body` says whether it
     /// changed anything (nothing is written otherwise). A store that does not exist yet is
-    /// created only with `creating`. `clearing` (a record's clear, a logout): written with a new
-    /// key — also when only a damaged file was found — and a store left without accounts loses
-    /// its damaged copies and orphaned temporaries too (not when the change met damage: the
-    /// records of other accounts were in it, and their sessions are told by those copies,
-    /// `RecordWitness`). `witnessing`: the record the change writes (seen now), or clears
-    /// (forgotten), once it succeeded.
-    private func change(
-        creating: Bool = false, clearing: Bool = false, witnessing record: RecordWitness.Record? = nil,
-        _ body: (inout Document) -> Bool
+    /// created only with `creating`.
+    ///
+    /// `account`: the account whose record the change writes, or clears (for the plain
+    /// `clear`, nil: the active one, or the one last seen active if the file was damaged).
+    /// `witnessing`: the record the instance then knows as seen (written) or forgets (cleared).
+    ///
+    /// `clearing` (a record's clear, a logout): written with a new key — also when only a
+    /// damaged file was found. With copies of damaged files beside the store, the account goes
+    /// into the document's `cleared` (its absence is a logout, not damage: `RecordWitness`) and
+    /// the copies are emptied (what they hold may be sealed with a key no rotation reaches); a
+    /// store whose whole document (read, not damaged, not missing) is left without accounts
+    /// loses the copies, the `cleared` list and orphaned temporaries. A write takes its account
+    /// out of `cleared`.
+    func change(
+        creating: Bool = false, clearing: Bool = false, account: String? = nil,
+        witnessing record: RecordWitness.Record? = nil, _ body: (inout Document) -> Bool
     ) throws(StoreError) {
         try lock.withLock { () throws(StoreError) in
-            let startedAt = FileIO.realTimeNow()
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: creating) else {
                     if creating { throw .unavailable("cannot create \(self.directory)") }
+                    if clearing, let record { witness.forget(record) }
                     return
                 }
+                // The copies beside the store once the record is written, listed under the write
+                // lock (a copy made after it is new to this instance's sighting).
+                var copiesAfter: Set<String> = []
                 try withWriteLock(in: directory) { () throws(StoreFailure) in
+                    defer { if !clearing { copiesAfter = FileIO.damagedCopies(of: name, in: directory) } }
                     try checkLockFiles(in: directory)
+                    if !clearing { FileIO.removeOrphanedTemporaries(of: [name, keyName], in: directory) }
                     var document = Document()
                     var loaded: LoadedKeys?
                     var damaged = false
+                    var found = false
                     do throws(StoreFailure) {
-                        let found = try loadKeepingKeys(in: directory)
-                        document = found?.document ?? Document()
-                        loaded = found?.keys
+                        let file = try loadKeepingKeys(in: directory)
+                        document = file?.document ?? Document()
+                        loaded = file?.keys
+                        found = file != nil
                     } catch {
                         guard case .damaged = error else { throw error }
                         damaged = true  // moved aside: start afresh
                     }
-                    guard body(&document) || (clearing && damaged) else { return }
+                    let named = account ?? document.active ?? record.flatMap { witness.sighting($0)?.account }
+                    var changed = body(&document)
+                    let copies = clearing ? FileIO.damagedCopies(of: name, in: directory) : []
+                    if clearing, let named, !copies.isEmpty, document.cleared.insert(named).inserted { changed = true }
+                    if !clearing, let named, document.cleared.remove(named) != nil { changed = true }
+                    guard changed || (clearing && damaged) else { return }
+                    // Only a whole document tells that no account is left: a missing or damaged
+                    // file may have held accounts whose sessions the copies' names still tell.
+                    let removeCopies = clearing && document.accounts.isEmpty && found
+                    if removeCopies { document.cleared.removeAll() }
                     if clearing {
                         try saveRotatingKey(document, in: directory, loaded: loaded)
                     } else {
                         try save(document, in: directory, loaded: loaded)
                     }
-                    if clearing && document.accounts.isEmpty && !damaged {
+                    if removeCopies {
                         // Nothing of any session is left: neither are copies of its files.
                         FileIO.removeDamagedCopies(of: name, in: directory)
                         FileIO.removeOrphanedTemporaries(of: [name], in: directory)
+                    } else if !copies.isEmpty {
+                        FileIO.emptyDamagedCopies(of: name, in: directory)
                     }
                 }
                 if let record {
-                    if clearing { witness.forget(record) } else { witness.saw(record, at: startedAt) }
+                    if clearing {
+                        witness.forget(record)
+                    } else if let account {
+                        witness.saw(record, account: account, copies: copiesAfter)
+                    }
                 }
             } catch {
                 throw error.storeError

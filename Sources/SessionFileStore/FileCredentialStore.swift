@@ -213,69 +213,48 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
 
     public func read() -> StoreRead {
         lock.withLock {
-            let startedAt = FileIO.realTimeNow()
-            let read: StoreRead
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: false) else { return .absent }
-                try checkLockFiles(in: directory)
-                guard let document = try load(in: directory), let active = document.active,
-                    let record = document.accounts[active]
-                else { return absent(.active, in: directory) }
-                var session = record.session
-                session.account = active
-                read = .present(session)
+                let copies = FileIO.damagedCopies(of: name, in: directory)
+                let read: StoreRead
+                var account: String?
+                do throws(StoreFailure) {
+                    try checkLockFiles(in: directory)
+                    let document = try load(in: directory)
+                    guard let document, let active = document.active, let record = document.accounts[active] else {
+                        return absent(.active, in: directory, document: document)
+                    }
+                    var session = record.session
+                    session.account = active
+                    account = active
+                    read = .present(session)
+                } catch {
+                    read = error.read
+                }
+                witness(.active, account: account, read, copiesBefore: copies, in: directory)
+                return read
             } catch {
-                read = error.read
+                return error.read
             }
-            witness(.active, read, startedAt: startedAt)
-            return read
         }
     }
 
     public func write(_ session: StoredSession) throws(StoreError) {
-        try lock.withLock { () throws(StoreError) in
-            let startedAt = FileIO.realTimeNow()
-            do throws(StoreFailure) {
-                // Out of reach → fail (never overwrite other accounts blindly); damaged →
-                // already moved aside, start afresh.
-                guard let directory = try openDirectory(create: true) else {
-                    throw .unavailable("cannot create \(self.directory)")
-                }
-                try withWriteLock(in: directory) { () throws(StoreFailure) in
-                    try checkLockFiles(in: directory)
-                    FileIO.removeOrphanedTemporaries(of: [name, keyName], in: directory)
-                    let loaded = try loadForChange(in: directory)
-                    var document = loaded?.document ?? Document()
-                    let account = session.memberID ?? Self.defaultAccount
-                    document.accounts[account] = Record(session, keepingProfileOf: document.accounts[account])
-                    document.active = account
-                    try save(document, in: directory, loaded: loaded?.keys)
-                }
-                witness.saw(.active, at: startedAt)
-            } catch {
-                throw error.storeError
-            }
+        // Damaged → already moved aside, start afresh.
+        let account = session.memberID ?? Self.defaultAccount
+        try change(creating: true, account: account, witnessing: .active) { document in
+            document.accounts[account] = Record(session, keepingProfileOf: document.accounts[account])
+            document.active = account
+            return true
         }
     }
 
     public func clear() throws(StoreError) {
-        try lock.withLock { () throws(StoreError) in
-            do throws(StoreFailure) {
-                guard let directory = try openDirectory(create: false) else { return }
-                try withWriteLock(in: directory) { () throws(StoreFailure) in
-                    try checkLockFiles(in: directory)
-                    guard let loaded = try loadForChange(in: directory) else { return }
-                    var document = loaded.document
-                    if let active = document.active {
-                        document.accounts.removeValue(forKey: active)
-                    }
-                    document.active = nil
-                    try saveRotatingKey(document, in: directory, loaded: loaded.keys)
-                }
-                witness.forget(.active)
-            } catch {
-                throw error.storeError
-            }
+        try change(clearing: true, witnessing: .active) { document in
+            guard let active = document.active else { return false }
+            document.accounts.removeValue(forKey: active)
+            document.active = nil
+            return true
         }
     }
 

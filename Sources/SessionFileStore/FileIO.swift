@@ -319,18 +319,8 @@ enum FileIO {
     /// process is gone, so a write in progress elsewhere is never touched and no other file in
     /// the directory is. `unlinkat` removes the entry itself, whatever it is. Best effort.
     static func removeOrphanedTemporaries(of names: [String], in directory: TrustedDirectory) {
-        let copy = fcntl(directory.descriptor, F_DUPFD_CLOEXEC, 0)
-        guard copy >= 0 else { return }
-        guard let handle = fdopendir(copy) else {
-            close(copy)
-            return
-        }
-        defer { closedir(handle) }
         let prefixes = names.flatMap { [$0 + ".tmp-", $0 + ".new-"] }
-        while let entry = readdir(handle) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
+        for name in entries(of: directory) {
             guard let prefix = prefixes.first(where: { name.hasPrefix($0) }) else { continue }
             let fields = name.dropFirst(prefix.count).split(separator: "-", maxSplits: 1)
             guard fields.count == 2, let pid = pid_t(fields[0]), pid > 0,
@@ -347,48 +337,52 @@ enum FileIO {
     @discardableResult
     static func removeDamagedCopies(of name: String, in directory: TrustedDirectory) -> Int {
         var removed = 0
-        for copy in damagedCopies(of: name, in: directory) where unlinkat(directory.descriptor, copy.name, 0) == 0 {
+        for copy in damagedCopies(of: name, in: directory) where unlinkat(directory.descriptor, copy, 0) == 0 {
             removed += 1
         }
         if removed > 0 { syncDirectory(directory) }
         return removed
     }
 
-    /// The copies of a damaged store file moved aside as `<name>.damaged-<seconds>-<nanoseconds>`
-    /// (`CLOCK_REALTIME` of the move), with that time in nanoseconds (0 where the name does not
-    /// carry one).
-    static func damagedCopies(of name: String, in directory: TrustedDirectory) -> [(name: String, movedAt: Int64)] {
-        let copy = fcntl(directory.descriptor, F_DUPFD_CLOEXEC, 0)
-        guard copy >= 0 else { return [] }
-        guard let handle = fdopendir(copy) else {
-            close(copy)
+    /// Empties the copies of a damaged store file, keeping their names: each is removed and an
+    /// empty file (0600) made in its place — what it held (tokens a key rotation may not reach:
+    /// a version-1 file sealed with the host's key, a key the ring no longer holds) is gone; its
+    /// name still tells sessions that a damaged file was moved aside (`RecordWitness`).
+    static func emptyDamagedCopies(of name: String, in directory: TrustedDirectory) {
+        var emptied = 0
+        for copy in damagedCopies(of: name, in: directory) where unlinkat(directory.descriptor, copy, 0) == 0 {
+            let fd = openat(directory.descriptor, copy, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+            if fd >= 0 { close(fd) }
+            emptied += 1
+        }
+        if emptied > 0 { syncDirectory(directory) }
+    }
+
+    /// The names of the copies of a damaged store file moved aside as `<name>.damaged-<time>`.
+    static func damagedCopies(of name: String, in directory: TrustedDirectory) -> Set<String> {
+        let prefix = name + ".damaged-"
+        return Set(entries(of: directory).filter { $0.hasPrefix(prefix) })
+    }
+
+    /// The names in `directory`, read through a descriptor of its own (opened on "."): a
+    /// duplicate of the directory's descriptor would share its offset, and a second listing in
+    /// the same operation would start where the first ended and find nothing.
+    static func entries(of directory: TrustedDirectory) -> [String] {
+        let fd = openat(directory.descriptor, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return [] }
+        guard let handle = fdopendir(fd) else {
+            close(fd)
             return []
         }
         defer { closedir(handle) }
-        let prefix = name + ".damaged-"
-        var copies: [(name: String, movedAt: Int64)] = []
+        var names: [String] = []
         while let entry = readdir(handle) {
-            let entryName = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
             }
-            guard entryName.hasPrefix(prefix) else { continue }
-            let fields = entryName.dropFirst(prefix.count).split(separator: "-")
-            var movedAt: Int64 = 0
-            if fields.count == 2, let seconds = Int64(fields[0]), let nanoseconds = Int64(fields[1]),
-                seconds >= 0, seconds < Int64.max / 1_000_000_000, (0..<1_000_000_000).contains(nanoseconds)
-            {
-                movedAt = seconds * 1_000_000_000 + nanoseconds
-            }
-            copies.append((entryName, movedAt))
+            if name != "." && name != ".." { names.append(name) }
         }
-        return copies
-    }
-
-    /// `CLOCK_REALTIME` in nanoseconds: the clock a damaged copy's name carries.
-    static func realTimeNow() -> Int64 {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+        return names
     }
 
     /// fsync of the directory, so a rename or link in it survives a crash.

@@ -1,20 +1,29 @@
 import SessionCore
 
-/// When a store instance last saw each of its records, so that a record lost with a damaged
-/// store file that another reader moved aside is reported as damage, not as a logout.
+/// What a store instance knew of each of its records when it last saw it, so that a record
+/// lost with a damaged store file that another reader moved aside is reported as damage, not
+/// as a logout.
 ///
 /// A damaged file is moved aside by whichever read or change meets it first: a session's own
 /// read, another account's session, the pointer's writer, another process (a second session,
 /// `watch-session status`). Only that reader learns of the damage. A running session that
 /// reads its record afterwards finds none, which reads as another process's logout: it would
-/// end, though it holds its tokens in memory and can write them back. So a record found absent
-/// while a damaged copy was moved aside since this instance last saw it (read it present, or
-/// wrote it) reads as damaged: the session reports it and writes itself back, as it does when
-/// its own read meets the damage. Once per damage: the answer counts as seeing the record.
+/// end, though it holds its tokens in memory and can write them back.
 ///
-/// What it cannot tell apart: another process that wrote the record back after the damage and
-/// then logged it out, both before this instance read again. The session here writes it back
-/// (it took the absence for the damage), and that logout has to be made again.
+/// So each instance notes, when it sees a record (reads it present, or writes it), which
+/// copies of damaged files (`<name>.damaged-*`) lie beside the store — listed before the read,
+/// so that a copy made during it counts as new. A record found absent while a copy it did not
+/// know of is there reads as damaged: the session reports it and writes itself back, as it does
+/// when its own read meets the damage. No clock is compared: a copy is new by its name.
+///
+/// A logout is not damage: an account cleared while copies lie beside the store is kept in the
+/// document's `cleared` (`StoreFormat.Document`), and its absence reads as absent whatever the
+/// copies. The instance's own clear forgets the record; an absence that is no damage forgets it
+/// too (the session follows it as a logout).
+///
+/// What it cannot tell apart: a record lost with a second damage that also lost the first's
+/// `cleared` list, in a process that had not read since before the first: that session writes
+/// itself back, and a logout made in between has to be made again.
 struct RecordWitness {
     /// The plain calls (`read`, `write`, `clear`) act on the active record; a `SessionManager`'s
     /// sessions on their account's.
@@ -23,42 +32,62 @@ struct RecordWitness {
         case account(String)
     }
 
-    /// `CLOCK_REALTIME` nanoseconds (the clock of a damaged copy's name) when each record was
-    /// last seen, taken before the read or change that saw it began.
-    private var seen: [Record: Int64] = [:]
-
-    func lastSeen(_ record: Record) -> Int64? { seen[record] }
-
-    mutating func saw(_ record: Record, at time: Int64) {
-        seen[record] = max(seen[record] ?? time, time)
+    struct Sighting {
+        /// The account the record is filed under (for `.active`: the one active then).
+        var account: String
+        /// The copies of damaged files beside the store then.
+        var copies: Set<String>
     }
 
-    /// The record was cleared by this instance (a logout): its absence is expected.
+    private var seen: [Record: Sighting] = [:]
+
+    func sighting(_ record: Record) -> Sighting? { seen[record] }
+
+    mutating func saw(_ record: Record, account: String, copies: Set<String>) {
+        seen[record] = Sighting(account: account, copies: copies)
+    }
+
+    /// The record's absence is expected from now on (this instance cleared it, or it followed
+    /// an absence that was no damage).
     mutating func forget(_ record: Record) {
         seen[record] = nil
     }
 }
 
 extension FileCredentialStore {
-    /// The answer to a read that found `record` absent (the caller holds `lock`): damaged when a
-    /// damaged copy of the store file was moved aside since this instance last saw the record.
-    func absent(_ record: RecordWitness.Record, in directory: TrustedDirectory) -> StoreRead {
-        guard let seen = witness.lastSeen(record) else { return .absent }
-        let newest = FileIO.damagedCopies(of: name, in: directory).filter { $0.movedAt > seen }.max { $0.movedAt < $1.movedAt }
-        guard let newest else { return .absent }
-        witness.saw(record, at: max(newest.movedAt, FileIO.realTimeNow()))
+    /// The answer to a read that found `record` absent (the caller holds `lock`), in `document`
+    /// (nil: no store file): damaged when a copy of a damaged file is beside the store that
+    /// was not when this instance last saw the record, and the record was not logged out
+    /// (`Document.cleared`).
+    func absent(_ record: RecordWitness.Record, in directory: TrustedDirectory, document: Document?) -> StoreRead {
+        guard let sighting = witness.sighting(record) else { return .absent }
+        let copies = FileIO.damagedCopies(of: name, in: directory)
+        let new = copies.subtracting(sighting.copies)
+        guard let newest = new.max(), document?.cleared.contains(sighting.account) != true else {
+            witness.forget(record)
+            return .absent
+        }
+        // Once per damage: the copies now count as known.
+        witness.saw(record, account: sighting.account, copies: copies)
         let whose = if case .account(let key) = record { "the record of account \"\(key)\"" } else { "the active session's record" }
         return .damaged(StoreError(
             "\(whose) is gone: the store file was damaged and another reader moved it aside to "
-                + "\(directory.display(newest.name)) since this session last read it"))
+                + "\(directory.display(newest)) since this session last read it"))
     }
 
-    /// Notes what a read or change that began at `startedAt` saw of `record` (under `lock`).
-    func witness(_ record: RecordWitness.Record, _ read: StoreRead, startedAt: Int64) {
+    /// Notes what a read saw of `record`, filed under `account`: `copiesBefore` were listed
+    /// before it began (the caller holds `lock`).
+    func witness(_ record: RecordWitness.Record, account: String?, _ read: StoreRead, copiesBefore: Set<String>, in directory: TrustedDirectory) {
         switch read {
-        case .present: witness.saw(record, at: startedAt)
-        case .damaged: witness.saw(record, at: FileIO.realTimeNow())  // this reader was told
-        case .absent, .unavailable: break
+        case .present:
+            if let account { witness.saw(record, account: account, copies: copiesBefore) }
+        case .damaged:
+            // This reader was told, and its own read moved the file aside: known now.
+            if let sighting = witness.sighting(record) {
+                witness.saw(record, account: sighting.account, copies: FileIO.damagedCopies(of: name, in: directory))
+            }
+        case .absent, .unavailable:
+            break
         }
     }
 }

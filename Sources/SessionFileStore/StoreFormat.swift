@@ -17,6 +17,10 @@ extension FileCredentialStore {
         public var version = 2
         public var active: String?
         public var accounts: [String: Record] = [:]
+        /// The accounts logged out while copies of a damaged file lay beside the store: their
+        /// absence is a logout, not a record lost with the damage (`RecordWitness`). An account
+        /// leaves it when it is written again; all leave it when the copies go.
+        public var cleared: Set<String> = []
 
         public init() {}
 
@@ -43,6 +47,12 @@ extension FileCredentialStore {
                     accounts[account]?.write(into: &json, dpopKey: dpopKeys[account])
                 }
                 json.endObject()
+                if !cleared.isEmpty {
+                    json.key("cleared")
+                    json.beginArray()
+                    for account in cleared.sorted() { json.string(account) }
+                    json.endArray()
+                }
                 json.endObject()
             }
         }
@@ -61,6 +71,10 @@ extension FileCredentialStore {
             document.active = try members.string("active")
             for (account, record) in try Members(members.required("accounts"), "accounts").all {
                 document.accounts[account] = try Record(reading: record)
+            }
+            if let cleared = try members.optional("cleared") {
+                guard case .array(let accounts) = cleared else { throw Members.corrupt("cleared", "not an array") }
+                for account in accounts { document.cleared.insert(try members.string(account, "cleared")) }
             }
             return document
         }

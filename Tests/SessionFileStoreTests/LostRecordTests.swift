@@ -4,7 +4,7 @@ import SessionCore
 import SessionFlowTestSupport
 import Testing
 
-@testable import SessionFileStore
+@_spi(Fuzzing) @testable import SessionFileStore
 
 #if canImport(Glibc)
 import Glibc
@@ -12,7 +12,8 @@ import Glibc
 
 // A damaged store file is moved aside by whichever reader meets it first. A record that was in
 // it then reads as damaged for an instance that had seen it (`RecordWitness`), so the session
-// holding it writes it back, instead of taking its absence for another process's logout.
+// holding it writes it back, instead of taking its absence for another process's logout. A
+// logout stays a logout (the document's `cleared`), whatever the copies and the clock.
 
 @Suite("Records lost with a damaged file", .serialized)
 struct LostRecordTests {
@@ -112,6 +113,133 @@ struct LostRecordTests {
             // Alice's own logout: her record's absence is what she asked for.
             #expect(alice.read() == .absent)
         }
+    }
+
+    /// An instance that only read the record (a session restored at start) knows it too.
+    @Test func aRecordOnlyReadIsKnownToo() throws {
+        let tmp = TemporaryDirectory()
+        try FileCredentialStore(directory: tmp.store).write(session("alice"))
+        let reader = FileCredentialStore(directory: tmp.store)
+        #expect(summary(of: reader.read()) == aliceStored)
+        damaged(tmp, reader.path, "garbage")
+        _ = FileCredentialStore(directory: tmp.store).read()
+        guard case .damaged = reader.read() else {
+            Issue.record("a record only read, lost with the damage, read as absent")
+            return
+        }
+    }
+
+    /// Another process logs the account out, with copies of an earlier damage beside the store,
+    /// or meeting the damage itself: its other sessions read the logout (absent), not damage;
+    /// another account's record lost with that damage still reads damaged.
+    @Test(arguments: ["old copies", "meets the damage", "plain clear"])
+    func anotherInstancesLogoutIsALogoutWhateverTheCopies(case name: String) throws {
+        let tmp = TemporaryDirectory()
+        let here = FileCredentialStore(directory: tmp.store)
+        let there = FileCredentialStore(directory: tmp.store)
+        if name == "plain clear" {
+            try there.write(session("alice"))
+            #expect(summary(of: here.read()) == aliceStored)
+            damaged(tmp, here.path, "garbage")
+            try there.clear()
+            #expect(here.read() == .absent, "the plain logout read as damage")
+            return
+        }
+        try there.account("alice", isActive: true).write(session("alice"))
+        try there.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        if name == "old copies" {
+            damaged(tmp, here.path, "garbage")
+            _ = FileCredentialStore(directory: tmp.store).read()
+            try there.account("alice", isActive: true).write(session("alice"))
+            try there.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        }
+        #expect(summary(of: here.account("alice", isActive: true).read()) == aliceStored)
+        #expect(summary(of: here.account("bob", isActive: false).read()) == "present bob bob-access")
+        if name == "meets the damage" { damaged(tmp, here.path, "header-then-garbage") }
+        try there.account("alice", isActive: true).clear()
+        #expect(!copies(tmp).isEmpty)
+        #expect(here.account("alice", isActive: true).read() == .absent, "alice's logout read as damage")
+        if name == "meets the damage" {
+            guard case .damaged = here.account("bob", isActive: false).read() else {
+                Issue.record("bob's record, lost with the damage alice's logout met, read as absent")
+                return
+            }
+        } else {
+            #expect(summary(of: here.account("bob", isActive: false).read()) == "present bob bob-access")
+        }
+        // Alice signs in again: her record is hers, and a later loss is damage again.
+        try there.account("alice", isActive: true).write(session("alice"))
+        #expect(summary(of: here.account("alice", isActive: true).read()) == aliceStored)
+        damaged(tmp, here.path, "garbage")
+        _ = FileCredentialStore(directory: tmp.store).read()
+        guard case .damaged = here.account("alice", isActive: true).read() else {
+            Issue.record("after signing in again, alice's record lost with damage read as absent")
+            return
+        }
+    }
+
+    /// No clock is compared: a copy named with a time far ahead (a clock stepped back since) or
+    /// far behind (stepped forward) is judged by whether it was there when the record was seen.
+    @Test func copiesAreJudgedByNameNotByTheTimeInIt() throws {
+        let tmp = TemporaryDirectory()
+        let here = FileCredentialStore(directory: tmp.store)
+        let there = FileCredentialStore(directory: tmp.store)
+        let future = tmp.store + "/session.sfstore.damaged-99999999999-1"
+        try there.write(session("alice"))
+        _ = FileManager.default.createFile(atPath: future, contents: Data(), attributes: [.posixPermissions: 0o600])
+        #expect(summary(of: here.read()) == aliceStored)
+        // A real logout elsewhere, no damage: absent (the copy from "the future" was known).
+        try there.account("alice", isActive: true).clear()
+        #expect(here.read() == .absent)
+        // A copy from "the past" made after the record was seen is new.
+        try there.write(session("alice"))
+        #expect(summary(of: here.read()) == aliceStored)
+        #expect(rename(here.path, tmp.store + "/session.sfstore.damaged-1-1") == 0)
+        guard case .damaged = here.read() else {
+            Issue.record("a copy named with an old time, made after the record was seen, was not taken as damage")
+            return
+        }
+    }
+
+    /// An absence that is no damage (a logout followed) is forgotten: damage appearing later is
+    /// not reported for a record the session no longer holds.
+    @Test func anAbsenceFollowedIsForgotten() throws {
+        let tmp = TemporaryDirectory()
+        let here = FileCredentialStore(directory: tmp.store)
+        let there = FileCredentialStore(directory: tmp.store)
+        try there.write(session("alice"))
+        #expect(summary(of: here.read()) == aliceStored)
+        try there.clear()
+        #expect(here.read() == .absent)
+        try there.write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        damaged(tmp, here.path, "garbage")
+        _ = FileCredentialStore(directory: tmp.store).read()
+        #expect(here.read() == .absent)
+    }
+
+    /// A logout with copies beside the store empties them (what they hold may be sealed with a
+    /// key no rotation reaches); their names stay for the other accounts' sessions. The last
+    /// account's logout, meeting no damage, removes them.
+    @Test func aLogoutEmptiesTheCopiesAndTheLastOneRemovesThem() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.account("alice", isActive: true).write(session("alice"))
+        try store.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        let bytes = contents(store.path)
+        damaged(tmp, store.path, "truncated")
+        _ = FileCredentialStore(directory: tmp.store).read()
+        let aside = copies(tmp)
+        #expect(aside.count == 1 && !contents(tmp.store + "/" + aside[0]).isEmpty)
+        try store.account("alice", isActive: true).write(session("alice"))
+        try store.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        try store.account("alice", isActive: true).clear()
+        #expect(copies(tmp) == aside, "the copy's name is kept")
+        #expect(contents(tmp.store + "/" + aside[0]).isEmpty, "the copy still holds what it held")
+        #expect(mode(tmp.store + "/" + aside[0]) == 0o600)
+        #expect(bytes.count > 0)
+        try store.account("bob", isActive: false).clear()
+        #expect(copies(tmp).isEmpty, "\(tmp.files())")
+        #expect(try storedDocument(tmp.store).cleared.isEmpty)
     }
 
     /// A running session's store is damaged, and another process's reader moves it aside first:

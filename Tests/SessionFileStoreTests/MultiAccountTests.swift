@@ -37,7 +37,7 @@ private func account(_ member: String, lifetime: Duration = .seconds(3600)) -> S
 }
 
 /// What the store file (or a copy of it: `bytes`) holds, decrypted with the key file's keys.
-private func storedDocument(_ directory: String, bytes: [UInt8]? = nil) throws -> FileCredentialStore.Document {
+func storedDocument(_ directory: String, bytes: [UInt8]? = nil) throws -> FileCredentialStore.Document {
     let ring = contents(directory + "/session.sfstore.key")
     let keys = stride(from: 0, to: ring.count - ring.count % 32, by: 32).map { SymmetricKey(data: ring[$0..<$0 + 32]) }
     return try FileCredentialStore.decode(bytes ?? contents(directory + "/session.sfstore"), name: "session.sfstore", keys: keys)

@@ -125,6 +125,9 @@ private func checkRoundTrip(_ document: Store.Document) {
     for (account, record) in document.accounts where again.accounts[account]?.session != record.session {
         fatalError("property violated: round trip changed the session of account \(String(reflecting: account))")
     }
+    guard again.cleared == document.cleared else {
+        fatalError("property violated: round trip changed the accounts logged out beside damaged copies (cleared)")
+    }
     if let directory = FuzzStore.emitDirectory {
         emit([0] + bytes, to: directory)
     }
