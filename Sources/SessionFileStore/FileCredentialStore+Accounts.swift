@@ -52,7 +52,7 @@ extension FileCredentialStore: AccountCredentialStore {
         lock.withLock {
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: false) else { return .absent }
-                let copies = FileIO.damagedCopies(of: name, in: directory)
+                guard let copies = FileIO.damagedCopies(of: name, in: directory) else { return unlisted(directory) }
                 let read: StoreRead
                 do throws(StoreFailure) {
                     try checkLockFiles(in: directory)
@@ -116,16 +116,18 @@ extension FileCredentialStore: AccountCredentialStore {
     /// created only with `creating`.
     ///
     /// `account`: the account whose record the change writes, or clears (for the plain
-    /// `clear`, nil: the active one, or the one last seen active if the file was damaged).
-    /// `witnessing`: the record the instance then knows as seen (written) or forgets (cleared).
+    /// `clear`, nil: the active one, or the one this instance last saw active if the file was
+    /// damaged). `witnessing`: the record the instance then knows as seen (written) or forgets
+    /// (cleared; the active record too, if it was that account's).
     ///
-    /// `clearing` (a record's clear, a logout): written with a new key — also when only a
-    /// damaged file was found. With copies of damaged files beside the store, the account goes
-    /// into the document's `cleared` (its absence is a logout, not damage: `RecordWitness`) and
-    /// the copies are emptied (what they hold may be sealed with a key no rotation reaches); a
-    /// store whose whole document (read, not damaged, not missing) is left without accounts
-    /// loses the copies, the `cleared` list and orphaned temporaries. A write takes its account
-    /// out of `cleared`.
+    /// `clearing` (a record's clear, a logout): written with a new key, also when only a damaged
+    /// file was found, and orphaned temporary files of the store and its key ring (an old ring)
+    /// are removed. With copies of damaged files beside the store, the account goes into the
+    /// document's `cleared` (its absence is a logout, not damage: `RecordWitness`), and the
+    /// copies are emptied first (what they hold may be sealed with a key no rotation reaches:
+    /// a version-1 file of a host's key, a key the ring lost). Their names stay for good: a
+    /// document written after the damage cannot tell whose records were lost with it. A write
+    /// takes its account out of `cleared`.
     func change(
         creating: Bool = false, clearing: Bool = false, account: String? = nil,
         witnessing record: RecordWitness.Record? = nil, _ body: (inout Document) -> Bool
@@ -139,51 +141,48 @@ extension FileCredentialStore: AccountCredentialStore {
                 }
                 // The copies beside the store once the record is written, listed under the write
                 // lock (a copy made after it is new to this instance's sighting).
-                var copiesAfter: Set<String> = []
+                var copiesAfter: Set<String>?
+                var named: String?
                 try withWriteLock(in: directory) { () throws(StoreFailure) in
-                    defer { if !clearing { copiesAfter = FileIO.damagedCopies(of: name, in: directory) } }
+                    defer { if !clearing && record != nil { copiesAfter = FileIO.damagedCopies(of: name, in: directory) } }
                     try checkLockFiles(in: directory)
-                    if !clearing { FileIO.removeOrphanedTemporaries(of: [name, keyName], in: directory) }
+                    FileIO.removeOrphanedTemporaries(of: [name, keyName], in: directory)
                     var document = Document()
                     var loaded: LoadedKeys?
                     var damaged = false
-                    var found = false
                     do throws(StoreFailure) {
                         let file = try loadKeepingKeys(in: directory)
                         document = file?.document ?? Document()
                         loaded = file?.keys
-                        found = file != nil
                     } catch {
                         guard case .damaged = error else { throw error }
                         damaged = true  // moved aside: start afresh
                     }
-                    let named = account ?? document.active ?? record.flatMap { witness.sighting($0)?.account }
+                    named = account ?? (record == .active ? document.active ?? witness.sighting(.active)?.account : nil)
                     var changed = body(&document)
-                    let copies = clearing ? FileIO.damagedCopies(of: name, in: directory) : []
-                    if clearing, let named, !copies.isEmpty, document.cleared.insert(named).inserted { changed = true }
-                    if !clearing, let named, document.cleared.remove(named) != nil { changed = true }
+                    if clearing {
+                        guard let copies = FileIO.damagedCopies(of: name, in: directory) else {
+                            throw .unavailable("cannot list \(self.directory) for copies of a damaged store file")
+                        }
+                        if !copies.isEmpty {
+                            FileIO.emptyDamagedCopies(copies, of: name, in: directory)
+                            if let named, document.cleared.insert(named).inserted { changed = true }
+                        }
+                    } else if let named, document.cleared.remove(named) != nil {
+                        changed = true
+                    }
                     guard changed || (clearing && damaged) else { return }
-                    // Only a whole document tells that no account is left: a missing or damaged
-                    // file may have held accounts whose sessions the copies' names still tell.
-                    let removeCopies = clearing && document.accounts.isEmpty && found
-                    if removeCopies { document.cleared.removeAll() }
                     if clearing {
                         try saveRotatingKey(document, in: directory, loaded: loaded)
                     } else {
                         try save(document, in: directory, loaded: loaded)
                     }
-                    if removeCopies {
-                        // Nothing of any session is left: neither are copies of its files.
-                        FileIO.removeDamagedCopies(of: name, in: directory)
-                        FileIO.removeOrphanedTemporaries(of: [name], in: directory)
-                    } else if !copies.isEmpty {
-                        FileIO.emptyDamagedCopies(of: name, in: directory)
-                    }
                 }
                 if let record {
                     if clearing {
                         witness.forget(record)
-                    } else if let account {
+                        if let named, witness.sighting(.active)?.account == named { witness.forget(.active) }
+                    } else if let account, let copiesAfter {
                         witness.saw(record, account: account, copies: copiesAfter)
                     }
                 }

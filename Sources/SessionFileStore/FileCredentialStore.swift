@@ -215,7 +215,7 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
         lock.withLock {
             do throws(StoreFailure) {
                 guard let directory = try openDirectory(create: false) else { return .absent }
-                let copies = FileIO.damagedCopies(of: name, in: directory)
+                guard let copies = FileIO.damagedCopies(of: name, in: directory) else { return unlisted(directory) }
                 let read: StoreRead
                 var account: String?
                 do throws(StoreFailure) {
@@ -250,11 +250,13 @@ public final class FileCredentialStore: SharedCredentialStore, @unchecked Sendab
     }
 
     public func clear() throws(StoreError) {
+        // A document that holds anything is written again with a new key (crypto-shredding its
+        // earlier copies), whether or not an account is active.
         try change(clearing: true, witnessing: .active) { document in
-            guard let active = document.active else { return false }
-            document.accounts.removeValue(forKey: active)
+            let holdsAnything = document.active != nil || !document.accounts.isEmpty
+            if let active = document.active { document.accounts.removeValue(forKey: active) }
             document.active = nil
-            return true
+            return holdsAnything
         }
     }
 

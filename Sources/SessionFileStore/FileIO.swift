@@ -320,7 +320,7 @@ enum FileIO {
     /// the directory is. `unlinkat` removes the entry itself, whatever it is. Best effort.
     static func removeOrphanedTemporaries(of names: [String], in directory: TrustedDirectory) {
         let prefixes = names.flatMap { [$0 + ".tmp-", $0 + ".new-"] }
-        for name in entries(of: directory) {
+        for name in entries(of: directory) ?? [] {
             guard let prefix = prefixes.first(where: { name.hasPrefix($0) }) else { continue }
             let fields = name.dropFirst(prefix.count).split(separator: "-", maxSplits: 1)
             guard fields.count == 2, let pid = pid_t(fields[0]), pid > 0,
@@ -332,57 +332,59 @@ enum FileIO {
         }
     }
 
-    /// Removes the copies of a damaged store file moved aside as `<name>.damaged-<time>`
-    /// (only those entries: `unlinkat` of the name, never following it). Returns how many.
-    @discardableResult
-    static func removeDamagedCopies(of name: String, in directory: TrustedDirectory) -> Int {
-        var removed = 0
-        for copy in damagedCopies(of: name, in: directory) where unlinkat(directory.descriptor, copy, 0) == 0 {
-            removed += 1
-        }
-        if removed > 0 { syncDirectory(directory) }
-        return removed
-    }
-
-    /// Empties the copies of a damaged store file, keeping their names: each is removed and an
-    /// empty file (0600) made in its place — what it held (tokens a key rotation may not reach:
-    /// a version-1 file sealed with the host's key, a key the ring no longer holds) is gone; its
-    /// name still tells sessions that a damaged file was moved aside (`RecordWitness`).
-    static func emptyDamagedCopies(of name: String, in directory: TrustedDirectory) {
+    /// Empties the copies of a damaged store file, keeping their names: an empty file (0600)
+    /// made under a temporary name is renamed over each, so the name never goes missing (a
+    /// reader listing the copies meanwhile sees it). What a copy held — tokens a key rotation
+    /// may not reach: a version-1 file sealed with the host's key, a key the ring no longer
+    /// holds — is gone; its name still tells sessions that a damaged file was moved aside
+    /// (`RecordWitness`).
+    static func emptyDamagedCopies(_ copies: Set<String>, of name: String, in directory: TrustedDirectory) {
         var emptied = 0
-        for copy in damagedCopies(of: name, in: directory) where unlinkat(directory.descriptor, copy, 0) == 0 {
-            let fd = openat(directory.descriptor, copy, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-            if fd >= 0 { close(fd) }
-            emptied += 1
+        for (index, copy) in copies.sorted().enumerated() {
+            // A temporary of the orphan kind (`<name>.new-<pid>-<n>`): a crash leaves nothing
+            // the next change does not remove.
+            let empty = "\(name).new-\(getpid())-\(index)"
+            let fd = openat(directory.descriptor, empty, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { continue }
+            close(fd)
+            if renameat(directory.descriptor, empty, directory.descriptor, copy) == 0 {
+                emptied += 1
+            } else {
+                unlinkat(directory.descriptor, empty, 0)
+            }
         }
         if emptied > 0 { syncDirectory(directory) }
     }
 
-    /// The names of the copies of a damaged store file moved aside as `<name>.damaged-<time>`.
-    static func damagedCopies(of name: String, in directory: TrustedDirectory) -> Set<String> {
+    /// The names of the copies of a damaged store file moved aside as `<name>.damaged-<time>`;
+    /// nil when the directory cannot be listed.
+    static func damagedCopies(of name: String, in directory: TrustedDirectory) -> Set<String>? {
         let prefix = name + ".damaged-"
-        return Set(entries(of: directory).filter { $0.hasPrefix(prefix) })
+        return entries(of: directory).map { Set($0.filter { $0.hasPrefix(prefix) }) }
     }
 
     /// The names in `directory`, read through a descriptor of its own (opened on "."): a
     /// duplicate of the directory's descriptor would share its offset, and a second listing in
-    /// the same operation would start where the first ended and find nothing.
-    static func entries(of directory: TrustedDirectory) -> [String] {
+    /// the same operation would start where the first ended and find nothing. Nil when it
+    /// cannot be listed (no descriptor left, a read error).
+    static func entries(of directory: TrustedDirectory) -> [String]? {
         let fd = openat(directory.descriptor, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { return [] }
+        guard fd >= 0 else { return nil }
         guard let handle = fdopendir(fd) else {
             close(fd)
-            return []
+            return nil
         }
         defer { closedir(handle) }
         var names: [String] = []
-        while let entry = readdir(handle) {
+        while true {
+            errno = 0
+            guard let entry = readdir(handle) else { break }
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
             }
             if name != "." && name != ".." { names.append(name) }
         }
-        return names
+        return errno == 0 ? names : nil
     }
 
     /// fsync of the directory, so a rename or link in it survives a crash.

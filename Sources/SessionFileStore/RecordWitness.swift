@@ -21,9 +21,12 @@ import SessionCore
 /// copies. The instance's own clear forgets the record; an absence that is no damage forgets it
 /// too (the session follows it as a logout).
 ///
-/// What it cannot tell apart: a record lost with a second damage that also lost the first's
-/// `cleared` list, in a process that had not read since before the first: that session writes
-/// itself back, and a logout made in between has to be made again.
+/// What it cannot tell apart, where a logout elsewhere reads as damage once (the session writes
+/// itself back, and that logout has to be made again): a logout made while no copy lay beside
+/// the store, followed by a damage before this instance read again; a second damage that lost
+/// the first's `cleared` list; a plain `clear()` over damage by an instance that never read the
+/// store (it cannot name the account); a writer of an older version, which drops `cleared`.
+/// A listing that fails (no descriptor left) makes the read unavailable, tried again later.
 struct RecordWitness {
     /// The plain calls (`read`, `write`, `clear`) act on the active record; a `SessionManager`'s
     /// sessions on their account's.
@@ -61,7 +64,7 @@ extension FileCredentialStore {
     /// (`Document.cleared`).
     func absent(_ record: RecordWitness.Record, in directory: TrustedDirectory, document: Document?) -> StoreRead {
         guard let sighting = witness.sighting(record) else { return .absent }
-        let copies = FileIO.damagedCopies(of: name, in: directory)
+        guard let copies = FileIO.damagedCopies(of: name, in: directory) else { return unlisted(directory) }
         let new = copies.subtracting(sighting.copies)
         guard let newest = new.max(), document?.cleared.contains(sighting.account) != true else {
             witness.forget(record)
@@ -75,6 +78,12 @@ extension FileCredentialStore {
                 + "\(directory.display(newest)) since this session last read it"))
     }
 
+    /// A read whose directory could not be listed for copies (no descriptor left): tried
+    /// again later, never taken for an absence.
+    func unlisted(_ directory: TrustedDirectory) -> StoreRead {
+        .unavailable(StoreError("cannot list \(self.directory) for copies of a damaged store file"))
+    }
+
     /// Notes what a read saw of `record`, filed under `account`: `copiesBefore` were listed
     /// before it began (the caller holds `lock`).
     func witness(_ record: RecordWitness.Record, account: String?, _ read: StoreRead, copiesBefore: Set<String>, in directory: TrustedDirectory) {
@@ -83,8 +92,8 @@ extension FileCredentialStore {
             if let account { witness.saw(record, account: account, copies: copiesBefore) }
         case .damaged:
             // This reader was told, and its own read moved the file aside: known now.
-            if let sighting = witness.sighting(record) {
-                witness.saw(record, account: sighting.account, copies: FileIO.damagedCopies(of: name, in: directory))
+            if let sighting = witness.sighting(record), let copies = FileIO.damagedCopies(of: name, in: directory) {
+                witness.saw(record, account: sighting.account, copies: copies)
             }
         case .absent, .unavailable:
             break

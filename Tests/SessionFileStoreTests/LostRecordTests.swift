@@ -218,14 +218,13 @@ struct LostRecordTests {
     }
 
     /// A logout with copies beside the store empties them (what they hold may be sealed with a
-    /// key no rotation reaches); their names stay for the other accounts' sessions. The last
-    /// account's logout, meeting no damage, removes them.
-    @Test func aLogoutEmptiesTheCopiesAndTheLastOneRemovesThem() throws {
+    /// key no rotation reaches) and keeps their names, also at the last account's logout: a
+    /// document written after the damage cannot tell whose records were lost with it.
+    @Test func aLogoutEmptiesTheCopiesAndKeepsTheirNames() throws {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store)
         try store.account("alice", isActive: true).write(session("alice"))
         try store.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
-        let bytes = contents(store.path)
         damaged(tmp, store.path, "truncated")
         _ = FileCredentialStore(directory: tmp.store).read()
         let aside = copies(tmp)
@@ -236,10 +235,71 @@ struct LostRecordTests {
         #expect(copies(tmp) == aside, "the copy's name is kept")
         #expect(contents(tmp.store + "/" + aside[0]).isEmpty, "the copy still holds what it held")
         #expect(mode(tmp.store + "/" + aside[0]) == 0o600)
-        #expect(bytes.count > 0)
-        try store.account("bob", isActive: false).clear()
-        #expect(copies(tmp).isEmpty, "\(tmp.files())")
+        #expect(try storedDocument(tmp.store).cleared == ["alice"])
+        // Signed in again: out of the list.
+        try store.account("alice", isActive: true).write(session("alice"))
         #expect(try storedDocument(tmp.store).cleared.isEmpty)
+        try store.account("alice", isActive: true).clear()
+        try store.account("bob", isActive: false).clear()
+        #expect(copies(tmp) == aside, "\(tmp.files())")
+        #expect(try storedDocument(tmp.store).cleared == ["alice", "bob"])
+        #expect(!tmp.files().contains { $0.contains(".tmp-") || $0.contains(".new-") }, "\(tmp.files())")
+    }
+
+    /// Every account of a damaged file logged out one after another (logout_all): the last
+    /// logout's document is whole and empty, yet a third account lost with the damage, seen by
+    /// another instance, still reads damaged (the copies were once removed at that logout).
+    @Test func loggingEveryoneOutOverDamageLeavesTheLostAccountDamaged() throws {
+        let tmp = TemporaryDirectory()
+        let here = FileCredentialStore(directory: tmp.store)
+        let there = FileCredentialStore(directory: tmp.store)
+        try there.account("alice", isActive: true).write(session("alice"))
+        try there.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        try here.account("carol", isActive: false).write(session("carol", access: "carol-access", refresh: "carol-refresh"))
+        damaged(tmp, here.path, "garbage")
+        try there.account("alice", isActive: true).clear()
+        try there.account("bob", isActive: false).clear()
+        guard case .damaged = here.account("carol", isActive: false).read() else {
+            Issue.record("carol's record, lost with the damage, read as a logout after the others logged out")
+            return
+        }
+    }
+
+    /// This instance's own logout of an account, whichever way it read it (its record, or the
+    /// active one), is expected: a damage afterwards is not reported for it.
+    @Test func thisInstancesOwnLogoutIsForgottenWhateverDamageFollows() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        let alice = store.account("alice", isActive: true)
+        try alice.write(session("alice"))
+        #expect(summary(of: store.read()) == aliceStored)  // the active record, seen too
+        try alice.clear()  // no copies beside the store: nothing in `cleared`
+        try FileCredentialStore(directory: tmp.store).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        damaged(tmp, store.path, "garbage")
+        _ = FileCredentialStore(directory: tmp.store).read()
+        #expect(alice.read() == .absent)
+        #expect(store.read() == .absent, "the active record, last seen as alice's, read as damaged")
+    }
+
+    /// A signed-out session that meets damage reports it and goes on following the store: it
+    /// has nothing to write back (it stayed "behind" for good, and ignored every later change,
+    /// another process's sign-in included).
+    @Test func aSignedOutSessionThatMeetsDamageStillFollowsASignInElsewhere() async throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.write(session("alice"))
+        try store.clear()
+        let observed = try await observedSession(store: FileCredentialStore(directory: tmp.store))
+        #expect(await eventually { await observed.manager.watchesStore() }, "the session never watched its store")
+        #expect(observed.manager.state.value == .loggedOut)
+        replaceFile(store.path, with: Array("garbage, not a store".utf8), staging: tmp.path + "/staging")
+        let message = await observed.storeError(containing: "damaged", within: .seconds(60))
+        #expect(message != nil, "store errors: \(observed.storeErrors); log:\n\(observed.output)")
+        try FileCredentialStore(directory: tmp.store).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        #expect(
+            await eventually(timeout: .seconds(30)) { observed.manager.state.value == .loggedIn },
+            "another process's sign-in was not followed after the damage; log:\n\(observed.output)")
+        await observed.stop()
     }
 
     /// A running session's store is damaged, and another process's reader moves it aside first:

@@ -171,7 +171,9 @@ struct MultiAccountTests {
         let document = try storedDocument(tmp.store)
         #expect(document.accounts.isEmpty)
         #expect(document.active == nil)
-        #expect(!tmp.files().contains { $0.contains(".damaged-") || $0.hasSuffix(".spare") }, "\(tmp.files())")
+        // The copy is emptied, its name kept (`RecordWitness`); the spare is gone.
+        #expect(!tmp.files().contains { $0.hasSuffix(".spare") }, "\(tmp.files())")
+        #expect(FileManager.default.fileExists(atPath: damaged) && contents(damaged).isEmpty, "\(tmp.files())")
         await s.stop()
     }
 

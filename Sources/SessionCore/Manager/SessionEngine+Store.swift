@@ -231,6 +231,11 @@ extension SessionEngine {
                 return
             case .damaged(let error):
                 emit(.storeError(error))
+                // Written back from memory — if there is anything of ours to write. Signed out,
+                // there is not: marked behind, the session would ignore every later change (the
+                // save that clears "behind" never comes), and a plain store's save would be a
+                // clear, which could remove a sign-in another process made meanwhile.
+                guard machine.state != .loggedOut else { return }
                 storeEvent { $0.markBehind() }
                 persist()
             case .logout:
