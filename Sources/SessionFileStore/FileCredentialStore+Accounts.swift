@@ -10,9 +10,9 @@ import SessionCore
 /// which costs an account a wait of one refresh at most.
 ///
 /// A record's clear (a logout) removes the record, and the active pointer if it named that
-/// account; once no account is left, the copies of damaged store files (`*.damaged-*`) and
-/// orphaned temporary files go too. Nothing of a session stays in the store file after its
-/// logout: the file is rewritten without it (atomic replace).
+/// account; it empties the copies of damaged store files (`*.damaged-*`, names kept: see
+/// `RecordWitness`) and removes orphaned temporary files. Nothing of a session stays in the
+/// store file after its logout: the file is rewritten without it (atomic replace).
 extension FileCredentialStore: AccountCredentialStore {
     public func readAccounts() -> AccountsRead {
         lock.withLock {
@@ -180,8 +180,13 @@ extension FileCredentialStore: AccountCredentialStore {
                 }
                 if let record {
                     if clearing {
+                        // Whichever way this instance saw the account: as its record, or as
+                        // the active one.
                         witness.forget(record)
-                        if let named, witness.sighting(.active)?.account == named { witness.forget(.active) }
+                        if let named {
+                            witness.forget(.account(named))
+                            if witness.sighting(.active)?.account == named { witness.forget(.active) }
+                        }
                     } else if let account, let copiesAfter {
                         witness.saw(record, account: account, copies: copiesAfter)
                     }

@@ -36,7 +36,8 @@ import Glibc
 ///   the session's member id and make it active (`write`), or remove the active one (`clear`).
 /// - A read answers present, absent, unavailable (permissions, I/O: try later) or damaged
 ///   (bad magic, failed authentication, unreadable content): a damaged file is moved aside
-///   as `<name>.damaged-<time>` — kept until the last account signs out — and reads as absent.
+///   as `<name>.damaged-<time>` — kept byte for byte until a logout empties it (its name
+///   stays: `RecordWitness`) — and reads as absent.
 ///
 /// Calls may block (the write lock, fsync): a session makes them on its store worker, never on
 /// its loop thread (`CredentialStore`). Calls are serialised by a lock. Across processes: `<store>.wlock` is held around each change

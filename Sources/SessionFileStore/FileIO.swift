@@ -333,17 +333,22 @@ enum FileIO {
     }
 
     /// Empties the copies of a damaged store file, keeping their names: an empty file (0600)
-    /// made under a temporary name is renamed over each, so the name never goes missing (a
-    /// reader listing the copies meanwhile sees it). What a copy held — tokens a key rotation
+    /// made under a temporary name is renamed over each that is not empty yet, so the name
+    /// never goes missing (a reader listing the copies meanwhile sees it). What a copy held — tokens a key rotation
     /// may not reach: a version-1 file sealed with the host's key, a key the ring no longer
     /// holds — is gone; its name still tells sessions that a damaged file was moved aside
     /// (`RecordWitness`).
     static func emptyDamagedCopies(_ copies: Set<String>, of name: String, in directory: TrustedDirectory) {
         var emptied = 0
-        for (index, copy) in copies.sorted().enumerated() {
-            // A temporary of the orphan kind (`<name>.new-<pid>-<n>`): a crash leaves nothing
-            // the next change does not remove.
-            let empty = "\(name).new-\(getpid())-\(index)"
+        for copy in copies {
+            var status = stat()  // emptied already (by an earlier logout): left as it is
+            if fstatat(directory.descriptor, copy, &status, AT_SYMLINK_NOFOLLOW) == 0,
+                status.st_mode & S_IFMT == S_IFREG, status.st_size == 0
+            {
+                continue
+            }
+            // `<name>.new-<pid>-<random>`: an orphan a later change removes, never blocked by one.
+            let empty = "\(name).new-\(getpid())-\(UInt64.random(in: 0...UInt64(UInt32.max)))"
             let fd = openat(directory.descriptor, empty, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
             guard fd >= 0 else { continue }
             close(fd)

@@ -19,7 +19,8 @@ extension FileCredentialStore {
         public var accounts: [String: Record] = [:]
         /// The accounts logged out while copies of a damaged file lay beside the store: their
         /// absence is a logout, not a record lost with the damage (`RecordWitness`). An account
-        /// leaves it when it is written again; all leave it when the copies go.
+        /// leaves it when it is written again (the copies' names stay for good, and so does the
+        /// list of the accounts never signed in again: one entry per account).
         public var cleared: Set<String> = []
 
         public init() {}

@@ -281,6 +281,37 @@ struct LostRecordTests {
         #expect(store.read() == .absent, "the active record, last seen as alice's, read as damaged")
     }
 
+    /// The mirror: the plain clear() of the active account this instance wrote as a record.
+    @Test func thisInstancesPlainLogoutForgetsTheAccountsRecordToo() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        let alice = store.account("alice", isActive: true)
+        try alice.write(session("alice"))
+        try store.clear()  // the active account: alice
+        try FileCredentialStore(directory: tmp.store).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
+        damaged(tmp, store.path, "garbage")
+        _ = FileCredentialStore(directory: tmp.store).read()
+        #expect(alice.read() == .absent, "alice's record, logged out here, read as damaged")
+    }
+
+    /// A copy is emptied once: later logouts leave it (and the directory) as it is.
+    @Test func aCopyIsEmptiedOnce() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        try store.account("alice", isActive: true).write(session("alice"))
+        damaged(tmp, store.path, "garbage")
+        _ = FileCredentialStore(directory: tmp.store).read()
+        try store.account("alice", isActive: true).write(session("alice"))
+        try store.account("alice", isActive: true).clear()
+        let aside = try #require(copies(tmp).first)
+        var first = stat()
+        #expect(lstat(tmp.store + "/" + aside, &first) == 0 && first.st_size == 0)
+        try store.account("alice", isActive: true).write(session("alice"))
+        try store.account("alice", isActive: true).clear()
+        var second = stat()
+        #expect(lstat(tmp.store + "/" + aside, &second) == 0 && second.st_ino == first.st_ino, "emptied again")
+    }
+
     /// A signed-out session that meets damage reports it and goes on following the store: it
     /// has nothing to write back (it stayed "behind" for good, and ignored every later change,
     /// another process's sign-in included).
