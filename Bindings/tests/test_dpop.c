@@ -81,10 +81,14 @@ void test_dpop_options_and_a_bad_key_are_einval(void) {
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
 
-void test_dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop(void) {
-    const char *base = oauth_server();
+/* A runtime on the test server's token endpoint (its address in `*base_out`; DPoP settings
+ * reset), signed in with alice's tokens from a password grant and a new DPoP key, expires_in
+ * 0: its first token request refreshes with a proof, which binds the new tokens to the key.
+ * NULL (after a failed CHECK) when that cannot be done. */
+static sf_runtime *dpop_signed_in_runtime(const char **base_out) {
+    const char *base = *base_out = oauth_server();
     CHECK(base != NULL);
-    if (!base) return;
+    if (!base) return NULL;
     CHECK_EQ_INT(oauth_post("/__dpop/config", "reset=1"), 200);
     char url[256], body[4096], access[512] = "", refresh[512] = "";
     snprintf(url, sizeof url, "%s/oauth/token", base);
@@ -95,21 +99,29 @@ void test_dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop(void) {
     at = strstr(body, "\"refresh_token\": \"");
     if (at) sscanf(at + 18, "%511[^\"]", refresh);
     CHECK(access[0] && refresh[0]);
-
     sf_options options;
     sf_options_init(&options);
     options.token_endpoint = url;
     options.client_id = "sessionflow-public";
     sf_runtime *runtime = NULL;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
-    if (!runtime) return;
+    if (!runtime) return NULL;
     char key[44];
     unsigned char raw[32];
     dpop_test_key(key, raw);
-    /* expires_in 0: the first request refreshes, with a proof by the key. */
     sf_tokens tokens = test_tokens(access, refresh, 0, "alice");
     CHECK_CODE(sf_session_sign_in_dpop(runtime, &tokens, key), SF_OK);
     explicit_bzero(key, sizeof key);
+    explicit_bzero(access, sizeof access);
+    explicit_bzero(refresh, sizeof refresh);
+    return runtime;
+}
+
+void test_dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop(void) {
+    /* expires_in 0: the first request refreshes, with a proof by the key. */
+    const char *base = NULL;
+    sf_runtime *runtime = dpop_signed_in_runtime(&base);
+    if (!runtime) return;
 
     dpop_answer a;
     memset(&a, 0, sizeof a);
@@ -161,32 +173,9 @@ static int dpop_get(sf_runtime *runtime, const char *resource, char *nonce, size
  * proof, so no request after the first is refused. Bad arguments are SF_EINVAL and change
  * nothing. */
 void test_dpop_a_nonce_on_a_good_answer_serves_the_next_proof(void) {
-    const char *base = oauth_server();
-    CHECK(base != NULL);
-    if (!base) return;
-    CHECK_EQ_INT(oauth_post("/__dpop/config", "reset=1"), 200);
-    char url[256], body[4096], access[512] = "", refresh[512] = "";
-    snprintf(url, sizeof url, "%s/oauth/token", base);
-    CHECK_EQ_INT(http_request(url, "grant_type=password&username=alice&password=correct%20horse&client_id=sessionflow-public",
-                              body, sizeof body, NULL, 0), 200);
-    const char *at = strstr(body, "\"access_token\": \"");
-    if (at) sscanf(at + 17, "%511[^\"]", access);
-    at = strstr(body, "\"refresh_token\": \"");
-    if (at) sscanf(at + 18, "%511[^\"]", refresh);
-    CHECK(access[0] && refresh[0]);
-    sf_options options;
-    sf_options_init(&options);
-    options.token_endpoint = url;
-    options.client_id = "sessionflow-public";
-    sf_runtime *runtime = NULL;
-    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_OK);
+    const char *base = NULL;
+    sf_runtime *runtime = dpop_signed_in_runtime(&base);
     if (!runtime) return;
-    char key[44];
-    unsigned char raw[32];
-    dpop_test_key(key, raw);
-    sf_tokens tokens = test_tokens(access, refresh, 0, "alice");  /* refreshed with a proof: bound */
-    CHECK_CODE(sf_session_sign_in_dpop(runtime, &tokens, key), SF_OK);
-    explicit_bzero(key, sizeof key);
     char resource[256];
     snprintf(resource, sizeof resource, "%s/api/resource", base);
 

@@ -21,6 +21,12 @@ struct LostRecordTests {
         replaceFile(path, with: damage(contents(path), kind), staging: tmp.path + "/staging")
     }
 
+    /// Damages the store file; another process's reader meets the damage and moves it aside.
+    private func damagedAndMovedAside(_ tmp: TemporaryDirectory, _ path: String, _ kind: String) {
+        damaged(tmp, path, kind)
+        _ = FileCredentialStore(directory: tmp.store).read()
+    }
+
     private func copies(_ tmp: TemporaryDirectory) -> [String] {
         tmp.files().filter { $0.hasPrefix("session.sfstore.damaged-") }
     }
@@ -49,8 +55,7 @@ struct LostRecordTests {
         #expect(FileCredentialStore(directory: tmp.store).read() == .absent)
         // Written back, and damaged again: reported again.
         try store.write(session("alice"))
-        damaged(tmp, store.path, kind)
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, store.path, kind)
         #expect(copies(tmp).count == 2)
         guard case .damaged = store.read() else {
             Issue.record("the second damage was not reported")
@@ -62,15 +67,13 @@ struct LostRecordTests {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store)
         try store.write(session("alice"))
-        damaged(tmp, store.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, store.path, "garbage")
         try store.clear()
         #expect(copies(tmp).count == 1)
         #expect(store.read() == .absent)
         let alice = store.account("alice", isActive: true)
         try alice.write(session("alice"))
-        damaged(tmp, store.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, store.path, "garbage")
         try alice.clear()
         #expect(alice.read() == .absent)
     }
@@ -121,8 +124,7 @@ struct LostRecordTests {
         try FileCredentialStore(directory: tmp.store).write(session("alice"))
         let reader = FileCredentialStore(directory: tmp.store)
         #expect(summary(of: reader.read()) == aliceStored)
-        damaged(tmp, reader.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, reader.path, "garbage")
         guard case .damaged = reader.read() else {
             Issue.record("a record only read, lost with the damage, read as absent")
             return
@@ -148,8 +150,7 @@ struct LostRecordTests {
         try there.account("alice", isActive: true).write(session("alice"))
         try there.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
         if name == "old copies" {
-            damaged(tmp, here.path, "garbage")
-            _ = FileCredentialStore(directory: tmp.store).read()
+            damagedAndMovedAside(tmp, here.path, "garbage")
             try there.account("alice", isActive: true).write(session("alice"))
             try there.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
         }
@@ -170,8 +171,7 @@ struct LostRecordTests {
         // Alice signs in again: her record is hers, and a later loss is damage again.
         try there.account("alice", isActive: true).write(session("alice"))
         #expect(summary(of: here.account("alice", isActive: true).read()) == aliceStored)
-        damaged(tmp, here.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, here.path, "garbage")
         guard case .damaged = here.account("alice", isActive: true).read() else {
             Issue.record("after signing in again, alice's record lost with damage read as absent")
             return
@@ -212,8 +212,7 @@ struct LostRecordTests {
         try there.clear()
         #expect(here.read() == .absent)
         try there.write(session("bob", access: "bob-access", refresh: "bob-refresh"))
-        damaged(tmp, here.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, here.path, "garbage")
         #expect(here.read() == .absent)
     }
 
@@ -225,8 +224,7 @@ struct LostRecordTests {
         let store = FileCredentialStore(directory: tmp.store)
         try store.account("alice", isActive: true).write(session("alice"))
         try store.account("bob", isActive: false).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
-        damaged(tmp, store.path, "truncated")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, store.path, "truncated")
         let aside = copies(tmp)
         #expect(aside.count == 1 && !contents(tmp.store + "/" + aside[0]).isEmpty)
         try store.account("alice", isActive: true).write(session("alice"))
@@ -275,8 +273,7 @@ struct LostRecordTests {
         #expect(summary(of: store.read()) == aliceStored)  // the active record, seen too
         try alice.clear()  // no copies beside the store: nothing in `cleared`
         try FileCredentialStore(directory: tmp.store).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
-        damaged(tmp, store.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, store.path, "garbage")
         #expect(alice.read() == .absent)
         #expect(store.read() == .absent, "the active record, last seen as alice's, read as damaged")
     }
@@ -289,8 +286,7 @@ struct LostRecordTests {
         try alice.write(session("alice"))
         try store.clear()  // the active account: alice
         try FileCredentialStore(directory: tmp.store).write(session("bob", access: "bob-access", refresh: "bob-refresh"))
-        damaged(tmp, store.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, store.path, "garbage")
         #expect(alice.read() == .absent, "alice's record, logged out here, read as damaged")
     }
 
@@ -299,8 +295,7 @@ struct LostRecordTests {
         let tmp = TemporaryDirectory()
         let store = FileCredentialStore(directory: tmp.store)
         try store.account("alice", isActive: true).write(session("alice"))
-        damaged(tmp, store.path, "garbage")
-        _ = FileCredentialStore(directory: tmp.store).read()
+        damagedAndMovedAside(tmp, store.path, "garbage")
         try store.account("alice", isActive: true).write(session("alice"))
         try store.account("alice", isActive: true).clear()
         let aside = try #require(copies(tmp).first)
