@@ -109,15 +109,6 @@ extension FileCredentialStore {
         }
     }
 
-    /// Like `loadKeepingKeys`, but a damaged file counts as nothing to change.
-    func loadForChange(in directory: TrustedDirectory) throws(StoreFailure) -> (document: Document, keys: LoadedKeys?)? {
-        do {
-            return try loadKeepingKeys(in: directory)
-        } catch .damaged {
-            return nil
-        }
-    }
-
     /// Seals `document` with the newest key of the store's ring (made if there is none) and
     /// replaces the file. Older keys still in the ring are left from a rotation that was cut
     /// short (`saveRotatingKey`): the file no longer needs them, so they are dropped now.
