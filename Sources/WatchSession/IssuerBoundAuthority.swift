@@ -3,54 +3,54 @@ import SessionCore
 
 /// A session over a whole store (the live watch, `login --watch`, `logout`) refreshes every
 /// account of it with one authority; a store may hold accounts signed in at other issuers. This
-/// authority keeps each stored token going to the issuer that minted it: a refresh goes to the
-/// inner authority only for an account whose stored profile names its token endpoint (or that
-/// has no profile: a session stored before profiles, whose server the command line names), by
-/// member id; any other is refused as a configuration matter (that account is only watched).
-/// The calls that carry no member (validate, revoke, reauthenticate) go only while every account
-/// of the store belongs here — revoke also when the caller revokes only the account whose
-/// profile named this authority (`logout`: `revokesOwnAccount`).
+/// authority keeps each stored token going to the issuer that minted it, judged at each call
+/// by the profile of the session the token belongs to (`RefreshRequest.profile`; the profile
+/// given with a revocation) — not by a list made at start-up, which another process's sign-in
+/// at another issuer under the same account key would make wrong:
+/// - a session whose profile names this token endpoint is refreshed and revoked here;
+/// - a session without a profile (bare tokens, a record stored before profiles) only when the
+///   command line named this server (`adoptsSessionsWithoutProfile`: whose server it is, the
+///   person running the command says) — not when the server was taken from another account's
+///   stored profile;
+/// - any other is refused as a configuration matter: that account is only watched.
+/// The calls that carry no session (validate, re-authenticate, and a revocation without a
+/// profile) go only while every account the store held at start-up belongs here.
 final class IssuerBoundAuthority: SessionAuthority, @unchecked Sendable {
     private let inner: any SessionAuthority
     private let tokenEndpoint: String
-    private let state: LockedBox<(members: Set<String>, foreign: Bool)>
-    private let revokesOwnAccount: Bool
+    private let adoptsSessionsWithoutProfile: Bool
+    private let foreign: Bool
 
-    init(_ inner: any SessionAuthority, tokenEndpoint: String, accounts: [StoreView.Account], revokesOwnAccount: Bool = false) {
+    init(
+        _ inner: any SessionAuthority, tokenEndpoint: String, adoptsSessionsWithoutProfile: Bool,
+        accounts: [StoreView.Account]
+    ) {
         self.inner = inner
         self.tokenEndpoint = tokenEndpoint
-        self.revokesOwnAccount = revokesOwnAccount
-        var members: Set<String> = []
-        var foreign = false
-        for account in accounts {
-            if account.session.profile.map({ $0.tokenEndpoint == tokenEndpoint }) ?? true {
-                members.insert(account.key)
-                if let member = account.session.memberID { members.insert(member) }
-            } else {
-                foreign = true
-            }
-        }
-        state = LockedBox((members, foreign))
-    }
-
-    /// A session signed in here, with this authority (login): its refreshes go here.
-    func allow(member: String?, account: String?) {
-        state.withLockedValue { state in
-            for key in [member, account].compactMap({ $0 }) { state.members.insert(key) }
+        self.adoptsSessionsWithoutProfile = adoptsSessionsWithoutProfile
+        foreign = accounts.contains { account in
+            account.session.profile.map { $0.tokenEndpoint != tokenEndpoint } ?? !adoptsSessionsWithoutProfile
         }
     }
 
-    private var wholeStoreIsOurs: Bool { !state.withLockedValue { $0.foreign } }
+    /// Whether the tokens of the session with `profile` were minted here.
+    private func mintedHere(_ profile: SessionProfile?) -> Bool {
+        profile.map { $0.tokenEndpoint == tokenEndpoint } ?? adoptsSessionsWithoutProfile
+    }
+
+    private var otherIssuer: AuthorityError {
+        .configuration("other_issuer", "this account was signed in at another issuer than \(tokenEndpoint): watching only")
+    }
 
     func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
-        let member = request.memberID ?? defaultAccount
-        guard state.withLockedValue({ $0.members.contains(member) }) else {
-            completion.fail(.configuration(
-                "other_issuer", "this account was signed in at another issuer than \(tokenEndpoint): watching only"))
+        guard mintedHere(request.profile) else {
+            completion.fail(otherIssuer)
             return
         }
         inner.refresh(request, completion: completion)
     }
+
+    private var wholeStoreIsOurs: Bool { !foreign }
 
     var canValidate: Bool { inner.canValidate && wholeStoreIsOurs }
 
@@ -62,14 +62,25 @@ final class IssuerBoundAuthority: SessionAuthority, @unchecked Sendable {
         inner.validate(accessToken: accessToken, completion: completion)
     }
 
-    var canRevoke: Bool { inner.canRevoke && (revokesOwnAccount || wholeStoreIsOurs) }
+    var canRevoke: Bool { inner.canRevoke }
 
     func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>) {
-        guard revokesOwnAccount || wholeStoreIsOurs else {
+        guard wholeStoreIsOurs else {
             completion.fail(.configuration("other_issuer", "the store holds accounts of other issuers: not revoked"))
             return
         }
         inner.revoke(refreshToken: refreshToken, accessToken: accessToken, completion: completion)
+    }
+
+    func revoke(
+        refreshToken: Secret?, accessToken: Secret?, profile: SessionProfile?, completion: AuthorityCompletion<Void>
+    ) {
+        guard mintedHere(profile) else {
+            completion.fail(.configuration(
+                "other_issuer", "this account was signed in at another issuer than \(tokenEndpoint): not revoked"))
+            return
+        }
+        inner.revoke(refreshToken: refreshToken, accessToken: accessToken, profile: profile, completion: completion)
     }
 
     var canReauthenticate: Bool { inner.canReauthenticate && wholeStoreIsOurs }

@@ -15,6 +15,9 @@ struct LiveWatch {
     let account: String?
     let storeKey: FileCredentialStore.Key
     var oauth: OAuthConfiguration?
+    /// The stored profile `oauth` was taken from (nil: the command line named the server, whose
+    /// it is then for the sessions without a profile too: `IssuerBoundAuthority`).
+    var oauthProfile: SessionProfile? = nil
     let refreshToken: Secret?
     let presenter: Presenter
     let keys: Bool
@@ -62,8 +65,6 @@ struct LiveWatch {
         let manager: SessionManager
         /// The authority itself (a refresh token given on the side is exchanged with it).
         let authority: any SessionAuthority
-        /// What the manager refreshes through, over a store: only the accounts of its issuer.
-        let bound: IssuerBoundAuthority?
         let subscriptions: [FlowSubscription]
     }
 
@@ -130,6 +131,7 @@ struct LiveWatch {
             storeDirectory.map { directory in
                 IssuerBoundAuthority(
                     authority, tokenEndpoint: oauth.tokenEndpoint.absoluteString,
+                    adoptsSessionsWithoutProfile: oauthProfile == nil,
                     accounts: (try? StoreView(directory: directory, key: storeKey).accounts().get()) ?? [])
             }
         }
@@ -147,7 +149,7 @@ struct LiveWatch {
             })
             return [states, storeStatus, events]
         }
-        return Session(loop: loop, manager: manager, authority: authority, bound: bound, subscriptions: subscriptions)
+        return Session(loop: loop, manager: manager, authority: authority, subscriptions: subscriptions)
     }
 
     /// Before watching: the account asked for must exist; for `login`, the stored session must
@@ -202,11 +204,13 @@ struct LiveWatch {
         // A refresh token given on the side: exchange it for a session.
         if let refreshToken, manager.state.value != .loggedIn {
             do {
-                let grant = try await firstGrant(session.authority, refreshToken)
-                session.bound?.allow(member: grant.memberID, account: grant.memberID ?? defaultAccount)
+                let grant = try await firstGrant(session, refreshToken)
+                // Minted by the server `oauth` names: the session says so, as a login's does.
+                var profile = oauthProfile
+                if let granted = grant.scope { profile?.grantedScope = granted }
                 try await manager.signIn(SessionTokens(
                     accessToken: grant.accessToken, refreshToken: grant.refreshToken ?? refreshToken,
-                    expiresIn: grant.expiresIn, memberID: grant.memberID))
+                    expiresIn: grant.expiresIn, memberID: grant.memberID, profile: profile))
             } catch {
                 presenter.note("sign-in with the refresh token failed: \(error)")
             }
@@ -261,7 +265,6 @@ struct LiveWatch {
                 presenter.signInEnded(outcome, flow: login?.flow.rawValue, member: manager.memberID)
                 switch outcome {
                 case .success:
-                    session.bound?.allow(member: manager.memberID, account: manager.accounts.first(where: \.isActive)?.key)
                     if let recorder, let problem = recorder.record(manager) {
                         presenter.note(problem)
                     }
@@ -342,11 +345,19 @@ struct LiveWatch {
         try loop.shutdown()
     }
 
-    private func firstGrant(_ authority: any SessionAuthority, _ token: Secret) async throws -> TokenGrant {
+    /// One exchange of `token`, on the loop thread (an authority is only called there), not
+    /// through a session.
+    private func firstGrant(_ session: Session, _ token: Secret) async throws -> TokenGrant {
+        let authority = session.authority
         let result: Result<TokenGrant, AuthorityError> = await withCheckedContinuation { continuation in
-            // The completion needs a clock; this one-off exchange does not go through a session.
             let completion = AuthorityCompletion<TokenGrant>.standalone { continuation.resume(returning: $0) }
-            authority.refresh(RefreshRequest(refreshToken: token, memberID: nil, reason: .onDemand), completion: completion)
+            do {
+                try session.loop.execute {
+                    authority.refresh(RefreshRequest(refreshToken: token, memberID: nil, reason: .onDemand), completion: completion)
+                }
+            } catch {
+                continuation.resume(returning: .failure(.transient("the loop has stopped")))
+            }
         }
         return try result.get()
     }

@@ -206,9 +206,17 @@ struct Login: AsyncParsableCommand {
         let view = StoreView(directory: store, key: storeKey)
         if let current = (try? view.accounts().get()).flatMap({ try? view.chosen(nil, in: $0) }), current.state == .loggedIn {
             if !force {
+                // Signed in at another issuer than the one named: not this account's server, and
+                // a script that goes on would send its token there (`--force` replaces it).
+                do throws(CommandFailure) {
+                    try IssuerGuard.check(issuer, against: current)
+                } catch {
+                    throw error.exit()
+                }
                 presenter.alreadySignedIn(member: current.session.memberID, account: current.key, issuer: current.session.profile?.issuer)
                 guard watch else { return }
                 live.oauth = current.session.profile?.oauthConfiguration
+                live.oauthProfile = current.session.profile
                 try Self.end(try await live.run(), presenter: presenter, store: store)
                 return
             }

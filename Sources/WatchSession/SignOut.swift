@@ -138,12 +138,15 @@ struct SignOut {
             outcome.revocationEndpoint = oauth?.revocationEndpoint?.absoluteString
         }
         // The other accounts of the store are refreshed by this session too while it runs: only
-        // those of this issuer go to it; the revocation is the signed-out account's own.
+        // those of this issuer go to it; the revocation goes there only if the signed-out
+        // session's profile (read when it is signed out) names it — or, without a profile, if
+        // the command line named the server.
         let accounts = (try? StoreView(directory: storeDirectory, key: storeKey).accounts().get()) ?? []
+        let serverNamed = issuer != nil && clientID != nil
         let witness = RevocationWitness(try oauth.map { configuration throws in
             IssuerBoundAuthority(
                 try OAuthAuthority(configuration, loop: loop), tokenEndpoint: configuration.tokenEndpoint.absoluteString,
-                accounts: accounts, revokesOwnAccount: true)
+                adoptsSessionsWithoutProfile: serverNamed, accounts: accounts)
         })
         var configuration = SessionConfiguration.logging(at: logLevel)
         configuration.startsAutomatically = false
@@ -179,8 +182,9 @@ struct SignOut {
         outcome.member = named?.memberID ?? manager.memberID
         outcome.account = named?.key ?? manager.accounts.first(where: \.isActive)?.key
         do {
-            if let named {
-                try await manager.logout(account: named.key)
+            // By key, the one read above: the active account may change meanwhile.
+            if let key = outcome.account {
+                try await manager.logout(account: key)
             } else {
                 try await manager.logout()
             }
@@ -233,13 +237,19 @@ final class RevocationWitness: SessionAuthority, @unchecked Sendable {
     var canRevoke: Bool { inner?.canRevoke ?? false }
 
     func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>) {
+        revoke(refreshToken: refreshToken, accessToken: accessToken, profile: nil, completion: completion)
+    }
+
+    func revoke(
+        refreshToken: Secret?, accessToken: Secret?, profile: SessionProfile?, completion: AuthorityCompletion<Void>
+    ) {
         guard let inner else {
             completion.succeed(())
             return
         }
         started.withLockedValue { $0 = true }
         let answers = self.answers.continuation
-        inner.revoke(refreshToken: refreshToken, accessToken: accessToken, completion: .standalone { result in
+        inner.revoke(refreshToken: refreshToken, accessToken: accessToken, profile: profile, completion: .standalone { result in
             _ = completion.complete(result)
             answers.yield(result)
         })

@@ -86,12 +86,14 @@ struct Status: AsyncParsableCommand {
     }
 
     /// Seconds until the access token expires, and until the latest moment its refresh is due
-    /// (the library refreshes within the margin before expiry; a running session earlier, with
+    /// (the library refreshes within the margin before expiry — at most half the time the token
+    /// has left, as a session starting now would take it; a running session earlier, with
     /// jitter). nil when the record has no expiry.
     static func timing(_ account: StoreView.Account) -> (expiresIn: Double, nextRefreshIn: Double)? {
         guard account.state == .loggedIn, let expiresAt = account.session.accessTokenExpiresAt else { return nil }
-        let left = (expiresAt - SessionConfiguration.realtime()).timeInterval
-        let margin = RefreshPolicy().margin.timeInterval
+        let remaining = expiresAt - SessionConfiguration.realtime()
+        let left = remaining.timeInterval
+        let margin = RefreshPolicy().effectiveMargin(lifetime: max(remaining, .zero)).timeInterval
         return (max(left, 0), max(left - margin, 0))
     }
 

@@ -243,6 +243,7 @@ struct Watch: AsyncParsableCommand {
         let store = directory
         if self.store == nil { try Self.prepareDefaultStore(store) }
         var oauth = try oauthConfiguration()
+        var storedProfile: SessionProfile?
         let storeKey = try Self.storeKey(store: store, keyFile: keyFile)
         // The stored session's profile names its server: refreshes go there (a token endpoint
         // given on the command line must be the same one).
@@ -259,7 +260,18 @@ struct Watch: AsyncParsableCommand {
                         code: 64
                     ).exit()
                 }
-                if oauth == nil { oauth = profile.oauthConfiguration }
+                if let given = clientID, given != profile.clientID {
+                    throw CommandFailure(
+                        message: "--client-id \(Presenter.printable(given)) is not the client of the stored session "
+                            + "(\(Presenter.printable(profile.clientID))): a stored token only goes out with the client "
+                            + "it was issued to, so nothing was sent",
+                        code: 64
+                    ).exit()
+                }
+                if oauth == nil {
+                    oauth = profile.oauthConfiguration
+                    storedProfile = profile
+                }
             }
         }
         let refreshToken = try refreshTokenFile.map(readRefreshToken)
@@ -267,6 +279,7 @@ struct Watch: AsyncParsableCommand {
         var live = LiveWatch(
             storeDirectory: store, account: account, storeKey: storeKey, oauth: oauth, refreshToken: refreshToken,
             presenter: presenter, keys: keys)
+        live.oauthProfile = storedProfile
         live.logLevel = verbosity.level
         let ending = try await live.run()
         switch ending {

@@ -35,6 +35,15 @@ final class Spawned: @unchecked Sendable {
     }
 
     private func finishBlocking() -> (status: Int32, stdout: String, stderr: String) {
+        // A hang guard: a command that should have ended but runs on (a watch that should have
+        // been refused) is killed — its status is then SIGKILL's, and the test fails instead of
+        // hanging the suite.
+        let pid = process.processIdentifier
+        let guardTimer = DispatchSource.makeTimerSource(queue: .global())
+        guardTimer.schedule(deadline: .now() + .seconds(180))
+        guardTimer.setEventHandler { kill(pid, SIGKILL) }
+        guardTimer.resume()
+        defer { guardTimer.cancel() }
         let stdout = out.fileHandleForReading.readDataToEndOfFile()
         let stderr = err.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
@@ -162,6 +171,23 @@ struct SessionCommandTests {
         #expect(missing.status == 1 && missing.stderr.contains("no account \"nobody\""), "\(missing)")
     }
 
+    /// `status` says when the refresh is due as the library takes it: the margin (5 minutes) is
+    /// at most half the time the token has left, so a 2-minute token is due in about a minute,
+    /// not "now"; an hour's token 5 minutes before its expiry.
+    @Test func statusSaysWhenAShortTokensRefreshIsDue() async throws {
+        let server = try await AuthServer()
+        for (lifetime, due) in [(120, 50...61), (3600, 3280...3301)] {
+            let directory = temporaryStore()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            try storeSignedIn(directory, server: server, access: "a", refresh: "r", expiresIn: .seconds(lifetime))
+            let status = try await watchSession(["status", "--json", "--store", directory])
+            #expect(status.status == 0, "\(status)")
+            let document = try #require(try objects(status.stdout).first)
+            let account = try #require((document["accounts"] as? [[String: Any]])?.first)
+            #expect(due.contains(account["next_refresh_in_s"] as? Int ?? -1), "\(lifetime) s: \(document)")
+        }
+    }
+
     /// A flag naming another issuer than the stored one: exit 64, both named, nothing sent.
     @Test func anotherIssuerThanTheStoredOneIsRefusedAndNothingIsSent() async throws {
         let server = try await AuthServer()
@@ -176,7 +202,21 @@ struct SessionCommandTests {
         let watch = try await watchSession(["--store", directory, "--token-endpoint", "https://other.example/token", "--client-id", "x"])
         #expect(watch.status == 64, "\(watch)")
         #expect(try await server.requests().isEmpty)
-        #expect(clean(run.stdout + run.stderr + watch.stdout + watch.stderr, of: ["SENTINEL-ACCESS-1", "SENTINEL-REFRESH-1"]))
+        // The stored token endpoint with another client: the token would go out as another
+        // client's.
+        let client = try await watchSession(["--store", directory, "--token-endpoint", server.issuer + "/oauth/token", "--client-id", "x"])
+        #expect(client.status == 64 && client.stderr.contains("sessionflow-public"), "\(client)")
+        #expect(try await server.requests().isEmpty)
+        // `login` at another issuer while signed in here: not "already signed in" (exit 0, and
+        // a script would go on to use this issuer's token there).
+        let login = try await watchSession(["login", "--store", directory, "--issuer", "https://other.example", "--client-id", "x"])
+        #expect(login.status == 64, "\(login)")
+        #expect(login.stderr.contains("https://other.example") && login.stderr.contains(server.issuer), "\(login)")
+        #expect(try await server.requests().isEmpty)
+        #expect(storedAccessToken(directory) == "SENTINEL-ACCESS-1")
+        #expect(clean(
+            run.stdout + run.stderr + watch.stdout + watch.stderr + client.stdout + client.stderr + login.stdout + login.stderr,
+            of: ["SENTINEL-ACCESS-1", "SENTINEL-REFRESH-1"]))
 
         // With the stored profile, logout needs no flag: revoked at the stored issuer.
         let logout = try await watchSession(["logout", "--store", directory, "--json"])
@@ -453,8 +493,11 @@ struct SessionCommandTests {
     }
 
     /// A store with accounts of two issuers: watching one of them refreshes it at its issuer,
-    /// and the other account's refresh token goes nowhere (never to the first issuer).
-    @Test func aWatchNeverSendsAnotherIssuersTokenToItsOwn() async throws {
+    /// and the other account's refresh token goes nowhere (never to the first issuer) — whether
+    /// its record names its issuer or has no profile at all (bare tokens a library host signed
+    /// in: whose they are, nobody said; the server here was taken from alice's profile).
+    @Test(arguments: [true, false])
+    func aWatchNeverSendsAnotherIssuersTokenToItsOwn(bobHasAProfile: Bool) async throws {
         let first = try await AuthServer()
         let second = try await AuthServer()
         let alice = try await first.passwordSignIn("alice")
@@ -463,10 +506,11 @@ struct SessionCommandTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = FileCredentialStore(directory: directory)
         for (member, server, tokens) in [("alice", first, alice), ("bob", second, bob)] {
+            let profile = SessionProfile(issuer: server.issuer, clientID: "sessionflow-public", tokenEndpoint: server.issuer + "/oauth/token")
             try store.account(member, isActive: true).write(StoredSession(
                 accessToken: Secret(tokens.access), refreshToken: Secret(tokens.refresh),
                 accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: member,
-                profile: SessionProfile(issuer: server.issuer, clientID: "sessionflow-public", tokenEndpoint: server.issuer + "/oauth/token")))
+                profile: member == "bob" && !bobHasAProfile ? nil : profile))
         }
         try store.setActiveAccount("alice")
         let watch = try Running(["--store", directory, "--json", "-vv"], terminal: false)
@@ -479,6 +523,44 @@ struct SessionCommandTests {
         #expect(!sentToFirst.contains(bob.refresh), "bob's refresh token went to alice's issuer")
         #expect(try await second.stats()["refresh_grants"] == 0)
         #expect(clean(watch.screen, of: [alice.access, alice.refresh, bob.access, bob.refresh]))
+    }
+
+    /// The issuer is judged at each refresh from the session's profile as it stands, not from
+    /// a list made at start-up: alice, watched at the first issuer, is signed in again by
+    /// another process at the second (the same account key). Her new refresh token is never
+    /// sent to the first issuer, which would refuse it and mark the account expired.
+    @Test func anAccountSignedInAgainAtAnotherIssuerIsNotRefreshedAtTheFirst() async throws {
+        let first = try await AuthServer()
+        let second = try await AuthServer()
+        let alice = try await first.passwordSignIn("alice")
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = FileCredentialStore(directory: directory)
+        func profile(_ server: AuthServer) -> SessionProfile {
+            SessionProfile(issuer: server.issuer, clientID: "sessionflow-public", tokenEndpoint: server.issuer + "/oauth/token")
+        }
+        try store.account("alice", isActive: true).write(StoredSession(
+            accessToken: Secret(alice.access), refreshToken: Secret(alice.refresh),
+            accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice", profile: profile(first)))
+        let watch = try Running(["--store", directory, "--json", "-vv"], terminal: false)
+        #expect(await watch.wait(for: #""state":"loggedIn""#), "\(watch.screen)")
+        // Another process: alice signs in at the second issuer; the token it stores has expired.
+        let again = try await second.passwordSignIn("alice")
+        try store.account("alice", isActive: true).write(StoredSession(
+            accessToken: Secret(again.access), refreshToken: Secret(again.refresh),
+            accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: "alice", profile: profile(second)))
+        #expect(await watch.wait(for: "other_issuer"), "alice's new refresh was not refused: \(watch.screen)")
+        kill(watch.process.processIdentifier, SIGINT)
+        #expect(await watch.exit() == 130)
+        let sentToFirst = try await first.requests().compactMap { ($0["form"] as? [String: String])?["refresh_token"] }
+        #expect(!sentToFirst.contains(again.refresh), "alice's second-issuer refresh token went to the first issuer")
+        #expect(try await first.stats()["refresh_grants"] == 0)
+        guard case .present(let stored) = store.account("alice", isActive: true).read() else {
+            Issue.record("alice's record is gone")
+            return
+        }
+        #expect(!stored.expired && stored.refreshToken == Secret(again.refresh))
+        #expect(clean(watch.screen, of: [alice.access, alice.refresh, again.access, again.refresh]))
     }
 
     func git(_ arguments: [String], input: String = "", environment extra: [String: String]) async throws -> (status: Int32, stdout: String, stderr: String) {

@@ -84,15 +84,21 @@ public struct RefreshRequest: Sendable, CustomStringConvertible {
     /// The session's DPoP key (RFC 9449): the refresh token is bound to it, so the request
     /// carries a proof by it. Nil: a bearer session.
     public let dpopKey: DPoPKey?
+    /// The profile of the session whose refresh token this is (nil: it has none — bare tokens,
+    /// or a record stored before profiles): which issuer minted it, for an authority that
+    /// serves a store holding sessions of several issuers.
+    public let profile: SessionProfile?
 
     public init(
-        refreshToken: Secret, memberID: String?, reason: RefreshReason, timeout: Duration? = nil, dpopKey: DPoPKey? = nil
+        refreshToken: Secret, memberID: String?, reason: RefreshReason, timeout: Duration? = nil, dpopKey: DPoPKey? = nil,
+        profile: SessionProfile? = nil
     ) {
         self.refreshToken = refreshToken
         self.memberID = memberID
         self.reason = reason
         self.timeout = timeout
         self.dpopKey = dpopKey
+        self.profile = profile
     }
 
     public var description: String {
@@ -284,6 +290,10 @@ public protocol SessionAuthority: Sendable {
     var canRevoke: Bool { get }
     /// Revokes the tokens, best effort: the session is already logged out locally.
     func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>)
+    /// The same for a session whose profile is `profile` (nil: it has none), which says the
+    /// issuer that minted the tokens. The session calls this one; by default it is the call
+    /// above (an authority of one issuer has no use for the profile).
+    func revoke(refreshToken: Secret?, accessToken: Secret?, profile: SessionProfile?, completion: AuthorityCompletion<Void>)
 
     /// Whether the authority can sign a user in again by external user id.
     var canReauthenticate: Bool { get }
@@ -300,6 +310,11 @@ extension SessionAuthority {
     public var canRevoke: Bool { false }
     public func revoke(refreshToken: Secret?, accessToken: Secret?, completion: AuthorityCompletion<Void>) {
         completion.succeed(())
+    }
+    public func revoke(
+        refreshToken: Secret?, accessToken: Secret?, profile: SessionProfile?, completion: AuthorityCompletion<Void>
+    ) {
+        revoke(refreshToken: refreshToken, accessToken: accessToken, completion: completion)
     }
 
     public var canReauthenticate: Bool { false }

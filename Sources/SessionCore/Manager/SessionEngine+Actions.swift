@@ -33,7 +33,7 @@ extension SessionEngine {
                 authority.refresh(
                     RefreshRequest(
                         refreshToken: refreshToken, memberID: memberID, reason: identity.reason, timeout: policy.timeout,
-                        dpopKey: refresh.live?.dpopKey),
+                        dpopKey: refresh.live?.dpopKey, profile: profile),
                     completion: answer)
             case .sendReauthentication(let identity, let externalUserID):
                 authority.reauthenticate(externalUserID: externalUserID, completion: attemptCompletion(identity))
@@ -342,7 +342,8 @@ extension SessionEngine {
         let freshUntil = !closed && machine.state == .loggedIn && !storeMachine.awaitingInitialRead
             ? refresh.answersFreshUntil : nil
         let current = Snapshot(
-            hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, memberID: memberID,
+            hasAccessToken: live.map { !$0.accessToken.isBlank } ?? false, dpopBound: live?.dpopKey != nil,
+            memberID: memberID,
             state: machine.state, account: accountKey,
             expiresAt: live?.expiresAt, nextRefreshAt: refresh.nextRefreshAt, scope: live?.scope,
             profile: currentProfile, awaitingStore: storeMachine.awaitingInitialRead,

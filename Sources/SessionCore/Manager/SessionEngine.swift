@@ -18,6 +18,9 @@ final class SessionEngine: @unchecked Sendable {
     /// What any thread may read without waiting for the loop.
     struct Snapshot: Sendable {
         var hasAccessToken = false
+        /// The tokens are bound to the session's DPoP key (RFC 9449): the access token's type is
+        /// `DPoP`, not `Bearer`.
+        var dpopBound = false
         var memberID: String?
         var state = SessionState.loggedOut
         /// The account key of its record, in a store of several accounts.
@@ -319,6 +322,7 @@ final class SessionEngine: @unchecked Sendable {
             try checkOpen()
             try machine.apply(.logout)
             let ended = refresh.live
+            let endedProfile = profile
             (memberID, profile) = (nil, nil)
             forgetRecord()
             let abandoned = endSession()
@@ -327,7 +331,7 @@ final class SessionEngine: @unchecked Sendable {
             fail(abandoned, SessionError(.sessionEnded, "logged out"))
             if let ended, authority.canRevoke {
                 authority.revoke(
-                    refreshToken: ended.refreshToken, accessToken: ended.accessToken,
+                    refreshToken: ended.refreshToken, accessToken: ended.accessToken, profile: endedProfile,
                     completion: completion { [logger] (result: Result<Void, AuthorityError>, _) in
                         if case .failure(let error) = result {
                             logger.info("revocation failed (the session is logged out locally)", metadata: ["error": "\(error)"])
