@@ -568,7 +568,7 @@ int sf_session_member_id(sf_runtime *runtime, char *buffer, size_t length);
  * sf_session_token_info. Set `size` to sizeof(sf_token_info) before the call. */
 typedef struct sf_token_info {
     size_t size;                /* set to sizeof(sf_token_info) */
-    char token_type[16];        /* "Bearer" (NUL-terminated) */
+    char token_type[16];        /* "Bearer", or "DPoP" for a sender-constrained session (NUL-terminated) */
     int64_t expires_in_ms;      /* time left, monotonic clock (negative: expired); INT64_MIN: unknown */
     int64_t expires_at_unix_ms; /* when it expires, wall clock (ms since the Unix epoch); 0: unknown */
 } sf_token_info;
@@ -718,7 +718,7 @@ typedef struct sf_header {
 /* What to add to one request. */
 typedef struct sf_authorization {
     size_t size;              /* sizeof(sf_authorization) of the library: fields are only appended */
-    const char *scheme;       /* "Bearer" today ("DPoP" for a sender-constrained session) */
+    const char *scheme;       /* "Bearer", or "DPoP" for a sender-constrained session */
     const sf_header *headers; /* add every one, in order */
     size_t header_count;      /* 1 today */
 } sf_authorization;

@@ -134,6 +134,12 @@ void test_dpop_host_key_refreshes_with_proofs_and_authorizes_as_dpop(void) {
     CHECK_EQ_INT((int)a.header_count, 2);
     CHECK(strncmp(a.authorization, "DPoP ", 5) == 0);
     CHECK(strlen(a.proof) > 100);
+    /* The token's details say how it is presented: DPoP, as the authorization does. */
+    sf_token_info info;
+    memset(&info, 0, sizeof info);
+    info.size = sizeof info;
+    CHECK_CODE(sf_session_token_info(runtime, &info), SF_OK);
+    CHECK(strcmp(info.token_type, "DPoP") == 0);
     CHECK_EQ_INT((int)oauth_stat("/__dpop/stats", "bound_refused"), 0);
     /* The resource takes the two headers as given. */
     char headers[3200];

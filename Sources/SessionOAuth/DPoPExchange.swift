@@ -30,8 +30,9 @@ final class DPoPExchange: HTTPCancellable, @unchecked Sendable {
     private var current: HTTPCall?
     private var cancelled = false
 
-    /// Sends the request with a `DPoP:` header line; its handler runs on the loop thread.
-    typealias Post = (Secret, @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void) -> HTTPCall
+    /// Sends the request with a `DPoP:` header line (the proof itself given too: an answer
+    /// that echoes it must not carry it into an error); its handler runs on the loop thread.
+    typealias Post = (_ line: Secret, _ proof: Secret, @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void) -> HTTPCall
 
     /// Starts it (loop thread).
     init(
@@ -57,7 +58,7 @@ final class DPoPExchange: HTTPCancellable, @unchecked Sendable {
             if (try? loop.execute({ [done] in done(.failure(failure)) })) == nil { done(.failure(failure)) }
             return
         }
-        current = post(Self.line("DPoP: ", proof)) { [self] outcome in
+        current = post(Self.line("DPoP: ", proof), proof) { [self] outcome in
             current = nil
             guard case .success(let answer) = outcome else { return done(outcome) }
             // A value no proof can carry is not remembered (it would fail every later proof).

@@ -161,8 +161,8 @@ public final class OAuthAuthority: SessionAuthority {
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> any HTTPCancellable {
         guard let dpop else { return post(url, form: form, secrets: secrets, answerRule: answerRule, done) }
-        return DPoPExchange(loop: http.loop, url: url, key: dpop, post: { [self] line, answered in
-            post(url, form: form, secrets: secrets, secretHeaders: [line], answerRule: answerRule, answered)
+        return DPoPExchange(loop: http.loop, url: url, key: dpop, post: { [self] line, proof, answered in
+            post(url, form: form, secrets: secrets + [proof], secretHeaders: [line], answerRule: answerRule, answered)
         }, done: done)
     }
 
@@ -173,13 +173,15 @@ public final class OAuthAuthority: SessionAuthority {
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
         var lines = [Self.bearerHeader(bearer)]
+        var redactions = secrets + [bearer]
         if let dpop {
             let nonce = DPoPNonces.shared.nonce(for: url.absoluteString)
             if let proof = try? dpop.proof(method: "GET", url: url.absoluteString, accessToken: bearer, nonce: nonce) {
                 lines = [DPoPExchange.line("Authorization: DPoP ", bearer), DPoPExchange.line("DPoP: ", proof)]
+                redactions.append(proof)
             }
         }
-        return send(.get, url, headers: ["Accept: application/json"], secretHeaders: lines, redactions: secrets + [bearer], done)
+        return send(.get, url, headers: ["Accept: application/json"], secretHeaders: lines, redactions: redactions, done)
     }
 
     /// Sends one request with the configured deadline and size limit, and maps what came back:

@@ -81,6 +81,7 @@ next N requests to that endpoint (default: token) misbehave:
                  token raw, form-encoded, every byte percent-encoded (upper and lower hex),
                  JSON-escaped ("\/" and every character as a \u escape, as text: the decoded
                  description holds the escapes), the client_secret if one was sent (form or Basic),
+                 the DPoP proof (first) if one was sent,
                  then "\u001b]0;pwned\u0007\u001b[2J session OK"}, with the token also in
                  WWW-Authenticate (error and error_description) and X-Echo headers (there
                  percent-encoded unless it is printable ASCII).
@@ -1519,6 +1520,9 @@ def echo(success):
     ]
     if client_secret:
         forms.append(client_secret)
+    proof = request.headers.get("DPoP")
+    if proof:
+        forms.insert(0, proof)  # first: within what a client keeps of a description
     forms.append("\u001b]0;pwned\u0007\u001b[2J session OK")
     header_value = sent if sent.isascii() and sent.isprintable() else urllib.parse.quote(sent)
     return Response(json.dumps({"error": sent, "error_description": " ".join(forms)}), status=400,

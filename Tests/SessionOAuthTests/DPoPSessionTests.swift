@@ -98,6 +98,7 @@ struct DPoPSessionTests {
         let authorization = try await session.manager.authorization(method: "GET", url: server.resourceURL)
         #expect(authorization.scheme == .dpop && authorization.fields.map(\.name) == ["Authorization", "DPoP"])
         #expect(authorization.value(of: "Authorization")?.reveal() == "DPoP " + refreshed.reveal())
+        #expect(session.manager.tokenInfo?.tokenType == "DPoP")
         let answer = try await Self.perform(session.manager, server.resourceURL, requestID: "one")
         #expect(answer.status == 200)
         // Every token-endpoint and resource request carried a valid proof (the sign-in's included).
@@ -106,6 +107,25 @@ struct DPoPSessionTests {
         let resource = try await server.dpopStats("resource")
         #expect(resource["valid"] == 1 && resource["invalid"] == 0 && resource["absent"] == 0, "\(resource)")
         #expect(!session.output.contains(key.encodedPrivateKey.reveal()))
+        await session.stop()
+    }
+
+    /// A proof is a credential for its request (replayable until the server forgets its jti):
+    /// a server that echoes it in its error gets it into no error, event or log line.
+    @Test func aServerEchoingTheProofGetsItIntoNoErrorOrLog() async throws {
+        let server = try await OAuthServer(expiresIn: 3600)
+        let session = try await LiveSession(server)
+        try await session.manager.signIn(try await server.signInWithDPoP())
+        try await server.fault("echo", count: 1)
+        let error = await #expect(throws: SessionError.self) { try await session.manager.refreshNow() }
+        let proof = try #require(try await server.lastRequest()?.header("DPoP"))
+        #expect(proof.split(separator: ".").count == 3)
+        let texts = [error.map { "\($0)" } ?? "", error?.message ?? "", session.output]
+            + session.recordedEvents.map { "\($0)" }
+        #expect(texts[1].contains("redacted"), "\(texts[1])")  // the echo was there, scrubbed
+        for text in texts {
+            #expect(!text.contains(String(proof.prefix(40))), "a proof reached a message: \(text)")
+        }
         await session.stop()
     }
 

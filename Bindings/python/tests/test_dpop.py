@@ -39,6 +39,7 @@ def test_a_dpop_device_sign_in_and_the_adapters_carry_valid_proofs(server):
         assert authorization.scheme == "DPoP"
         assert [name for name, _ in authorization.headers] == ["Authorization", "DPoP"]
         assert authorization.value.startswith("DPoP ")
+        assert runtime.token_info().token_type == "DPoP"  # as the token is presented
         # The adapters add what authorize() gives: both headers, a new proof each request.
         assert httpx.get(resource, auth=sessionflow.httpx.Auth(runtime)).json()["scheme"] == "DPoP"
         assert requests.get(resource, auth=sessionflow.requests.Auth(runtime)).json()["scheme"] == "DPoP"

@@ -266,7 +266,7 @@ public final class SessionManager: Sendable {
         let expiresIn = snapshot.expiresAt.map { $0 - loop.now }
         let expiresAt = expiresIn.map { engine.configuration.wallClock() + $0 }
         return TokenInfo(
-            tokenType: "Bearer", scope: snapshot.scope, expiresIn: expiresIn,
+            tokenType: snapshot.dpopBound ? "DPoP" : "Bearer", scope: snapshot.scope, expiresIn: expiresIn,
             expiresAtUnixMilliseconds: expiresAt.map(TokenInfo.milliseconds))
     }
 

@@ -1,6 +1,7 @@
 /// What `SessionManager.tokenInfo` tells about the current access token (never the token).
 public struct TokenInfo: Sendable, Equatable, CustomStringConvertible {
-    /// How the token is presented: `"Bearer"` (RFC 6750).
+    /// How the token is presented: `"Bearer"` (RFC 6750), or `"DPoP"` for tokens bound to the
+    /// session's DPoP key (RFC 9449).
     public var tokenType: String
     /// The scope granted (RFC 6749 §3.3: space-separated names): the token answer's `scope`,
     /// else the scope asked for (RFC 6749 §5.1); kept through refreshes that do not say

@@ -116,7 +116,7 @@ class TokenInfo:
     """The access token's details (sf_session_token_info, sf_session_token_scope); never the
     token itself.
 
-    token_type: "Bearer". scope: the scope granted (RFC 6749 §3.3, space-separated names) —
+    token_type: "Bearer", or "DPoP" for a sender-constrained session. scope: the scope granted (RFC 6749 §3.3, space-separated names) —
     the token endpoint's `scope`, else the scope the sign-in asked for; a refresh whose
     answer has none keeps it; None when not known (signed in with tokens and no scope).
     expires_in_ms: time left on the monotonic clock, negative once expired (None: unknown).
@@ -200,8 +200,9 @@ class SignInPrompt:
 
 class Authorization:
     """What to add to one HTTP request (sf_authorization): `headers`, every (name, value) pair
-    in order (today [("Authorization", "Bearer <token>")]; a sender-constrained session adds a
-    ("DPoP", proof) pair: add them all and nothing changes for you), and `scheme` ("Bearer").
+    in order ([("Authorization", "Bearer <token>")]; a sender-constrained session's are
+    [("Authorization", "DPoP <token>"), ("DPoP", proof)]: add them all), and `scheme` ("Bearer"
+    or "DPoP").
     `method` and `url` are the request's; hand the authorization back to
     Runtime.unauthorized() when the server refuses it.
 
