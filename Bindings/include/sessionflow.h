@@ -273,7 +273,7 @@ typedef struct sf_options {
      * at once. 0 refreshes only at expiry (and on request). docs/reliability.md says
      * why the jitter has this shape. */
     int64_t refresh_margin_ms;
-    /* An unanswered refresh fails after this (default 30000). With the built-in OAuth
+    /* An unanswered refresh fails after this (default 30000; 1 to 600000). With the built-in OAuth
      * authority, a refresh whose answer is arriving (its 2xx status line is in: the server has
      * rotated the refresh token) is not cancelled then: it ends only when no byte arrives for
      * refresh_timeout_ms (a stall) or at 4 x refresh_timeout_ms from its start (the cap). If that

@@ -92,6 +92,8 @@ void test_runtime_options_are_validated(void) {
     sf_runtime *runtime = NULL;
     options.refresh_timeout_ms = 0;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_EINVAL);
+    options.refresh_timeout_ms = 600001; /* above 10 minutes: a lease record lasts at most an hour */
+    CHECK_CODE(sf_runtime_create(&options, &runtime), SF_EINVAL);
     sf_options_init(&options);
     options.max_backoff_ms = 10;
     CHECK_CODE(sf_runtime_create(&options, &runtime), SF_EINVAL);

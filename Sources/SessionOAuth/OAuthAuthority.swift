@@ -47,10 +47,13 @@ public final class OAuthAuthority: SessionAuthority {
     public func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
         var form: [(String, FormValue)] = [("grant_type", .text("refresh_token")), ("refresh_token", .secret(request.refreshToken))]
         if let scope = configuration.scope { form.append(("scope", .text(scope))) }
-        // The cap runs from the request's start: four session timeouts, or the HTTP deadline if
-        // that is longer (it bounds the request before its answer arrives).
-        let rule = request.timeout.map { [configuration] timeout in
-            let cap = max(timeout * Self.answerCapFactor, configuration.requestTimeout)
+        // The cap runs from the request's start: four session timeouts, never more — the
+        // session's refresh lease is made to outlast it (`SessionEngine.refreshLeaseDuration`:
+        // six), so no other process may send the same refresh token while this answer can
+        // still land. (It was the HTTP deadline when that was longer: with a refresh timeout
+        // under 3.3 s the default 20 s deadline outlived the lease.)
+        let rule = request.timeout.map { timeout in
+            let cap = timeout * Self.answerCapFactor
             return HTTPRequest.AnswerRule(stall: timeout, cap: cap) { completion.answerArriving(within: cap) }
         }
         let key = request.dpopKey
@@ -192,7 +195,9 @@ public final class OAuthAuthority: SessionAuthority {
         answerRule: HTTPRequest.AnswerRule? = nil, redactions: [Secret],
         _ done: @escaping @Sendable (Result<HTTPAnswer, AuthorityError>) -> Void
     ) -> HTTPCall {
-        let timeout = configuration.requestTimeout
+        // A refresh's answer ends at its cap, however long the HTTP deadline (the cap is what
+        // the session's refresh lease is made to outlast).
+        let timeout = answerRule.map { min(configuration.requestTimeout, $0.cap) } ?? configuration.requestTimeout
         let limit = configuration.maximumAnswerSize
         let request = HTTPRequest(
             method: method, url: url.absoluteString, headers: headers, secretHeaders: secretHeaders,

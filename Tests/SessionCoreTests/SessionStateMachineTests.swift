@@ -99,6 +99,11 @@ struct RefreshPolicyTests {
         var policy = RefreshPolicy()
         policy.timeout = .zero
         #expect(policy.problem?.contains("timeout") == true)
+        // At most 10 minutes: the lease lasts six timeouts, a lease record at most an hour.
+        policy.timeout = .seconds(600)
+        #expect(policy.problem == nil)
+        policy.timeout = .seconds(601)
+        #expect(policy.problem?.contains("at most 10 minutes") == true)
         policy = RefreshPolicy()
         policy.maximumLifetime = .seconds(-1)
         #expect(policy.problem?.contains("maximumLifetime") == true)

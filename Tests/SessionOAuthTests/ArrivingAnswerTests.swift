@@ -129,6 +129,33 @@ struct ArrivingAnswerTests {
         await session.stop()
     }
 
+    @Test func anArrivingAnswerEndsAtItsCapThoughTheHTTPDeadlineIsLonger() async throws {
+        // A refresh timeout of 1 s (its cap: 4 s) and the HTTP deadline at 60 s: an answer that
+        // drips for 10 s is cut off at the cap — the session's refresh lease (six timeouts) is
+        // made to outlast the cap, not the deadline. (The cap was the deadline when that was
+        // longer: the answer could land after the lease had gone to another process.)
+        let server = try await OAuthServer(expiresIn: 3600)
+        let tokens = try await server.signIn()
+        let loop = try EventLoop(name: "cap")
+        defer { _ = try? loop.shutdown() }
+        var oauth = server.configuration()
+        oauth.requestTimeout = .seconds(60)
+        let authority = try OAuthAuthority(oauth, loop: loop)
+        try await server.fault("drip:10:0.2")
+        let result = LockedBox<Result<TokenGrant, AuthorityError>?>(nil)
+        try loop.execute {
+            authority.refresh(
+                RefreshRequest(refreshToken: tokens.refreshToken!, memberID: nil, reason: .onDemand, timeout: .seconds(1)),
+                completion: .standalone { answer in result.withLockedValue { $0 = answer } })
+        }
+        #expect(await eventually(timeout: .seconds(60)) { result.withLockedValue { $0 } != nil })
+        guard case .failure(let error)? = result.withLockedValue({ $0 }) else {
+            Issue.record("the answer dripping past the cap was taken: \(String(describing: result.withLockedValue { $0 }))")
+            return
+        }
+        #expect(error.isAnswerLost, "\(error)")
+    }
+
     @Test func aStalledAnswerEndsAtTheStallAndIsRetried() async throws {
         // A byte every 10 s: after the first, nothing for over three timeouts. The request ends
         // one timeout after the last byte (not at the cap), and the retry goes out at once.

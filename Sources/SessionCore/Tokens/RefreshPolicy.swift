@@ -53,7 +53,9 @@ public struct RefreshPolicy: Sendable, Equatable {
     /// random (default 0.5, the upper half; 1 = full jitter). The delay for failure n lies in
     /// `[base − jitter × (base − initialBackoff), base]`, base = min(1 s × 2ⁿ⁻¹, 30 s).
     public var backoffJitter: Double = 0.5
-    /// A refresh that has not answered after this long counts as a transient failure.
+    /// A refresh that has not answered after this long counts as a transient failure. At most
+    /// 10 minutes: the refresh lease lasts six of these (`SessionEngine.refreshLeaseDuration`),
+    /// and a lease record at most an hour.
     public var timeout: Duration = .seconds(30)
     /// A server's Retry-After above this counts as this (default 1 hour): a 429 saying
     /// "retry in 10¹⁶ seconds" must not park the session for ever.
@@ -61,6 +63,9 @@ public struct RefreshPolicy: Sendable, Equatable {
     /// Token lifetimes above this count as this (default 10 years): an `expires_in` of
     /// 10¹⁸ must not overflow the expiry arithmetic, the stored expiry or a timer.
     public var maximumLifetime: Duration = .seconds(10 * 365 * 24 * 3600)
+
+    /// The longest refresh timeout (`timeout`).
+    public static let maximumTimeout = Duration.seconds(600)
 
     /// What is wrong with these settings, or nil when they are usable.
     public var problem: String? {
@@ -75,7 +80,9 @@ public struct RefreshPolicy: Sendable, Equatable {
         if initialBackoff <= .zero || maximumBackoff < initialBackoff {
             return "the backoff must start above zero and cap at or above its start"
         }
-        if timeout <= .zero { return "the refresh timeout must be above zero (\(timeout))" }
+        if timeout <= .zero || timeout > Self.maximumTimeout {
+            return "the refresh timeout must be above zero and at most 10 minutes (\(timeout))"
+        }
         if maximumRetryAfter < .zero { return "maximumRetryAfter is negative" }
         if maximumLifetime <= .zero || maximumLifetime > century {
             return "maximumLifetime must be above zero and at most 100 years"
