@@ -576,6 +576,10 @@ static int start(lh_client *client, const lh_post_options *options, int post, lh
     SET(CURLOPT_SSL_VERIFYPEER, 1L);
     SET(CURLOPT_SSL_VERIFYHOST, 2L);
     SET(CURLOPT_NOSIGNAL, 1L);
+    /* A proxy's answer to CONNECT ("HTTP/1.1 200 Connection established") is not the server's:
+     * kept from the header callback, it would count as a 2xx answer arriving before the
+     * request was even sent (and a later TLS failure as a lost answer, retried at once). */
+    SET(CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
     /* With a stall rule the overall deadline is the watch's (it no longer applies once an
      * answer is arriving); curl's is then the hard cap. */
     SET(CURLOPT_TIMEOUT_MS, (long)(request->stall_ms > 0 ? options->answer_cap_ms : options->timeout_ms));

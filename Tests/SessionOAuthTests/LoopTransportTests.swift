@@ -2,6 +2,7 @@ import CLibUV
 import Foundation
 import LoopFlow
 import SessionCore
+import SessionFileStore
 import SessionFlowTestSupport
 import Testing
 
@@ -247,5 +248,74 @@ struct LoopTransportTests {
         await offThePool { server.waitUntilExit() }
         let rest = await offThePool { reading.readDataToEndOfFile() }
         #expect(!String(decoding: rest, as: UTF8.self).contains("GOT POST"), "the request reached the server")
+    }
+
+    @Test func aProxysAnswerToConnectIsNotTheRefreshsAnswer() async throws {
+        // An https proxy (libcurl's HTTPS_PROXY) answers CONNECT with "200 Connection
+        // established", then drops the tunnel: the TLS handshake fails before the request is
+        // sent. That 200 is the proxy's: the refresh failed, it was not "accepted by the server
+        // and its answer lost" (which would retry at once, the same refresh token again).
+        let script = """
+            import socket
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+            print("PORT", listener.getsockname()[1], flush=True)
+            while True:
+                connection, _ = listener.accept()
+                data = b""
+                while b"\\r\\n\\r\\n" not in data:
+                    chunk = connection.recv(4096)
+                    if not chunk: break
+                    data += chunk
+                print(data.split(b"\\r\\n")[0].decode(errors="replace"), flush=True)
+                connection.sendall(b"HTTP/1.1 200 Connection established\\r\\n\\r\\n")
+                connection.close()
+            """
+        let proxy = Process()
+        let output = Pipe()
+        proxy.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        proxy.arguments = ["python3", "-c", script]
+        proxy.standardOutput = output
+        proxy.standardError = FileHandle.nullDevice
+        try proxy.run()
+        defer { kill(proxy.processIdentifier, SIGKILL) }
+        let reading = output.fileHandleForReading
+        let first = await offThePool {
+            var first = Data()
+            while !first.contains(UInt8(ascii: "\n")) {
+                let chunk = reading.availableData
+                if chunk.isEmpty { break }
+                first.append(chunk)
+            }
+            return first
+        }
+        let port = try #require(String(decoding: first, as: UTF8.self).split(separator: " ").last
+            .flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
+
+        // A process of its own (the proxy is its environment's): a stored session whose access
+        // token has expired, refreshed at an https endpoint only the proxy reaches.
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("proxy-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileCredentialStore(directory: directory).write(StoredSession(
+            accessToken: Secret("SENTINEL-PROXY-ACCESS"), refreshToken: Secret("SENTINEL-PROXY-REFRESH"),
+            accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: "alice"))
+        let probe = Process()
+        probe.executableURL = URL(fileURLWithPath: try sessionProbeExecutable())
+        probe.arguments = [directory, "https://token.sessionflow.invalid/token", "c"]
+        var environment = ProcessInfo.processInfo.environment.filter { !$0.key.lowercased().hasSuffix("_proxy") }
+        environment["HTTPS_PROXY"] = "http://127.0.0.1:\(port)"
+        probe.environment = environment
+        probe.standardOutput = Pipe()
+        probe.standardError = Pipe()
+        try probe.run()
+        let printed = await outputs(of: [probe])[0]
+        kill(proxy.processIdentifier, SIGKILL)
+        await offThePool { proxy.waitUntilExit() }
+        let seen = String(decoding: await offThePool { reading.readDataToEndOfFile() }, as: UTF8.self)
+        #expect(seen.contains("CONNECT token.sessionflow.invalid:443"), "the request did not go through the proxy: \(seen)")
+        #expect(printed.contains("ERROR"), "\(printed)")
+        #expect(!printed.contains("answer was lost") && !printed.contains("HTTP 200"), "\(printed)")
+        #expect(!printed.contains("SENTINEL"))
     }
 }
