@@ -7,6 +7,7 @@
     XX(host_input_member_ids_and_account_keys_must_be_utf8)          \
     XX(host_input_a_wrong_tokens_size_names_the_expected_size)       \
     XX(host_input_control_characters_reach_the_log_escaped)          \
+    XX(host_input_control_characters_reach_standard_error_escaped)   \
     XX(host_input_an_issuer_over_its_limit_is_refused)               \
     XX(errors_unknown_codes_have_static_fallbacks)                   \
     XX(version_macros_match_the_library)                             \

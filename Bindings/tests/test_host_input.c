@@ -5,7 +5,9 @@
 #define _GNU_SOURCE
 #include "harness.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static sf_runtime *host_input_runtime(sf_options *options) {
     sf_runtime *rt = NULL;
@@ -129,6 +131,42 @@ void test_host_input_control_characters_reach_the_log_escaped(void) {
     CHECK(strstr(l.text, "\\u{a}2026-11-26 FORGED") != NULL);
     if (sf_test_failures) fprintf(stderr, "    log: %s\n", l.text);
     pthread_mutex_destroy(&l.lock);
+}
+
+void test_host_input_control_characters_reach_standard_error_escaped(void) {
+    /* Without a log function the lines go to standard error (SESSIONFLOW_LOG=debug shows the
+     * member id): escaped there too. Standard error is a file for the while. */
+    char path[] = "/tmp/sessionflow-stderr-XXXXXX";
+    int file = mkstemp(path);
+    CHECK(file >= 0);
+    if (file < 0) return;
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(file, 2);
+    setenv("SESSIONFLOW_LOG", "debug", 1);
+    sf_options options;
+    sf_options_init(&options);
+    sf_runtime *rt = host_input_runtime(&options);
+    unsetenv("SESSIONFLOW_LOG");
+    if (rt) {
+        sf_tokens tokens = test_tokens("access", "refresh", 3600, "evil\n2026-11-26 FORGED line \x1b[2J\xe2\x80\xae");
+        CHECK_CODE(sf_session_sign_in(rt, &tokens), SF_OK);
+        CHECK_CODE(sf_session_logout(rt), SF_OK);
+        CHECK_CODE(sf_runtime_destroy(rt), SF_OK);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    static char text[65536];
+    ssize_t length = pread(file, text, sizeof text - 1, 0);
+    close(file);
+    unlink(path);
+    text[length > 0 ? length : 0] = '\0';
+    CHECK(strstr(text, "\\u{a}2026-11-26 FORGED") != NULL); /* the line was written, escaped */
+    CHECK(strstr(text, "\n2026-11-26 FORGED") == NULL);
+    CHECK(strchr(text, '\x1b') == NULL);
+    CHECK(strstr(text, "\xe2\x80\xae") == NULL);
+    if (sf_test_failures) fprintf(stderr, "    standard error: %s\n", text);
 }
 
 void test_host_input_an_issuer_over_its_limit_is_refused(void) {

@@ -127,14 +127,21 @@ struct HostLogHandler: LogHandler {
     }
 
     func log(event: LogEvent) {
+        sink.write(event.level, Self.line(event, label: label, metadata: metadata, provider: metadataProvider))
+    }
+
+    /// "label: message key=value...", escaped.
+    static func line(
+        _ event: LogEvent, label: String, metadata: Logger.Metadata, provider: Logger.MetadataProvider?
+    ) -> String {
         var all = metadata
-        if let provided = metadataProvider?.get() { all.merge(provided) { _, new in new } }
+        if let provided = provider?.get() { all.merge(provided) { _, new in new } }
         if let own = event.metadata { all.merge(own) { _, new in new } }
         var line = "\(label): \(event.message)"
         for (key, value) in all.sorted(by: { $0.key < $1.key }) {
             line += " \(key)=\(value)"
         }
-        sink.write(event.level, Self.escaped(line))
+        return escaped(line)
     }
 
     /// The line with every control character (C0, DEL, C1) and every format or bidi control
@@ -156,5 +163,41 @@ struct HostLogHandler: LogHandler {
 
     private static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {
         scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.properties.generalCategory == .format
+    }
+}
+
+/// Without a host's log function: standard error, one line per call, escaped as
+/// `HostLogHandler`'s are (a member id a host passed cannot forge a line there either):
+/// "<time> <level> label: message key=value...".
+struct StandardErrorLogHandler: LogHandler {
+    let label: String
+    var logLevel: Logger.Level
+    var metadata: Logger.Metadata = [:]
+    var metadataProvider: Logger.MetadataProvider?
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        var now = time(nil)
+        var parts = tm()
+        localtime_r(&now, &parts)
+        var stamp = [CChar](repeating: 0, count: 40)
+        let length = strftime(&stamp, stamp.count, "%Y-%m-%dT%H:%M:%S%z", &parts)
+        let time = String(decoding: stamp.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let text = "\(time) \(event.level) "
+            + HostLogHandler.line(event, label: label, metadata: metadata, provider: metadataProvider) + "\n"
+        // One write: lines of several threads never interleave within a line.
+        var bytes = Array(text.utf8)[...]
+        while !bytes.isEmpty {
+            let written = bytes.withUnsafeBytes { Glibc.write(2, $0.baseAddress, $0.count) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                return
+            }
+            bytes = bytes.dropFirst(written)
+        }
     }
 }

@@ -74,17 +74,14 @@ func withRuntime(_ pointer: OpaquePointer?, _ body: (Runtime) throws(SessionErro
 
 /// The library's logger for C hosts: the host's log function (sf_options.log) at the level it
 /// chose; without one, warnings and above to standard error, more with SESSIONFLOW_LOG=debug
-/// (or trace, info, notice). Never a token (the session redacts).
+/// (or trace, info, notice), escaped as the host's lines are. Never a token (the session redacts).
 func makeLogger(_ sink: LogSink? = nil, level: Logger.Level = .info) -> Logger {
     if let sink {
         return Logger(label: "sessionflow", factory: { HostLogHandler(label: $0, sink: sink, logLevel: level) })
     }
-    var logger = Logger(label: "sessionflow", factory: { StreamLogHandler.standardError(label: $0) })
-    if let level = getenv("SESSIONFLOW_LOG").flatMap({ Logger.Level(rawValue: String(cString: $0)) }) {
-        logger.logLevel = level
-    } else {
-        logger.logLevel = .warning
-    }
+    let chosen = getenv("SESSIONFLOW_LOG").flatMap { Logger.Level(rawValue: String(cString: $0)) } ?? .warning
+    var logger = Logger(label: "sessionflow", factory: { StandardErrorLogHandler(label: $0, logLevel: chosen) })
+    logger.logLevel = chosen
     return logger
 }
 
