@@ -10,7 +10,7 @@ import time
 import pytest
 
 import sessionflow as sf
-from helpers import CLIENT, call, loopback
+from helpers import CLIENT, call, loopback, wait_for
 
 httpx = pytest.importorskip("httpx")
 requests = pytest.importorskip("requests")
@@ -366,3 +366,81 @@ def test_httpx_a_redirect_targets_401_is_returned_with_no_refresh(server, flow):
             assert paths(other_seen) == ["/landing"]
             assert "authorization" not in other_seen[0]["headers"]
             assert stats(server)["refresh_grants"] == refreshes
+
+
+def test_requests_a_huge_refusal_is_not_read_before_the_retry(server):
+    """A 401 whose body is huge (or endless): the adapter reads at most 64 KiB of it, closes its
+    connection and retries with the refreshed token. Before, it read the whole body first
+    (requests runs the hook before the body is read, stream or not)."""
+    import http.server
+    import socketserver
+    import threading
+
+    huge = 512 << 20
+    sent = []
+    answered = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            if not answered:
+                answered.append(401)
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Bearer error="invalid_token"')
+                self.send_header("Content-Length", str(huge))
+                self.end_headers()
+                chunk, count = b"x" * 65536, 0
+                try:
+                    while count < huge:
+                        self.wfile.write(chunk)
+                        count += len(chunk)
+                except OSError:  # the client closed the connection: good
+                    pass
+                sent.append(count)
+                self.close_connection = True
+                return
+            answered.append(200)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+
+    httpd = Server(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    runtime, access = signed_in(server)
+    try:
+        with runtime:
+            refreshes = stats(server)["refresh_grants"]
+            url = f"http://127.0.0.1:{httpd.server_address[1]}/big"
+            response = requests.get(url, auth=sessionflow.requests.Auth(runtime), timeout=60)
+            assert response.status_code == 200 and response.text == "ok"
+            assert [answer.status_code for answer in response.history] == [401]
+            assert answered == [401, 200]
+            assert stats(server)["refresh_grants"] == refreshes + 1
+            assert wait_for(lambda: sent)
+            assert sent[0] < 64 << 20, f"{sent[0]} bytes of the refusal were sent: it was read whole"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_an_adapter_waits_as_long_as_the_refresh_may_take(server):
+    """A refresh that takes 12 s (the server is slow; the refresh timeout is 30 s): the request
+    waits for it and succeeds. Before, unauthorized() gave up after a fixed 10 s and the adapter
+    raised a plain TimeoutError, which is not the session's error."""
+    runtime, access = signed_in(server)
+    with runtime:
+        revoke_access(server, access)  # the resource refuses it: the adapter asks for a refresh
+        assert call(f"{server}/__fault", {"mode": "delay:12", "count": "1"})["ok"]
+        started = time.monotonic()
+        response = httpx.get(resource(server), auth=sessionflow.httpx.Auth(runtime), timeout=60)
+        assert response.status_code == 200
+        assert time.monotonic() - started >= 11  # it did wait for the slow refresh

@@ -421,6 +421,11 @@ class Runtime:
         _ffi.lib.sf_options_init(ctypes.byref(buffer))
         options = buffer.options
         options.size = ctypes.sizeof(_ffi.Options)  # this binding's layout (see OptionsBuffer)
+        # The longest the library may take to answer a token request: waiting for another
+        # process's refresh lease (six refresh timeouts), then the refresh whose answer is
+        # arriving (four) and its guard (one), and a margin. The calls that wait wait this long
+        # by default: a slow refresh answers with the session's error, never a TimeoutError.
+        self._answer_wait = 12 * (refresh_timeout_ms if refresh_timeout_ms is not None else 30_000) / 1000 + 10
         for field, value in (("refresh_margin_ms", refresh_margin_ms), ("refresh_timeout_ms", refresh_timeout_ms),
                              ("min_backoff_ms", min_backoff_ms), ("max_backoff_ms", max_backoff_ms),
                              ("min_refresh_interval_ms", min_refresh_interval_ms)):
@@ -745,8 +750,14 @@ class Runtime:
         """sf_session_account_profile: who minted `account`'s tokens (None: the active account)
         — issuer, client id, requested and granted scope. None when the account has no profile
         (signed in with tokens, or a record written before profiles) or, for the active account,
-        when none is signed in. InvalidArgumentError: no such account. A snapshot; any thread."""
-        key = None if account is None else account.encode()
+        when none is signed in. InvalidArgumentError: no such account. Any thread; the fields are
+        read one by one, all of one account (the active one is named first: a switch meanwhile
+        cannot mix two accounts' fields)."""
+        if account is None:
+            account = self.active_account()
+            if not account:
+                return None
+        key = account.encode()
 
         def field(which: int) -> Optional[str]:
             needed = ctypes.c_size_t(0)
@@ -797,19 +808,21 @@ class Runtime:
         check(int(_ffi.lib.sf_session_logout_all(self._pointer)), "sf_session_logout_all")
 
     @_api
-    def fresh_token(self, timeout: float = 10.0) -> str:
+    def fresh_token(self, timeout: Optional[float] = None) -> str:
         """sf_session_fresh_token, waited for: a usable access token (refreshed first if due).
         Raises SessionFlowError for the library's answer, TimeoutError after `timeout` seconds
-        (the answer still comes later, and is dropped). Not on the runtime's own loop thread
+        (the answer still comes later, and is dropped; None: twelve refresh timeouts and 10 s,
+        longer than the library may take — a lease held by another process, a refresh whose
+        answer is arriving). Not on the runtime's own loop thread
         (inside its callbacks), where it would wait for itself: BusyError."""
         self._not_on_loop_thread("fresh_token", "fresh_token_async()")
         entry = _TokenEntry(self._sink)
         key = keep(entry)  # until the one answer the library owes (also at destroy: SF_ESHUTDOWN)
         code = int(_ffi.lib.sf_session_fresh_token(self._pointer, TOKEN_THUNK, key))
-        return self._wait_token(entry, key, code, "sf_session_fresh_token", timeout)
+        return self._wait_token(entry, key, code, "sf_session_fresh_token", self._wait(timeout))
 
     @_api
-    def refresh_now(self, timeout: float = 10.0) -> str:
+    def refresh_now(self, timeout: Optional[float] = None) -> str:
         """sf_session_refresh_now, waited for: refreshes now, whatever the margin says (joins a
         refresh in flight), and returns the new access token. For a token that went bad in a way
         no 401 shows. Raises as fresh_token()."""
@@ -817,7 +830,7 @@ class Runtime:
         entry = _TokenEntry(self._sink)
         key = keep(entry)
         code = int(_ffi.lib.sf_session_refresh_now(self._pointer, TOKEN_THUNK, key))
-        return self._wait_token(entry, key, code, "sf_session_refresh_now", timeout)
+        return self._wait_token(entry, key, code, "sf_session_refresh_now", self._wait(timeout))
 
     def _not_on_loop_thread(self, call: str, instead: str) -> None:
         """A call that waits for the loop, refused on the loop's own thread (BusyError)."""
@@ -825,6 +838,9 @@ class Runtime:
             raise SessionFlowError.from_code(
                 ErrorCode.EBUSY, f"Runtime.{call}",
                 f"called on the runtime's own loop thread, it would wait for itself: use {instead}")
+
+    def _wait(self, timeout: Optional[float]) -> float:
+        return self._answer_wait if timeout is None else timeout
 
     @staticmethod
     def _wait_token(entry: "_TokenEntry", key: int, code: int, call: str, timeout: float) -> str:
@@ -840,24 +856,25 @@ class Runtime:
     # ---- authorizing requests (the one primitive of sessionflow.httpx and sessionflow.requests)
 
     @_api
-    def authorize(self, method: str, url: str, timeout: float = 10.0) -> Authorization:
+    def authorize(self, method: str, url: str, timeout: Optional[float] = None) -> Authorization:
         """sf_session_authorize, waited for: the headers that authorize `method` on `url`
         (absolute https://, or http:// to a loopback host), with the access token refreshed first
         if due (one refresh shared by every request). Add every header of `.headers`, send, and on
         HTTP 401 ask unauthorized() for the authorization to retry with, once.
         Raises InvalidArgumentError (a method or URL refused), NotLoggedInError, AuthError (the
-        session expired), NetworkError, ConfigError...; TimeoutError after `timeout` seconds;
+        session expired), NetworkError, ConfigError...; TimeoutError after `timeout` seconds (None:
+        as fresh_token());
         BusyError on the runtime's loop thread (use authorize_async() or a callback-free thread)."""
         self._not_on_loop_thread("authorize", "authorize_async()")
         c_method, c_url = _c_text(method, "method"), _c_text(url, "url")
         entry = _AuthorizeEntry(self._sink, "sf_session_authorize", method, url)
         key = keep(entry)  # until the one answer the library owes (also at destroy: SF_ESHUTDOWN)
         code = int(_ffi.lib.sf_session_authorize(self._pointer, c_method, c_url, AUTHORIZE_THUNK, key))
-        return entry.wait(key, code, timeout)
+        return entry.wait(key, code, self._wait(timeout))
 
     @_api
     def unauthorized(self, authorization: Authorization, status: int, www_authenticate: Optional[str] = None,
-                     timeout: float = 10.0, dpop_nonce: Optional[str] = None) -> Authorization:
+                     timeout: Optional[float] = None, dpop_nonce: Optional[str] = None) -> Authorization:
         """sf_session_unauthorized, waited for: the request sent with `authorization` got HTTP
         `status` (401, or 403) with `www_authenticate` (the WWW-Authenticate header, or None): the
         authorization to retry with, once. On 401 the session refreshes only if the refused token
@@ -878,7 +895,7 @@ class Runtime:
                                                              AUTHORIZE_THUNK, key))
         else:
             code = int(_ffi.lib.sf_session_unauthorized(self._pointer, *args, AUTHORIZE_THUNK, key))
-        return entry.wait(key, code, timeout)
+        return entry.wait(key, code, self._wait(timeout))
 
     def remember_dpop_nonce(self, url: str, nonce: str) -> bool:
         """sf_session_remember_dpop_nonce: the DPoP-Nonce header of an answer, whatever its status,

@@ -94,8 +94,7 @@ class Auth(requests.auth.AuthBase):
             answer = self.runtime.unauthorized(authorization, response.status_code, challenge,
                                                dpop_nonce=response.headers.get("DPoP-Nonce"))
             _apply(retry, answer)
-            response.content  # read the refusal, so that its connection goes back to the pool
-            response.close()
+            _discard(response)
             sent: Response = response.connection.send(retry, **kwargs)
             self._nonce(authorization, sent)
             if _redirect(sent):
@@ -115,6 +114,22 @@ class Auth(requests.auth.AuthBase):
         nonce = response.headers.get("DPoP-Nonce")
         if nonce is not None and authorization.scheme == "DPoP" and response.request.url == authorization.url:
             self.runtime.remember_dpop_nonce(authorization.url, nonce)
+
+
+# The most of a refusal's body read so that its connection can serve the retry.
+_REFUSAL_READ = 64 * 1024
+
+
+def _discard(response: Response) -> None:
+    """Done with a refusal: its body, if it ends within _REFUSAL_READ bytes, is read so that its
+    connection goes back to the pool; a longer one (or an endless one) is not read on, and its
+    connection is closed. Never raises: the retry goes on."""
+    try:
+        if response.raw is not None:
+            response.raw.read(_REFUSAL_READ, decode_content=False)
+    except Exception:  # a connection already gone: nothing to keep
+        pass
+    response.close()
 
 
 def _redirect(response: Response) -> bool:
