@@ -853,10 +853,10 @@ typedef struct sf_sign_in_prompt {
      * redirect_uri (http://127.0.0.1:<port>/callback, the library's loopback listener). */
     const char *authorization_url;
     const char *redirect_uri;
-    /* Browser flow: http://127.0.0.1:<port>/start, which the listener answers with a redirect
-     * to authorization_url. Give this one to a program you start to open the browser
-     * (xdg-open): any local user can read a process's arguments, and the authorization URL's
-     * state would let them end the sign-in. */
+    /* Browser flow: http://127.0.0.1:<port>/start, which the listener answers once with a
+     * redirect to authorization_url (a second fetch ends the sign-in: SF_ECANCELLED). Give this
+     * one to a program you start to open the browser (xdg-open): any local user can read a
+     * process's arguments, and the authorization URL's state would let them end the sign-in. */
     const char *start_url;
 } sf_sign_in_prompt;
 

@@ -8,14 +8,16 @@ import SessionCore
 /// to `redirectURI`, the loopback listener, which must answer within `timeout`. The PKCE
 /// verifier stays inside the flow; the `state` in the authorization URL is only good for this
 /// run, but another local user who reads it in time could answer the listener with a
-/// matching error and end the sign-in — so hand a program you start (whose argv any local
-/// user can read in /proc) the start URL, which carries nothing.
+/// matching error and end the sign-in (or, with the PKCE challenge beside it, sign the user in
+/// to an account of theirs) — so hand a program you start (whose argv any local user can read
+/// in /proc) the start URL, which carries nothing and answers once: a second fetch of it ends
+/// the sign-in (`cancelled`), since whoever fetched it first may not be the browser.
 public struct BrowserPrompt: Sendable, Equatable, CustomStringConvertible {
     /// The authorization request (RFC 6749 §4.1.1 with `state`, `code_challenge`,
     /// `code_challenge_method=S256`, `redirect_uri`).
     public let authorizationURL: URL
-    /// `http://127.0.0.1:<port>/start`: the listener answers it with a 302 to
-    /// `authorizationURL` until the redirect is taken. Nothing secret is in it.
+    /// `http://127.0.0.1:<port>/start`: the listener answers its first fetch with a 302 to
+    /// `authorizationURL`; a second fetch ends the sign-in. Nothing secret is in it.
     public let startURL: URL
     /// `http://127.0.0.1:<port>/callback`: the one-shot listener on the loop.
     public let redirectURI: URL
@@ -138,8 +140,9 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
     private var redirectURI = ""
     /// The redirect was taken (a code or an error): later ones are refused.
     private var taken = false
-    /// The authorization URL `/start` redirects to.
+    /// The authorization URL `/start` redirects to, once (`started`).
     private var authorizationURL = ""
+    private var started = false
 
     init(flow: BrowserAuthorization, loop: EventLoop, completion: @escaping @Sendable (Result<SessionTokens, SessionError>) -> Void) {
         self.flow = flow
@@ -214,6 +217,22 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
         let (path, query) = Self.split(target)
         if path == BrowserAuthorization.startPath, query == nil, method == "GET" {
             guard !taken, !finished else { return .init(status: 400, page: Self.stalePage) }
+            guard !started else {
+                // Fetched before: by the browser, or by another local program that found the
+                // port — which then holds the state and the PKCE challenge. Ended, rather than
+                // completed by whoever answers first.
+                taken = true
+                stopTimer()
+                finish(.failure(SessionError(
+                    .cancelled,
+                    "the sign-in's start page was opened twice, so another program may have read the sign-in: "
+                        + "nothing was signed in; sign in again")))
+                return .init(status: 400, page: Self.page(
+                    "Not signed in",
+                    "This sign-in's start page was opened twice, so the sign-in was ended for safety. "
+                        + "Start the sign-in again in the application."))
+            }
+            started = true
             return .init(status: 302, page: Self.continuePage, location: authorizationURL)
         }
         guard path == BrowserAuthorization.callbackPath else { return .init(status: 404, page: Self.notFoundPage) }

@@ -661,6 +661,35 @@ extension OAuthServer {
         await setup.session.stop()
     }
 
+    /// The start URL answers once: whoever fetched it first holds the state and the PKCE
+    /// challenge, so a second fetch (the browser after another local program, or that program
+    /// after the browser) ends the sign-in instead of letting the first answer at the callback
+    /// win. Even a callback with the right state is refused after that.
+    @Test func aSecondFetchOfTheStartURLEndsTheSignIn() async throws {
+        let setup = try await BrowserFlowTests.Setup()
+        let signIn = Task { try await setup.session.manager.signIn(with: setup.flow) }
+        let prompt = try #require(await setup.prompts.first())
+        let port = try #require(prompt.startURL.port)
+        let first = try LoopbackHTTP.request(port: port, method: "GET", path: "/start")
+        #expect(first.status == 302)
+        let location = try #require(first.header("Location"))
+        let second = try LoopbackHTTP.request(port: port, method: "GET", path: "/start")
+        #expect(second.status == 400 && second.header("Location") == nil, "\(second.status)")
+        let outcome = await signIn.result
+        guard case .failure(let error as SessionError) = outcome else {
+            Issue.record("the sign-in went on after its start page was fetched twice: \(outcome)")
+            return
+        }
+        #expect(error.code == .cancelled, "\(error)")
+        // The first fetcher answers the callback with the state it read: the listener is closed
+        // (or refuses it), nothing signed in.
+        let state = try #require(URLComponents(string: location)?.queryItems?.first { $0.name == "state" }?.value)
+        let late = try? LoopbackHTTP.request(port: port, method: "GET", path: "/callback?state=\(state)&error=access_denied")
+        #expect(late.map { $0.status != 200 } ?? true)
+        #expect(setup.session.manager.state.value == .loggedOut)
+        await setup.session.stop()
+    }
+
     @Test func stateIsComparedByteForByte() {
         #expect(BrowserRedirect.constantTimeEqual("abc", "abc"))
         #expect(!BrowserRedirect.constantTimeEqual("abc", "abd"))
