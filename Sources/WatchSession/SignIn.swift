@@ -26,7 +26,8 @@ enum ExitCodes {
         switch error.code {
         case .accessDenied: denied
         case .signInExpired: expired
-        case .cancelled: interrupted
+        case .cancelled where error.message == "the sign-in was cancelled": interrupted
+        case .cancelled: signInFailed  // ended by the library, not by the person (who gets 130)
         default: signInFailed
         }
     }
@@ -115,7 +116,10 @@ struct SignInPlan: Sendable {
         switch error.code {
         case .accessDenied: "sign-in denied: \(error.message)"
         case .signInExpired: "sign-in expired: \(error.message)"
-        case .cancelled: "the sign-in was cancelled: nothing was signed in"
+        // Ours (Ctrl-C, q) says only that; one the library ended itself says why (the browser
+        // flow's start page opened twice).
+        case .cancelled where error.message == "the sign-in was cancelled": "the sign-in was cancelled: nothing was signed in"
+        case .cancelled: "the sign-in was cancelled: \(error.message)"
         default: "sign-in failed: \(error.message)"
         }
     }

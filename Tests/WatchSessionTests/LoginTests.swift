@@ -471,6 +471,30 @@ struct WatchSessionLoginTests {
     /// --browser: xdg-open (a stand-in on PATH) is run on the listener's start URL, which sends
     /// the browser on to the authorization URL that is printed; the test plays the browser (consent form, redirect to the loopback listener)
     /// and the session is signed in and stored. No token in the output.
+    /// The start page fetched twice (the browser and another local program): the library ends
+    /// the sign-in, and `login` says why with exit 5 — not 130, which is a person's Ctrl-C.
+    @Test func loginWithTheBrowserEndsWhenItsStartPageIsOpenedTwice() async throws {
+        let server = try await AuthServer()
+        let directory = temporaryStore()
+        let opener = try fakeXDGOpen()
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: opener.directory)
+        }
+        let path = opener.directory + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        let cli = try Running(login(server, store: directory, ["--browser"]), terminal: false, environment: ["PATH": path])
+        #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) {
+            (try? String(contentsOfFile: opener.opened, encoding: .utf8))?.hasSuffix("/start\n") == true
+        }, "\(cli.screen)")
+        let opened = try #require(try? String(contentsOfFile: opener.opened, encoding: .utf8))
+        let port = try #require(URL(string: opened.trimmingCharacters(in: .newlines))?.port)
+        #expect(try LoopbackHTTP.request(port: port, method: "GET", path: "/start").status == 302)
+        #expect(try LoopbackHTTP.request(port: port, method: "GET", path: "/start").status == 400)
+        #expect(await cli.exit() == 5, "\(cli.screen)")
+        #expect(cli.screen.contains("opened twice"), "\(cli.screen)")
+        #expect(FileCredentialStore(directory: directory).read() == .absent)
+    }
+
     @Test func loginWithTheBrowserOpensTheURLAndSignsInWhenTheBrowserComesBack() async throws {
         let server = try await AuthServer()
         let directory = temporaryStore()
