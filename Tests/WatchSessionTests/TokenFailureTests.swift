@@ -62,6 +62,23 @@ struct TokenFailureTests {
     /// Whether this test process runs under ThreadSanitizer (its runtime is linked in).
     static let underThreadSanitizer = dlsym(nil, "__tsan_init") != nil
 
+    /// A stored profile whose token endpoint no refresh may use (plain http to a remote host):
+    /// the token that needs a refresh is not printed, exit 8 ("could not be refreshed"),
+    /// nothing is sent, the refresh token is in no output.
+    @Test func aProfileNamingAnEndpointNoRefreshMayUseExits8() async throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileCredentialStore(directory: directory).write(StoredSession(
+            accessToken: Secret("SENTINEL-ACCESS-8"), refreshToken: Secret("SENTINEL-REFRESH-8"),
+            accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: "alice",
+            profile: SessionProfile(
+                issuer: "http://as.example", clientID: "c", tokenEndpoint: "http://as.example/oauth/token")))
+        let run = try await watchSession(["token", "--store", directory])
+        #expect(run.status == 8, "\(run)")
+        #expect(run.stdout.isEmpty && run.stderr.contains("could not be refreshed"), "\(run)")
+        #expect(clean(run.stdout + run.stderr, of: ["SENTINEL-ACCESS-8", "SENTINEL-REFRESH-8"]), "\(run)")
+    }
+
     /// Another process holds the store's write lock longer than the store's patience while a
     /// `token` refreshes: the refresh is made (the server rotated the refresh token), but its
     /// tokens never reach the store. No token is printed, exit 7, standard error says why (no
