@@ -119,10 +119,12 @@ extension FileCredentialStore {
 
         /// A record for `session` replacing `previous`: a session without a profile (a host
         /// that signed in with bare tokens) keeps the profile the record had, with the granted
-        /// scope the session now holds (a refresh that named a scope changed it).
+        /// scope the session now holds (a refresh that named a scope changed it) — unless the
+        /// record had expired: tokens written over an expired record are a new sign-in, maybe at
+        /// another issuer, and a profile says who minted the tokens beside it.
         init(_ session: StoredSession, keepingProfileOf previous: Record?) {
             self.init(session)
-            if profile == nil, var kept = previous?.profile {
+            if profile == nil, previous?.expired != true, var kept = previous?.profile {
                 if let granted = session.grantedScope { kept.grantedScope = granted }
                 profile = kept
             }

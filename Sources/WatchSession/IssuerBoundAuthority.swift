@@ -18,28 +18,35 @@ import SessionCore
 final class IssuerBoundAuthority: SessionAuthority, @unchecked Sendable {
     private let inner: any SessionAuthority
     private let tokenEndpoint: String
+    private let clientID: String
     private let adoptsSessionsWithoutProfile: Bool
     private let foreign: Bool
 
     init(
-        _ inner: any SessionAuthority, tokenEndpoint: String, adoptsSessionsWithoutProfile: Bool,
+        _ inner: any SessionAuthority, tokenEndpoint: String, clientID: String, adoptsSessionsWithoutProfile: Bool,
         accounts: [StoreView.Account]
     ) {
         self.inner = inner
         self.tokenEndpoint = tokenEndpoint
+        self.clientID = clientID
         self.adoptsSessionsWithoutProfile = adoptsSessionsWithoutProfile
         foreign = accounts.contains { account in
-            account.session.profile.map { $0.tokenEndpoint != tokenEndpoint } ?? !adoptsSessionsWithoutProfile
+            account.session.profile.map { $0.tokenEndpoint != tokenEndpoint || $0.clientID != clientID }
+                ?? !adoptsSessionsWithoutProfile
         }
     }
 
-    /// Whether the tokens of the session with `profile` were minted here.
+    /// Whether the tokens of the session with `profile` were minted here, for this client (a
+    /// refresh token sent with another client's id is refused as `invalid_grant`, RFC 6749
+    /// §5.2, and would end that session).
     private func mintedHere(_ profile: SessionProfile?) -> Bool {
-        profile.map { $0.tokenEndpoint == tokenEndpoint } ?? adoptsSessionsWithoutProfile
+        profile.map { $0.tokenEndpoint == tokenEndpoint && $0.clientID == clientID } ?? adoptsSessionsWithoutProfile
     }
 
     private var otherIssuer: AuthorityError {
-        .configuration("other_issuer", "this account was signed in at another issuer than \(tokenEndpoint): watching only")
+        .configuration(
+            "other_issuer",
+            "this account was not signed in at \(tokenEndpoint) as \(clientID) (another issuer or client, or unknown): watching only")
     }
 
     func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
@@ -77,7 +84,8 @@ final class IssuerBoundAuthority: SessionAuthority, @unchecked Sendable {
     ) {
         guard mintedHere(profile) else {
             completion.fail(.configuration(
-                "other_issuer", "this account was signed in at another issuer than \(tokenEndpoint): not revoked"))
+                "other_issuer",
+                "this account was not signed in at \(tokenEndpoint) as \(clientID) (another issuer or client, or unknown): not revoked"))
             return
         }
         inner.revoke(refreshToken: refreshToken, accessToken: accessToken, profile: profile, completion: completion)

@@ -130,7 +130,7 @@ struct LiveWatch {
         let bound = oauth.flatMap { oauth in
             storeDirectory.map { directory in
                 IssuerBoundAuthority(
-                    authority, tokenEndpoint: oauth.tokenEndpoint.absoluteString,
+                    authority, tokenEndpoint: oauth.tokenEndpoint.absoluteString, clientID: oauth.clientID,
                     adoptsSessionsWithoutProfile: oauthProfile == nil,
                     accounts: (try? StoreView(directory: directory, key: storeKey).accounts().get()) ?? [])
             }

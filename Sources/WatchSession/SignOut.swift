@@ -146,7 +146,7 @@ struct SignOut {
         let witness = RevocationWitness(try oauth.map { configuration throws in
             IssuerBoundAuthority(
                 try OAuthAuthority(configuration, loop: loop), tokenEndpoint: configuration.tokenEndpoint.absoluteString,
-                adoptsSessionsWithoutProfile: serverNamed, accounts: accounts)
+                clientID: configuration.clientID, adoptsSessionsWithoutProfile: serverNamed, accounts: accounts)
         })
         var configuration = SessionConfiguration.logging(at: logLevel)
         configuration.startsAutomatically = false

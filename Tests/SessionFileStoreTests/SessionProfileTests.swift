@@ -95,6 +95,23 @@ struct SessionProfileTests {
         #expect(fresh.profile == nil, "a new sign-in after logout starts without the old profile")
     }
 
+    /// An expired record keeps who its tokens were from, but tokens written over it are a new
+    /// sign-in (maybe at another issuer, by a host that gives no profile): they do not take the
+    /// old profile, which would send them to the old issuer (watch-session judges by it).
+    @Test func tokensWrittenOverAnExpiredRecordDoNotTakeItsProfile() throws {
+        let tmp = TemporaryDirectory()
+        let store = FileCredentialStore(directory: tmp.store)
+        var signedIn = session("alice")
+        signedIn.profile = profile
+        try store.write(signedIn)
+        try store.write(StoredSession(memberID: "alice", expired: true))
+        guard case .present(let expired) = store.read() else { Issue.record("unreadable"); return }
+        #expect(expired.expired && expired.profile == profile, "the expired record says whose it was")
+        try store.write(session("alice", access: "SENTINEL-AGAIN"))
+        guard case .present(let again) = store.read() else { Issue.record("unreadable"); return }
+        #expect(again.accessToken == Secret("SENTINEL-AGAIN") && again.profile == nil)
+    }
+
     @Test func issuersCompareWithoutATrailingSlashOrCase() {
         #expect(profile.isIssuer("https://AUTH.example/"))
         #expect(!profile.isIssuer("https://other.example"))

@@ -22,8 +22,64 @@ final class FlakyShared: SharedCredentialStore, @unchecked Sendable {
     func directoryToWatch() -> String? { inner.directoryToWatch() }
 }
 
+/// A shared file store with no directory to watch (inotify exhausted, NFS): another process's
+/// writes are only seen when the session reads (its lease look before a refresh).
+final class Unwatched: SharedCredentialStore, @unchecked Sendable {
+    let inner: FileCredentialStore
+    init(_ inner: FileCredentialStore) { self.inner = inner }
+    func read() -> StoreRead { inner.read() }
+    func write(_ s: StoredSession) throws(StoreError) { try inner.write(s) }
+    func clear() throws(StoreError) { try inner.clear() }
+    func tryAcquireRefreshLease(for duration: Duration) -> RefreshLeaseResult { inner.tryAcquireRefreshLease(for: duration) }
+    func releaseRefreshLease() { inner.releaseRefreshLease() }
+    func directoryToWatch() -> String? { nil }
+}
+
+/// Records the profile each refresh came with, and rotates.
+final class ProfileRecordingAuthority: SessionAuthority, @unchecked Sendable {
+    let seen = LockedBox<[(refreshToken: String, issuer: String?)]>([])
+    func refresh(_ request: RefreshRequest, completion: AuthorityCompletion<TokenGrant>) {
+        let n = seen.withLockedValue { seen in
+            seen.append((request.refreshToken.reveal(), request.profile?.issuer))
+            return seen.count
+        }
+        completion.succeed(TokenGrant(
+            accessToken: Secret("access-\(n)"), refreshToken: Secret("refresh-\(n)"), expiresIn: .seconds(3600)))
+    }
+}
+
 @Suite("Shared store regressions found in review", .serialized)
 struct SharedStoreRegressionTests {
+    /// Tokens another process stored, taken at the lease look before a refresh (no watch told
+    /// of them), come with their profile: alice signed in again at Y elsewhere; her next
+    /// refresh says Y, not X (watch-session's issuer check goes by it).
+    @Test func tokensTakenAtTheLeaseLookBringTheirProfile() async throws {
+        let tmp = TemporaryDirectory()
+        let loop = try EventLoop(name: "lease-profile")
+        let file = FileCredentialStore(directory: tmp.store)
+        let authority = ProfileRecordingAuthority()
+        let manager = try await loop.submit {
+            try SessionManager(loop: loop, authority: authority, store: Unwatched(file))
+        }
+        let x = SessionProfile(issuer: "https://x.example", clientID: "c", tokenEndpoint: "https://x.example/token")
+        let y = SessionProfile(issuer: "https://y.example", clientID: "c", tokenEndpoint: "https://y.example/token")
+        try await manager.signIn(SessionTokens(
+            accessToken: Secret("a-x"), refreshToken: Secret("r-x"), expiresIn: .seconds(3600), memberID: "alice", profile: x))
+        // Another process: alice again, at Y.
+        try file.write(StoredSession(
+            accessToken: Secret("a-y"), refreshToken: Secret("r-y"),
+            accessTokenExpiresAt: SessionConfiguration.realtime() + .seconds(3600), memberID: "alice", profile: y))
+        for _ in 0..<2 { _ = try await manager.refreshNow() }
+        let sent = authority.seen.withLockedValue { $0 }
+        #expect(!sent.isEmpty, "no refresh was made")
+        for refresh in sent where refresh.refreshToken == "r-y" {
+            #expect(refresh.issuer == "https://y.example", "Y's refresh token went out as X's: \(sent)")
+        }
+        #expect(sent.contains { $0.refreshToken == "r-y" || $0.issuer == "https://y.example" }, "\(sent)")
+        await manager.close()
+        _ = try? loop.shutdown()
+    }
+
     @Test func aLogoutWhoseClearFailedIsNotUndoneByTheStoreWatch() async throws {
         let tmp = TemporaryDirectory()
         let loop = try EventLoop(name: "r3")

@@ -494,23 +494,27 @@ struct SessionCommandTests {
 
     /// A store with accounts of two issuers: watching one of them refreshes it at its issuer,
     /// and the other account's refresh token goes nowhere (never to the first issuer) — whether
-    /// its record names its issuer or has no profile at all (bare tokens a library host signed
-    /// in: whose they are, nobody said; the server here was taken from alice's profile).
-    @Test(arguments: [true, false])
-    func aWatchNeverSendsAnotherIssuersTokenToItsOwn(bobHasAProfile: Bool) async throws {
+    /// its record names its issuer, has no profile at all (bare tokens a library host signed
+    /// in: whose they are, nobody said; the server here was taken from alice's profile), or
+    /// names the first issuer but another client (sent with alice's client id, the token would
+    /// be refused as invalid_grant and bob's session end).
+    @Test(arguments: ["profile", "none", "other client"])
+    func aWatchNeverSendsAnotherIssuersTokenToItsOwn(bob bobsRecord: String) async throws {
         let first = try await AuthServer()
         let second = try await AuthServer()
+        let bobsServer = bobsRecord == "other client" ? first : second
         let alice = try await first.passwordSignIn("alice")
-        let bob = try await second.passwordSignIn("bob")
+        let bob = try await bobsServer.passwordSignIn("bob")
         let directory = temporaryStore()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = FileCredentialStore(directory: directory)
-        for (member, server, tokens) in [("alice", first, alice), ("bob", second, bob)] {
-            let profile = SessionProfile(issuer: server.issuer, clientID: "sessionflow-public", tokenEndpoint: server.issuer + "/oauth/token")
+        for (member, server, tokens) in [("alice", first, alice), ("bob", bobsServer, bob)] {
+            let client = member == "bob" && bobsRecord == "other client" ? "another-client" : "sessionflow-public"
+            let profile = SessionProfile(issuer: server.issuer, clientID: client, tokenEndpoint: server.issuer + "/oauth/token")
             try store.account(member, isActive: true).write(StoredSession(
                 accessToken: Secret(tokens.access), refreshToken: Secret(tokens.refresh),
                 accessTokenExpiresAt: SessionConfiguration.realtime() - .seconds(10), memberID: member,
-                profile: member == "bob" && !bobHasAProfile ? nil : profile))
+                profile: member == "bob" && bobsRecord == "none" ? nil : profile))
         }
         try store.setActiveAccount("alice")
         let watch = try Running(["--store", directory, "--json", "-vv"], terminal: false)
@@ -520,7 +524,7 @@ struct SessionCommandTests {
         #expect(await watch.exit() == 130)
         #expect(try await first.stats()["refresh_grants"] == 1)
         let sentToFirst = try await first.requests().compactMap { ($0["form"] as? [String: String])?["refresh_token"] }
-        #expect(!sentToFirst.contains(bob.refresh), "bob's refresh token went to alice's issuer")
+        #expect(!sentToFirst.contains(bob.refresh), "bob's refresh token went to alice's issuer and client")
         #expect(try await second.stats()["refresh_grants"] == 0)
         #expect(clean(watch.screen, of: [alice.access, alice.refresh, bob.access, bob.refresh]))
     }

@@ -113,6 +113,12 @@ extension SessionEngine {
             if answer.tookLease { worker.submit({ ($0 as? any SharedCredentialStore)?.releaseRefreshLease() }, done: { _ in }) }
             return
         }
+        if case .newerStored(let stored, _) = answer, stored.accessToken != nil {
+            // The tokens another process stored come with their profile (who minted them: a
+            // sign-in elsewhere may be at another issuer), as when the store's watch brings
+            // them (`adoptTokens`); the next refresh is judged by it.
+            profile = stored.profile ?? profile
+        }
         perform(refresh.lockAttempted(
             outcome(of: answer), attempt: attempt, now: loop.now, unitRandom: configuration.random()))
     }
