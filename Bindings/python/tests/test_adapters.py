@@ -444,3 +444,16 @@ def test_an_adapter_waits_as_long_as_the_refresh_may_take(server):
         response = httpx.get(resource(server), auth=sessionflow.httpx.Auth(runtime), timeout=60)
         assert response.status_code == 200
         assert time.monotonic() - started >= 11  # it did wait for the slow refresh
+
+
+def test_requests_the_refusal_stays_readable_in_the_history(server):
+    """The retried 401 is in the answer's history with its body, as requests keeps any answer's
+    (its connection went back to the pool for the retry)."""
+    runtime, access = signed_in(server)
+    with runtime:
+        revoke_access(server, access)
+        response = requests.get(resource(server), auth=sessionflow.requests.Auth(runtime), timeout=30)
+        assert response.status_code == 200
+        refusal = response.history[0]
+        assert refusal.status_code == 401
+        assert refusal.content and refusal.json().get("error") == "invalid_token", refusal.content

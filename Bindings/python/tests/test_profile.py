@@ -44,6 +44,12 @@ def test_the_profile_of_a_sign_in_through_the_issuer_follows_a_refresh_and_is_st
             profile.issuer = "https://elsewhere.example"  # type: ignore[misc]
         with pytest.raises(sf.InvalidArgumentError, match="nobody"):
             runtime.profile("nobody")
+        # The active account named, then gone before its fields are read (another thread or
+        # process logged it out): None, as for nobody signed in — not InvalidArgumentError.
+        named = runtime.active_account
+        runtime.active_account = lambda: "logged-out-meanwhile"  # type: ignore[method-assign]
+        assert runtime.profile() is None
+        runtime.active_account = named  # type: ignore[method-assign]
 
         # The server now grants only "read": the refresh's answer says so, the profile follows.
         call(f"{server}/__resource/config", {"grant_scope": "read"})

@@ -753,6 +753,7 @@ class Runtime:
         when none is signed in. InvalidArgumentError: no such account. Any thread; the fields are
         read one by one, all of one account (the active one is named first: a switch meanwhile
         cannot mix two accounts' fields)."""
+        active = account is None
         if account is None:
             account = self.active_account()
             if not account:
@@ -763,8 +764,8 @@ class Runtime:
             needed = ctypes.c_size_t(0)
             while True:
                 code = int(_ffi.lib.sf_session_account_profile(self._pointer, key, which, None, 0, ctypes.byref(needed)))
-                if code == ErrorCode.ESTATE:
-                    return None
+                if code == ErrorCode.ESTATE or (active and code == ErrorCode.EINVAL):
+                    return None  # (the active account, logged out since it was named: none)
                 if code != ErrorCode.ERANGE:
                     check(code, "sf_session_account_profile")
                 buffer = ctypes.create_string_buffer(max(needed.value, 1))
@@ -772,7 +773,7 @@ class Runtime:
                     self._pointer, key, which, buffer, len(buffer), ctypes.byref(needed)))
                 if code == ErrorCode.ERANGE:
                     continue  # it grew meanwhile (a refresh named a longer scope): ask again
-                if code == ErrorCode.ESTATE:
+                if code == ErrorCode.ESTATE or (active and code == ErrorCode.EINVAL):
                     return None
                 check(code, "sf_session_account_profile")
                 return _ffi.text(buffer.value)

@@ -121,14 +121,25 @@ _REFUSAL_READ = 64 * 1024
 
 
 def _discard(response: Response) -> None:
-    """Done with a refusal: its body, if it ends within _REFUSAL_READ bytes, is read so that its
-    connection goes back to the pool; a longer one (or an endless one) is not read on, and its
-    connection is closed. Never raises: the retry goes on."""
+    """Done with a refusal: its body, if it ends within _REFUSAL_READ bytes, is read — kept as
+    the response's content (the refusal stays readable in the answer's `history`) and its
+    connection goes back to the pool; a longer one (or an endless one) is not read on, its
+    content is empty and its connection closed. Never raises: the retry goes on."""
+    body, complete = b"", False
     try:
         if response.raw is not None:
-            response.raw.read(_REFUSAL_READ, decode_content=False)
+            body = response.raw.read(_REFUSAL_READ + 1, decode_content=True)
+            complete = len(body) <= _REFUSAL_READ  # a short read is the end of the body
     except Exception:  # a connection already gone: nothing to keep
         pass
+    if not complete and response.raw is not None:
+        try:
+            response.raw.close()  # unread bytes: the connection must not go back to the pool
+        except Exception:
+            pass
+    # What `.content` would have read (requests' own fields, which `.content` reads).
+    setattr(response, "_content", body if complete else b"")
+    setattr(response, "_content_consumed", True)
     response.close()
 
 
