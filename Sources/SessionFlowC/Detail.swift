@@ -113,10 +113,12 @@ extension Logger.Level {
     }
 }
 
-/// A swift-log handler that hands each line to a `LogSink`: "label: message key=value …".
+/// A swift-log handler that hands each line to a `LogSink`: "label: message key=value …";
+/// without one (no `sf_options.log`), to standard error, "<time> <level> " before it. Either
+/// way escaped: a host's string (a member id) cannot forge a line.
 struct HostLogHandler: LogHandler {
     let label: String
-    let sink: LogSink
+    let sink: LogSink?
     var logLevel: Logger.Level
     var metadata: Logger.Metadata = [:]
     var metadataProvider: Logger.MetadataProvider?
@@ -127,7 +129,27 @@ struct HostLogHandler: LogHandler {
     }
 
     func log(event: LogEvent) {
-        sink.write(event.level, Self.line(event, label: label, metadata: metadata, provider: metadataProvider))
+        let line = Self.line(event, label: label, metadata: metadata, provider: metadataProvider)
+        guard let sink else { return Self.writeToStandardError(event.level, line) }
+        sink.write(event.level, line)
+    }
+
+    /// "<time> <level> line\n" in one write(2) (a partial one finished), so that lines of
+    /// several threads stay whole up to PIPE_BUF on a pipe.
+    private static func writeToStandardError(_ level: Logger.Level, _ line: String) {
+        var now = time(nil)
+        var parts = tm()
+        localtime_r(&now, &parts)
+        var stamp = [CChar](repeating: 0, count: 40)
+        let length = strftime(&stamp, stamp.count, "%Y-%m-%dT%H:%M:%S%z", &parts)
+        let time = String(decoding: stamp.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        var bytes = Array("\(time) \(level) \(line)\n".utf8)[...]
+        while !bytes.isEmpty {
+            let written = bytes.withUnsafeBytes { Glibc.write(2, $0.baseAddress, $0.count) }
+            if written < 0, errno == EINTR { continue }
+            guard written > 0 else { return }
+            bytes = bytes.dropFirst(written)
+        }
     }
 
     /// "label: message key=value...", escaped.
@@ -163,41 +185,5 @@ struct HostLogHandler: LogHandler {
 
     private static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {
         scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.properties.generalCategory == .format
-    }
-}
-
-/// Without a host's log function: standard error, one line per call, escaped as
-/// `HostLogHandler`'s are (a member id a host passed cannot forge a line there either):
-/// "<time> <level> label: message key=value...".
-struct StandardErrorLogHandler: LogHandler {
-    let label: String
-    var logLevel: Logger.Level
-    var metadata: Logger.Metadata = [:]
-    var metadataProvider: Logger.MetadataProvider?
-
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
-    }
-
-    func log(event: LogEvent) {
-        var now = time(nil)
-        var parts = tm()
-        localtime_r(&now, &parts)
-        var stamp = [CChar](repeating: 0, count: 40)
-        let length = strftime(&stamp, stamp.count, "%Y-%m-%dT%H:%M:%S%z", &parts)
-        let time = String(decoding: stamp.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        let text = "\(time) \(event.level) "
-            + HostLogHandler.line(event, label: label, metadata: metadata, provider: metadataProvider) + "\n"
-        // One write: lines of several threads never interleave within a line.
-        var bytes = Array(text.utf8)[...]
-        while !bytes.isEmpty {
-            let written = bytes.withUnsafeBytes { Glibc.write(2, $0.baseAddress, $0.count) }
-            if written < 0 {
-                if errno == EINTR { continue }
-                return
-            }
-            bytes = bytes.dropFirst(written)
-        }
     }
 }

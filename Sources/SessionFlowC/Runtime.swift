@@ -80,7 +80,7 @@ func makeLogger(_ sink: LogSink? = nil, level: Logger.Level = .info) -> Logger {
         return Logger(label: "sessionflow", factory: { HostLogHandler(label: $0, sink: sink, logLevel: level) })
     }
     let chosen = getenv("SESSIONFLOW_LOG").flatMap { Logger.Level(rawValue: String(cString: $0)) } ?? .warning
-    var logger = Logger(label: "sessionflow", factory: { StandardErrorLogHandler(label: $0, logLevel: chosen) })
+    var logger = Logger(label: "sessionflow", factory: { HostLogHandler(label: $0, sink: nil, logLevel: chosen) })
     logger.logLevel = chosen
     return logger
 }

@@ -1,4 +1,4 @@
-// The `watch-session` command and its default `watch` (479 lines, 50 of them its help text):
+// The `watch-session` command and its default `watch` (492 lines, 50 of them its help text):
 // options, their checks and the run are one ArgumentParser type; live watching is in
 // LiveWatch.swift, the demo's authority in DemoAuthority.swift.
 

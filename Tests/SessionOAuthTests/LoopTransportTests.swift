@@ -173,6 +173,36 @@ struct LoopTransportTests {
         #expect(throws: OAuthConfigurationError.self) { try OAuthAuthority(revocation, loop: loop) }
     }
 
+    /// A python3 program run for a test, printing "PORT <n>" first (its stdin a pipe kept open,
+    /// its stdout read here): the process, the port, and its output to read the rest of.
+    static func pythonServer(_ script: String, arguments: [String] = []) async throws -> (Process, Int, FileHandle) {
+        let server = Process()
+        let output = Pipe()
+        server.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        server.arguments = ["python3", "-c", script] + arguments
+        server.standardOutput = output
+        server.standardError = FileHandle.nullDevice
+        server.standardInput = Pipe()
+        try server.run()
+        let reading = output.fileHandleForReading
+        let first = await offThePool {
+            var first = Data()
+            while !first.contains(UInt8(ascii: "\n")) {
+                let chunk = reading.availableData
+                if chunk.isEmpty { break }
+                first.append(chunk)
+            }
+            return first
+        }
+        guard let port = String(decoding: first, as: UTF8.self).split(separator: " ").last
+            .flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
+        else {
+            kill(server.processIdentifier, SIGKILL)
+            throw ServerError("the test server printed no port")
+        }
+        return (server, port, reading)
+    }
+
     @Test func tlsIsAlwaysVerifiedASelfSignedServerGetsNoRequest() async throws {
         // A TLS server on loopback with a self-signed certificate (made here with openssl):
         // the handshake fails, nothing is sent, and the failure says why.
@@ -204,28 +234,9 @@ struct LoopTransportTests {
             print("PORT", server.server_address[1], flush=True)
             server.serve_forever()
             """
-        let server = Process()
-        let output = Pipe()
-        let lifeline = Pipe()
-        server.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        server.arguments = ["python3", "-c", script, directory + "/cert.pem", directory + "/key.pem"]
-        server.standardOutput = output
-        server.standardError = FileHandle.nullDevice
-        server.standardInput = lifeline
-        try server.run()
+        let (server, port, reading) = try await Self.pythonServer(
+            script, arguments: [directory + "/cert.pem", directory + "/key.pem"])
         defer { kill(server.processIdentifier, SIGKILL) }
-        let reading = output.fileHandleForReading
-        let first = await offThePool {
-            var first = Data()
-            while !first.contains(UInt8(ascii: "\n")) {
-                let chunk = reading.availableData
-                if chunk.isEmpty { break }
-                first.append(chunk)
-            }
-            return first
-        }
-        let port = try #require(String(decoding: first, as: UTF8.self).split(separator: " ").last
-            .flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
 
         let loop = try EventLoop(name: "tls")
         defer { _ = try? loop.shutdown() }
@@ -272,26 +283,8 @@ struct LoopTransportTests {
                 connection.sendall(b"HTTP/1.1 200 Connection established\\r\\n\\r\\n")
                 connection.close()
             """
-        let proxy = Process()
-        let output = Pipe()
-        proxy.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        proxy.arguments = ["python3", "-c", script]
-        proxy.standardOutput = output
-        proxy.standardError = FileHandle.nullDevice
-        try proxy.run()
+        let (proxy, port, reading) = try await Self.pythonServer(script)
         defer { kill(proxy.processIdentifier, SIGKILL) }
-        let reading = output.fileHandleForReading
-        let first = await offThePool {
-            var first = Data()
-            while !first.contains(UInt8(ascii: "\n")) {
-                let chunk = reading.availableData
-                if chunk.isEmpty { break }
-                first.append(chunk)
-            }
-            return first
-        }
-        let port = try #require(String(decoding: first, as: UTF8.self).split(separator: " ").last
-            .flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
 
         // A process of its own (the proxy is its environment's): a stored session whose access
         // token has expired, refreshed at an https endpoint only the proxy reaches.

@@ -134,6 +134,7 @@ func fakeXDGOpen() throws -> (directory: String, opened: String) {
     return (directory, opened)
 }
 
+
 struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
@@ -231,6 +232,27 @@ struct WatchSessionLoginTests {
     /// `login --watch`: these tests follow the session after the sign-in too.
     func login(_ server: AuthServer, store: String, _ extra: [String] = []) -> [String] {
         ["login", "--issuer", server.issuer, "--client-id", "sessionflow-public", "--store", store, "--watch"] + extra
+    }
+
+    /// `login` with `arguments` on a new store, the stand-in xdg-open first on PATH. `cleanUp`
+    /// removes the store and the stand-in.
+    func browserLogin(
+        _ server: AuthServer, _ arguments: [String]
+    ) throws -> (cli: Running, directory: String, opened: String, cleanUp: @Sendable () -> Void) {
+        let directory = temporaryStore()
+        let opener = try fakeXDGOpen()
+        let cleanUp: @Sendable () -> Void = {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: opener.directory)
+        }
+        let path = opener.directory + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        do {
+            let cli = try Running(login(server, store: directory, arguments), terminal: false, environment: ["PATH": path])
+            return (cli, directory, opener.opened, cleanUp)
+        } catch {
+            cleanUp()
+            throw error
+        }
     }
 
     /// Through a pseudo-terminal, as a person would: the code is read off the screen, approved
@@ -475,18 +497,12 @@ struct WatchSessionLoginTests {
     /// the sign-in, and `login` says why with exit 5 — not 130, which is a person's Ctrl-C.
     @Test func loginWithTheBrowserEndsWhenItsStartPageIsOpenedTwice() async throws {
         let server = try await AuthServer()
-        let directory = temporaryStore()
-        let opener = try fakeXDGOpen()
-        defer {
-            try? FileManager.default.removeItem(atPath: directory)
-            try? FileManager.default.removeItem(atPath: opener.directory)
-        }
-        let path = opener.directory + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
-        let cli = try Running(login(server, store: directory, ["--browser"]), terminal: false, environment: ["PATH": path])
+        let (cli, directory, openedFile, cleanUp) = try browserLogin(server, ["--browser"])
+        defer { cleanUp() }
         #expect(await eventually(timeout: .seconds(20), every: .milliseconds(20)) {
-            (try? String(contentsOfFile: opener.opened, encoding: .utf8))?.hasSuffix("/start\n") == true
+            (try? String(contentsOfFile: openedFile, encoding: .utf8))?.hasSuffix("/start\n") == true
         }, "\(cli.screen)")
-        let opened = try #require(try? String(contentsOfFile: opener.opened, encoding: .utf8))
+        let opened = try #require(try? String(contentsOfFile: openedFile, encoding: .utf8))
         let port = try #require(URL(string: opened.trimmingCharacters(in: .newlines))?.port)
         #expect(try LoopbackHTTP.request(port: port, method: "GET", path: "/start").status == 302)
         #expect(try LoopbackHTTP.request(port: port, method: "GET", path: "/start").status == 400)
@@ -497,14 +513,8 @@ struct WatchSessionLoginTests {
 
     @Test func loginWithTheBrowserOpensTheURLAndSignsInWhenTheBrowserComesBack() async throws {
         let server = try await AuthServer()
-        let directory = temporaryStore()
-        let opener = try fakeXDGOpen()
-        defer {
-            try? FileManager.default.removeItem(atPath: directory)
-            try? FileManager.default.removeItem(atPath: opener.directory)
-        }
-        let path = opener.directory + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
-        let cli = try Running(login(server, store: directory, ["--browser"]), terminal: false, environment: ["PATH": path])
+        let (cli, directory, openedFile, cleanUp) = try browserLogin(server, ["--browser"])
+        defer { cleanUp() }
         let shown = await cli.wait(match: #"Opening (\S+) in your browser… If it does not open, visit the URL yourself\."#)
         let url = try #require(shown.flatMap(URL.init(string:)), "\(cli.screen)")
         #expect(url.absoluteString.hasPrefix("\(server.issuer)/oauth/authorize?"))
@@ -516,9 +526,9 @@ struct WatchSessionLoginTests {
         // any local user reads a process's argv), and the start URL sends the browser on to
         // exactly the URL shown.
         #expect(await eventually(timeout: .seconds(10), every: .milliseconds(20)) {
-            (try? String(contentsOfFile: opener.opened, encoding: .utf8))?.hasSuffix("/start\n") == true
-        }, "\((try? String(contentsOfFile: opener.opened, encoding: .utf8)) ?? "xdg-open was not run")")
-        let opened = try #require(try? String(contentsOfFile: opener.opened, encoding: .utf8))
+            (try? String(contentsOfFile: openedFile, encoding: .utf8))?.hasSuffix("/start\n") == true
+        }, "\((try? String(contentsOfFile: openedFile, encoding: .utf8)) ?? "xdg-open was not run")")
+        let opened = try #require(try? String(contentsOfFile: openedFile, encoding: .utf8))
         #expect(opened.hasPrefix("http://127.0.0.1:") && !opened.contains("state=") && !opened.contains("code_challenge"))
         let start = try #require(URL(string: opened.trimmingCharacters(in: .newlines)))
         let redirect = try LoopbackHTTP.request(port: try #require(start.port), method: "GET", path: "/start")
@@ -549,15 +559,8 @@ struct WatchSessionLoginTests {
     /// wait), xdg-open is not run; a refused consent ends with exit 3 and a plain message.
     @Test func loginWithTheBrowserInJSONWithoutOpeningAndADenialExitsThree() async throws {
         let server = try await AuthServer()
-        let directory = temporaryStore()
-        let opener = try fakeXDGOpen()
-        defer {
-            try? FileManager.default.removeItem(atPath: directory)
-            try? FileManager.default.removeItem(atPath: opener.directory)
-        }
-        let path = opener.directory + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
-        let cli = try Running(
-            login(server, store: directory, ["--browser", "--no-open", "--json"]), terminal: false, environment: ["PATH": path])
+        let (cli, directory, openedFile, cleanUp) = try browserLogin(server, ["--browser", "--no-open", "--json"])
+        defer { cleanUp() }
         #expect(await cli.wait(for: "sign_in_prompt"), "\(cli.screen)")
         let prompt = try #require(try objects(cli.stdout.text).first { $0["event"] as? String == "sign_in_prompt" })
         #expect(prompt["flow"] as? String == "browser")
@@ -571,7 +574,7 @@ struct WatchSessionLoginTests {
         #expect(await cli.exit() == 3, "\(cli.screen)")
         #expect(cli.stderr.text.hasPrefix("watch-session: sign-in denied"), "\(cli.stderr.text)")
         #expect(try objects(cli.stdout.text).contains { $0["event"] as? String == "sign_in_failed" && $0["reason"] as? String == "accessDenied" })
-        #expect(!FileManager.default.fileExists(atPath: opener.opened))
+        #expect(!FileManager.default.fileExists(atPath: openedFile))
         #expect(FileCredentialStore(directory: directory).read() == .absent)
         let usage = try await watchSession(login(server, store: directory, ["--no-open"]))
         #expect(usage.status == 64 && usage.stderr.contains("--no-open goes with --browser"), "\(usage.stderr)")

@@ -1,4 +1,4 @@
-// Over 400 lines (449): the engine's state and its entry points stay together; its actions, store
+// Over 400 lines (453): the engine's state and its entry points stay together; its actions, store
 // and account work already live in SessionEngine+Actions/+Store/+Accounts.swift.
 import LoopFlow
 import Logging
