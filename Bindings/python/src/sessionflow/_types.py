@@ -118,8 +118,8 @@ class TokenInfo:
 
     token_type: "Bearer", or "DPoP" for a sender-constrained session. scope: the scope granted
     (RFC 6749 §3.3, space-separated names) — the token endpoint's `scope`, else the scope the
-    sign-in asked for; a refresh whose
-    answer has none keeps it; None when not known (signed in with tokens and no scope).
+    sign-in asked for; a refresh whose answer has none keeps it; None when not known (signed in
+    with tokens and no scope).
     expires_in_ms: time left on the monotonic clock, negative once expired (None: unknown).
     expires_at: when it expires on the wall clock, a UTC datetime (None: unknown)."""
 
