@@ -831,6 +831,10 @@ typedef struct sf_sign_in_options {
                                                   flow ends when its code expires */
     int replace_unreadable_store;              /* 1: as sf_session_sign_in_replacing_store;
                                                   0 (default): as sf_session_sign_in */
+    int no_start_page;                         /* browser flow: 1: the listener serves no start
+                                                  URL (the prompt's start_url is NULL, /start is
+                                                  answered 404): set it when the host shows the
+                                                  person authorization_url; 0 (default): it does */
 } sf_sign_in_options;
 
 /* What the host shows the user. Every string is borrowed for the call of on_prompt; NULL
@@ -856,7 +860,11 @@ typedef struct sf_sign_in_prompt {
     /* Browser flow: http://127.0.0.1:<port>/start, which the listener answers once with a
      * redirect to authorization_url (a second fetch ends the sign-in: SF_ECANCELLED). Give this
      * one to a program you start to open the browser (xdg-open): any local user can read a
-     * process's arguments, and the authorization URL's state would let them end the sign-in. */
+     * process's arguments, and the authorization URL's state would let them end the sign-in.
+     * Use one of the two URLs: if the person may open a URL by hand, show them start_url too,
+     * or sign in with no_start_page and show authorization_url (a start page that nothing
+     * legitimate fetches, another local program can fetch once, unnoticed). NULL with
+     * no_start_page. */
     const char *start_url;
 } sf_sign_in_prompt;
 

@@ -85,6 +85,7 @@
     XX(sign_in_destroy_with_a_sign_in_running)                       \
     XX(sign_in_on_a_borrowed_loop_and_its_teardown)                  \
     XX(sign_in_browser_approved_through_discovery)                   \
+    XX(sign_in_browser_without_start_page)                           \
     XX(sign_in_browser_denied_is_edenied)                            \
     XX(sign_in_browser_timeout_is_eexpired)                          \
     XX(sign_in_browser_cancelled_closes_the_listener)                \

@@ -17,6 +17,7 @@ typedef struct browser_probe {
     atomic_int prompt_not_browser;
     _Atomic(sf_sign_in) handle;
     pthread_t main_thread;
+    int no_start_page; /* the sign-in was started with it: the prompt has no start URL */
     char authorization_url[4096];
     char redirect_uri[512];
     int64_t expires_in_ms;
@@ -35,9 +36,11 @@ static void on_prompt(const sf_sign_in_prompt *prompt, void *userdata) {
     if (prompt->size < sizeof *prompt || !prompt->authorization_url || !prompt->redirect_uri || prompt->user_code ||
         prompt->verification_uri || prompt->verification_uri_complete)
         atomic_fetch_add(&p->prompt_not_browser, 1);
-    /* The start URL: the listener's /start, nothing of the state in it (issue 29, point 4). */
-    if (!prompt->start_url || strncmp(prompt->start_url, "http://127.0.0.1:", 17) != 0 ||
-        strstr(prompt->start_url, "/start") == NULL || strstr(prompt->start_url, "state=") != NULL)
+    /* The start URL: the listener's /start, nothing of the state in it (issue 29, point 4);
+     * none with no_start_page. */
+    if (p->no_start_page ? prompt->start_url != NULL
+                         : !prompt->start_url || strncmp(prompt->start_url, "http://127.0.0.1:", 17) != 0 ||
+                               strstr(prompt->start_url, "/start") == NULL || strstr(prompt->start_url, "state=") != NULL)
         atomic_fetch_add(&p->prompt_not_browser, 1);
     snprintf(p->authorization_url, sizeof p->authorization_url, "%s",
              prompt->authorization_url ? prompt->authorization_url : "");
@@ -61,9 +64,11 @@ static void on_release(void *userdata) {
     atomic_fetch_add(&p->releases, 1);
 }
 
-static int start_browser(sf_runtime *runtime, const char *issuer, int64_t timeout_ms, browser_probe *p) {
+static int start_browser_with(sf_runtime *runtime, const char *issuer, int64_t timeout_ms, int no_start_page,
+                              browser_probe *p) {
     memset(p, 0, sizeof *p);
     p->main_thread = pthread_self();
+    p->no_start_page = no_start_page;
     atomic_store(&p->result, 1);
     sf_sign_in_observer observer;
     memset(&observer, 0, sizeof observer);
@@ -75,10 +80,16 @@ static int start_browser(sf_runtime *runtime, const char *issuer, int64_t timeou
     sf_sign_in_options_init(&options);
     options.issuer = issuer;
     if (timeout_ms) options.timeout_ms = timeout_ms;
+    CHECK_EQ_INT(options.no_start_page, 0); /* the default serves the start URL */
+    options.no_start_page = no_start_page;
     sf_sign_in handle = 0;
     int rc = sf_session_sign_in_browser(runtime, &options, &observer, &handle);
     atomic_store(&p->handle, handle);
     return rc;
+}
+
+static int start_browser(sf_runtime *runtime, const char *issuer, int64_t timeout_ms, browser_probe *p) {
+    return start_browser_with(runtime, issuer, timeout_ms, 0, p);
 }
 
 static void check_finished_once(browser_probe *p) {
@@ -142,6 +153,38 @@ void test_sign_in_browser_approved_through_discovery(void) {
     CHECK_CODE(sf_session_member_id(runtime, member, sizeof member), SF_OK);
     CHECK(strcmp(member, "alice") == 0);
     CHECK_EQ_INT(oauth_stat("/__authorize/stats", "code_exchanges"), exchanges + 1);
+    CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
+}
+
+/* A host that shows the person authorization_url sets no_start_page: the prompt has no start
+ * URL, and /start is not found (nothing legitimate would fetch it, so another local program
+ * could, once and unnoticed, to read the state). Fetched anyway, it reveals nothing and does
+ * not end the sign-in, which the authorization URL completes. */
+void test_sign_in_browser_without_start_page(void) {
+    NEED_SERVER(base);
+    sf_runtime *runtime = browser_runtime(base);
+    browser_probe p;
+    CHECK_CODE(start_browser_with(runtime, base, 0, 1, &p), SF_OK);
+    WAIT_FOR(atomic_load(&p.prompts) == 1);
+    CHECK_EQ_INT(atomic_load(&p.prompt_not_browser), 0);
+    char start[600];
+    const char *callback = strstr(p.redirect_uri, "/callback");
+    CHECK(callback != NULL);
+    if (!callback) return;
+    snprintf(start, sizeof start, "%.*s/start", (int)(callback - p.redirect_uri), p.redirect_uri);
+    for (int i = 0; i < 2; i++) {
+        char body[2048], location[1024];
+        CHECK_EQ_INT(http_request(start, NULL, body, sizeof body, location, sizeof location), 404);
+        CHECK(strcmp(location, "") == 0);
+        CHECK(strstr(body, "state=") == NULL);
+    }
+    char page[4096];
+    CHECK_EQ_INT(play_browser(p.authorization_url, "allow", page, sizeof page), 200);
+    check_finished_once(&p);
+    CHECK_EQ_INT(atomic_load(&p.result), SF_OK);
+    sf_session_state state;
+    CHECK_CODE(sf_session_state_get(runtime, &state), SF_OK);
+    CHECK_EQ_INT(state, SF_LOGGED_IN);
     CHECK_CODE(sf_runtime_destroy(runtime), SF_OK);
 }
 

@@ -97,7 +97,7 @@ final class SignInRecord: Sendable {
         c.interval_ms = -1
         browser.authorizationURL.absoluteString.withCString { authorization in
             browser.redirectURI.absoluteString.withCString { redirect in
-                browser.startURL.absoluteString.withCString { start in
+                withOptionalCString(browser.startURL?.absoluteString) { start in
                     c.authorization_url = authorization
                     c.redirect_uri = redirect
                     c.start_url = start
@@ -161,7 +161,9 @@ func readSignInOptions(_ options: UnsafePointer<sf_sign_in_options>?) -> sf_sign
     sf_sign_in_options_init(&result)
     guard let options else { return result }
     let declared = options.pointee.size
-    // One released layout so far.
+    // One released size so far: no_start_page took the padding after replace_unreadable_store,
+    // so a host built against the older header passes the same size, and the bytes this
+    // library's sf_sign_in_options_init wrote there (0: the default).
     guard acceptedSize(declared, [MemoryLayout<sf_sign_in_options>.size]) else { return nil }
     let count = declared
     withUnsafeMutableBytes(of: &result) { target in
@@ -256,7 +258,8 @@ func configurationSource(
 func method(_ kind: SignInKind, _ options: sf_sign_in_options, record: SignInRecord) -> SignInSequence.Method {
     switch kind {
     case .device: .device { prompt in record.prompt(prompt) }
-    case .browser: .browser(timeout: browserTimeout(options)) { prompt in record.prompt(prompt) }
+    case .browser:
+        .browser(timeout: browserTimeout(options), startPage: options.no_start_page == 0) { prompt in record.prompt(prompt) }
     }
 }
 
@@ -314,7 +317,8 @@ public func sf_sign_in_options_init(_ options: UnsafeMutablePointer<sf_sign_in_o
         authorization_endpoint: nil,
         scope: nil,
         timeout_ms: 300_000,
-        replace_unreadable_store: 0)
+        replace_unreadable_store: 0,
+        no_start_page: 0)
 }
 
 @c @implementation

@@ -12,20 +12,26 @@ import SessionCore
 /// to an account of theirs) — so hand a program you start (whose argv any local user can read
 /// in /proc) the start URL, which carries nothing and answers once: a second fetch of it ends
 /// the sign-in (`cancelled`), since whoever fetched it first may not be the browser.
+///
+/// Use one of the two, not both: when the person opens the URL themselves, show them the
+/// start URL too, or make the flow with `startPage: false` (no `/start`: `startURL` is nil)
+/// and show the authorization URL. A start page that nothing legitimate will fetch is one
+/// another local program can fetch once, unnoticed, to read the state and the challenge.
 public struct BrowserPrompt: Sendable, Equatable, CustomStringConvertible {
     /// The authorization request (RFC 6749 §4.1.1 with `state`, `code_challenge`,
     /// `code_challenge_method=S256`, `redirect_uri`).
     public let authorizationURL: URL
     /// `http://127.0.0.1:<port>/start`: the listener answers its first fetch with a 302 to
-    /// `authorizationURL`; a second fetch ends the sign-in. Nothing secret is in it.
-    public let startURL: URL
+    /// `authorizationURL`; a second fetch ends the sign-in. Nothing secret is in it. Nil when the
+    /// flow was made with `startPage: false` (the listener then answers `/start` 404).
+    public let startURL: URL?
     /// `http://127.0.0.1:<port>/callback`: the one-shot listener on the loop.
     public let redirectURI: URL
     /// The flow ends with `signInExpired` when no usable redirect came within it.
     public let timeout: Duration
 
     public var description: String {
-        "BrowserPrompt(authorizationURL: \(authorizationURL.absoluteString), startURL: \(startURL.absoluteString), "
+        "BrowserPrompt(authorizationURL: \(authorizationURL.absoluteString), startURL: \(startURL?.absoluteString ?? "nil"), "
             + "redirectURI: \(redirectURI.absoluteString), timeout: \(timeout))"
     }
 }
@@ -55,6 +61,8 @@ public final class BrowserAuthorization: SignInFlow {
     /// Requested in the authorization request (default: the configuration's `scope`).
     public let scope: String?
     public let timeout: Duration
+    /// Whether the listener serves `/start` (`BrowserPrompt.startURL`).
+    public let startPage: Bool
     let onPrompt: @Sendable (BrowserPrompt) -> Void
 
     /// The path of the redirect URI on the loopback listener.
@@ -68,13 +76,15 @@ public final class BrowserAuthorization: SignInFlow {
 
     /// - Parameters:
     ///   - timeout: how long the browser has to come back (at least 1 s).
+    ///   - startPage: serve the start URL (default). Pass false when the host will show the
+    ///     authorization URL and never the start URL (see `BrowserPrompt`).
     ///   - onPrompt: runs once on the loop thread when the listener listens (open the URL).
     ///     Calling `cancel()` from inside it is fine.
     /// - Throws: `OAuthConfigurationError` for a configuration without an authorization
     ///   endpoint, or one `OAuthAuthority` would refuse.
     public init(
         _ configuration: OAuthConfiguration, scope: String? = nil, timeout: Duration = defaultTimeout,
-        onPrompt: @escaping @Sendable (BrowserPrompt) -> Void
+        startPage: Bool = true, onPrompt: @escaping @Sendable (BrowserPrompt) -> Void
     ) throws(OAuthConfigurationError) {
         try configuration.validate()
         guard configuration.authorizationEndpoint != nil else {
@@ -83,6 +93,7 @@ public final class BrowserAuthorization: SignInFlow {
         self.configuration = configuration
         self.scope = scope ?? configuration.scope
         self.timeout = max(timeout, .seconds(1))
+        self.startPage = startPage
         self.onPrompt = onPrompt
     }
 
@@ -182,7 +193,7 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
             return finish(.failure(SessionError(.shutDown, "the event loop is shut down")))
         }
         authorizationURL = url.absoluteString
-        let start = URL(string: "http://127.0.0.1:\(listener.port)\(BrowserAuthorization.startPath)")!
+        let start = flow.startPage ? URL(string: "http://127.0.0.1:\(listener.port)\(BrowserAuthorization.startPath)") : nil
         flow.onPrompt(BrowserPrompt(authorizationURL: url, startURL: start, redirectURI: redirect, timeout: timeout))
     }
 
@@ -215,7 +226,7 @@ final class BrowserRedirect: SignInRun, @unchecked Sendable {
 
     private func request(_ method: String, _ target: String) -> LoopbackListener.Reply {
         let (path, query) = Self.split(target)
-        if path == BrowserAuthorization.startPath, query == nil, method == "GET" {
+        if flow.startPage, path == BrowserAuthorization.startPath, query == nil, method == "GET" {
             guard !taken, !finished else { return .init(status: 400, page: Self.stalePage) }
             guard !started else {
                 // Fetched before: by the browser, or by another local program that found the

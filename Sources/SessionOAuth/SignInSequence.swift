@@ -17,8 +17,11 @@ public struct SignInSequence: SignInFlow {
     public enum Method: Sendable {
         /// The device authorization grant (RFC 8628).
         case device(prompt: @Sendable (DevicePrompt) -> Void)
-        /// The authorization code grant with PKCE on a loopback redirect, waiting `timeout` at most.
-        case browser(timeout: Duration = BrowserAuthorization.defaultTimeout, prompt: @Sendable (BrowserPrompt) -> Void)
+        /// The authorization code grant with PKCE on a loopback redirect, waiting `timeout` at most;
+        /// `startPage` as `BrowserAuthorization`'s (false: no start URL, show the authorization URL).
+        case browser(
+            timeout: Duration = BrowserAuthorization.defaultTimeout, startPage: Bool = true,
+            prompt: @Sendable (BrowserPrompt) -> Void)
     }
 
     /// An issuer to discover the endpoints from (RFC 8414, else OpenID Connect Discovery),
@@ -100,8 +103,8 @@ public struct SignInSequence: SignInFlow {
         switch method {
         case .device(let prompt):
             try DeviceAuthorization(configuration, scope: scope, onPrompt: prompt)
-        case .browser(let timeout, let prompt):
-            try BrowserAuthorization(configuration, scope: scope, timeout: timeout, onPrompt: prompt)
+        case .browser(let timeout, let startPage, let prompt):
+            try BrowserAuthorization(configuration, scope: scope, timeout: timeout, startPage: startPage, onPrompt: prompt)
         }
     }
 

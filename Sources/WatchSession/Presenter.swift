@@ -203,20 +203,29 @@ final class Presenter: @unchecked Sendable {
 
     /// The browser flow's prompt: the authorization URL (alone at the end of its line), opened
     /// with xdg-open or to be opened by hand, and how long the listener waits.
+    /// The browser sign-in's one URL: the start URL when the CLI opens a browser (the person's
+    /// fallback is that same URL, fetched once), the authorization URL when it does not (the
+    /// flow then serves no start URL).
     func browserPrompt(_ prompt: BrowserPrompt, opening: Bool) {
-        let url = Self.printable(prompt.authorizationURL.absoluteString)
+        let authorization = Self.printable(prompt.authorizationURL.absoluteString)
+        let start = prompt.startURL.map { Self.printable($0.absoluteString) }
         let seconds = Int(prompt.timeout.timeInterval.rounded())
         startCountdown(flow: "browser", label: "waiting for the browser; gives up in", lifetime: prompt.timeout)
         if json {
             emitJSON([
-                "kind": "sign_in", "event": "sign_in_prompt", "flow": "browser", "authorization_url": url,
-                "redirect_uri": Self.printable(prompt.redirectURI.absoluteString), "expires_in": seconds, "opened": opening,
+                "kind": "sign_in", "event": "sign_in_prompt", "flow": "browser", "authorization_url": authorization,
+                "start_url": start ?? JSONNull(), "redirect_uri": Self.printable(prompt.redirectURI.absoluteString),
+                "expires_in": seconds, "opened": opening,
             ])
             return
         }
-        write(.plain(opening
-            ? "Opening \(url) in your browser… If it does not open, visit the URL yourself."
-            : "To sign in, open this URL in your browser: \(url)"))
+        if opening, let start {
+            let site = prompt.authorizationURL.host.map { " at \(Self.printable($0))" } ?? ""
+            write(.plain("Opening the sign-in page\(site) in your browser… If it does not open, visit \(start) "
+                + "(once: a second visit ends the sign-in)."))
+        } else {
+            write(.plain("To sign in, open this URL in your browser: \(authorization)"))
+        }
         write(.plain("Waiting for the browser to come back to \(Self.printable(prompt.redirectURI.absoluteString)) "
             + "(for \(Self.minutes(seconds)); Ctrl-C cancels)"))
     }

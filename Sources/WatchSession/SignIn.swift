@@ -54,7 +54,7 @@ struct SignInPlan: Sendable {
     let clientID: String
     let flow: Flow
     let scope: String?
-    /// `--browser`: run `xdg-open` on the authorization URL (unless --no-open).
+    /// `--browser`: run `xdg-open` on the start URL (unless --no-open).
     let openBrowser: Bool
     /// `--dpop`: DPoP-bound tokens (RFC 9449), `.required`; else `.off`.
     var dpop: DPoPMode = .off
@@ -76,13 +76,16 @@ struct SignInPlan: Sendable {
         case .device:
             method = .device { prompt in presenter.devicePrompt(prompt) }
         case .browser:
-            let open = openBrowser
-            method = .browser { prompt in
-                // Looked up each time: PATH is the user's, and xdg-open may come and go.
-                let opener = open ? BrowserOpener.find() : nil
+            // Looked up for each sign-in: PATH is the user's, and xdg-open may come and go.
+            let opener = openBrowser ? BrowserOpener.find() : nil
+            // One URL for everyone: when a browser is opened, it and the person both get the
+            // start URL (nothing secret in the opener's argv, which any local user can read; a
+            // second fetch ends the sign-in). When none is, the person gets the authorization
+            // URL and there is no start page at all: one nothing legitimate fetches could be
+            // fetched once, unnoticed, by another local program to read the state.
+            method = .browser(startPage: opener != nil) { prompt in
                 presenter.browserPrompt(prompt, opening: opener != nil)
-                // The start URL: nothing secret in the opener's argv (any local user can read it).
-                if let opener { BrowserOpener.open(prompt.startURL, with: opener) }
+                if let opener, let start = prompt.startURL { BrowserOpener.open(start, with: opener) }
             }
         }
         let sequence = SignInSequence(
@@ -132,8 +135,9 @@ struct Login: AsyncParsableCommand {
         discussion: """
             The endpoints come from the issuer's metadata (RFC 8414, else OpenID Connect \
             Discovery). The device flow shows where to go and the code to enter, with the time \
-            the code has left; approve it in any browser. --browser opens the authorization page \
-            with xdg-open (when it is on PATH; --no-open: never) and prints its URL, and waits \
+            the code has left; approve it in any browser. --browser opens the sign-in page with \
+            xdg-open (when it is on PATH; --no-open: never) through a one-time start URL, which \
+            it prints too (without a browser opened: the authorization URL), and waits \
             (5 minutes at most) for the browser to come back to a listener on 127.0.0.1. Once \
             signed in, the session is stored in --store with its profile (issuer, client id, \
             requested and granted scope, endpoints: where every other command finds its server), \

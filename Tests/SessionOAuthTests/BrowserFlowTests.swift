@@ -20,7 +20,7 @@ struct BrowserFlowTests {
         let flow: BrowserAuthorization
 
         init(
-            timeout: Duration = .seconds(60), introspection: Bool = true,
+            timeout: Duration = .seconds(60), introspection: Bool = true, startPage: Bool = true,
             oauth: (inout OAuthConfiguration) -> Void = { _ in }
         ) async throws {
             server = try await OAuthServer(expiresIn: 3600)
@@ -31,7 +31,9 @@ struct BrowserFlowTests {
             var configuration = server.configuration(introspection: introspection)
             configuration.authorizationEndpoint = server.base.appendingPathComponent("oauth/authorize")
             oauth(&configuration)
-            flow = try BrowserAuthorization(configuration, scope: "profile", timeout: timeout) { prompts.add($0) }
+            flow = try BrowserAuthorization(configuration, scope: "profile", timeout: timeout, startPage: startPage) {
+                prompts.add($0)
+            }
         }
     }
 
@@ -650,8 +652,8 @@ extension OAuthServer {
         let setup = try await BrowserFlowTests.Setup()
         let signIn = Task { try await setup.session.manager.signIn(with: setup.flow) }
         let prompt = try #require(await setup.prompts.first())
-        #expect(prompt.startURL.absoluteString == "http://127.0.0.1:\(prompt.redirectURI.port!)/start")
-        let port = try #require(prompt.startURL.port)
+        #expect(prompt.startURL?.absoluteString == "http://127.0.0.1:\(prompt.redirectURI.port!)/start")
+        let port = try #require(prompt.startURL?.port)
         let redirect = try LoopbackHTTP.request(port: port, method: "GET", path: "/start")
         #expect(redirect.status == 302 && redirect.header("Location") == prompt.authorizationURL.absoluteString)
         #expect(try LoopbackHTTP.request(port: port, method: "POST", path: "/start").status == 404)
@@ -669,7 +671,7 @@ extension OAuthServer {
         let setup = try await BrowserFlowTests.Setup()
         let signIn = Task { try await setup.session.manager.signIn(with: setup.flow) }
         let prompt = try #require(await setup.prompts.first())
-        let port = try #require(prompt.startURL.port)
+        let port = try #require(prompt.startURL?.port)
         let first = try LoopbackHTTP.request(port: port, method: "GET", path: "/start")
         #expect(first.status == 302)
         let location = try #require(first.header("Location"))
@@ -687,6 +689,27 @@ extension OAuthServer {
         let late = try? LoopbackHTTP.request(port: port, method: "GET", path: "/callback?state=\(state)&error=access_denied")
         #expect(late.map { $0.status != 200 } ?? true)
         #expect(setup.session.manager.state.value == .loggedOut)
+        await setup.session.stop()
+    }
+
+    /// A host that shows the person the authorization URL turns the start page off: nothing
+    /// legitimate would fetch it, so another local program could, once and unnoticed, to read
+    /// the state and the challenge. Without it `/start` is not found, reveals nothing, and does
+    /// not end the sign-in, which the authorization URL still completes.
+    @Test func withoutAStartPageStartRevealsNothingAndTheAuthorizationURLSignsIn() async throws {
+        let setup = try await BrowserFlowTests.Setup(startPage: false)
+        let signIn = Task { try await setup.session.manager.signIn(with: setup.flow) }
+        let prompt = try #require(await setup.prompts.first())
+        #expect(prompt.startURL == nil && !prompt.description.contains("/start"))
+        let port = try #require(prompt.redirectURI.port)
+        for _ in 0..<2 {
+            let start = try LoopbackHTTP.request(port: port, method: "GET", path: "/start")
+            #expect(start.status == 404 && start.header("Location") == nil, "\(start.status)")
+            #expect(!start.text.contains("state=") && !start.text.contains("code_challenge"))
+        }
+        #expect(try await setup.server.browse(prompt, consent: true).status == 200)
+        try await signIn.value
+        #expect(setup.session.manager.state.value == .loggedIn)
         await setup.session.stop()
     }
 

@@ -515,24 +515,29 @@ struct WatchSessionLoginTests {
         let server = try await AuthServer()
         let (cli, directory, openedFile, cleanUp) = try browserLogin(server, ["--browser"])
         defer { cleanUp() }
-        let shown = await cli.wait(match: #"Opening (\S+) in your browser… If it does not open, visit the URL yourself\."#)
-        let url = try #require(shown.flatMap(URL.init(string:)), "\(cli.screen)")
-        #expect(url.absoluteString.hasPrefix("\(server.issuer)/oauth/authorize?"))
-        #expect(url.absoluteString.contains("code_challenge_method=S256"))
+        // The person's fallback is the start URL xdg-open was given, not the authorization URL:
+        // one URL, fetched once, whichever way the browser is opened.
+        let shown = await cli.wait(
+            match: #"Opening the sign-in page at 127\.0\.0\.1 in your browser… If it does not open, visit (\S+) \(once: a second visit ends the sign-in\)\."#)
+        let start = try #require(shown.flatMap(URL.init(string:)), "\(cli.screen)")
         // Written right after the line above, by a separate write: wait for it (read at once,
         // it was missing in a CI run).
         #expect(await cli.wait(for: "Waiting for the browser to come back to http://127.0.0.1:"), "\(cli.screen)")
         // xdg-open was given the listener's start URL, nothing of the state (issue 29, point 4:
         // any local user reads a process's argv), and the start URL sends the browser on to
-        // exactly the URL shown.
+        // the authorization URL, which is not on the screen.
         #expect(await eventually(timeout: .seconds(10), every: .milliseconds(20)) {
             (try? String(contentsOfFile: openedFile, encoding: .utf8))?.hasSuffix("/start\n") == true
         }, "\((try? String(contentsOfFile: openedFile, encoding: .utf8)) ?? "xdg-open was not run")")
         let opened = try #require(try? String(contentsOfFile: openedFile, encoding: .utf8))
+        #expect(opened == start.absoluteString + "\n", "\(opened)")
         #expect(opened.hasPrefix("http://127.0.0.1:") && !opened.contains("state=") && !opened.contains("code_challenge"))
-        let start = try #require(URL(string: opened.trimmingCharacters(in: .newlines)))
+        #expect(!cli.screen.contains("state=") && !cli.screen.contains("code_challenge"), "\(cli.screen)")
         let redirect = try LoopbackHTTP.request(port: try #require(start.port), method: "GET", path: "/start")
-        #expect(redirect.status == 302 && redirect.header("Location") == url.absoluteString, "\(redirect.status)")
+        #expect(redirect.status == 302, "\(redirect.status)")
+        let url = try #require(redirect.header("Location").flatMap(URL.init(string:)))
+        #expect(url.absoluteString.hasPrefix("\(server.issuer)/oauth/authorize?"))
+        #expect(url.absoluteString.contains("code_challenge_method=S256"))
 
         let page = try await server.browse(url, allow: true)
         #expect(page.status == 200, "\(page.text)")
@@ -557,6 +562,8 @@ struct WatchSessionLoginTests {
 
     /// --browser --no-open --json: the prompt is one NDJSON line (the URL, the redirect URI, the
     /// wait), xdg-open is not run; a refused consent ends with exit 3 and a plain message.
+    /// Nothing will fetch a start page, so there is none: `/start` is not found, gives no
+    /// state away and does not end the sign-in.
     @Test func loginWithTheBrowserInJSONWithoutOpeningAndADenialExitsThree() async throws {
         let server = try await AuthServer()
         let (cli, directory, openedFile, cleanUp) = try browserLogin(server, ["--browser", "--no-open", "--json"])
@@ -569,6 +576,12 @@ struct WatchSessionLoginTests {
         let redirect = try #require(prompt["redirect_uri"] as? String)
         #expect(redirect.wholeMatch(of: #/http:\/\/127\.0\.0\.1:\d+\/callback/#) != nil, "\(redirect)")
         let url = try #require((prompt["authorization_url"] as? String).flatMap(URL.init(string:)))
+        #expect(prompt["start_url"] is NSNull, "\(prompt)")
+        let port = try #require(URL(string: redirect)?.port)
+        for _ in 0..<2 {
+            let start = try LoopbackHTTP.request(port: port, method: "GET", path: "/start")
+            #expect(start.status == 404 && start.header("Location") == nil && !start.text.contains("state="), "\(start.status)")
+        }
         let page = try await server.browse(url, allow: false)
         #expect(page.status == 200 || page.status == 400, "\(page.status)")
         #expect(await cli.exit() == 3, "\(cli.screen)")

@@ -167,6 +167,44 @@ def test_browser_sign_in_approved_through_discovery(server):
         assert runtime.member_id() == "alice"
 
 
+def _get(url):
+    """A GET that does not follow redirects: (status, Location, body)."""
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+    try:
+        with urllib.request.build_opener(NoRedirect).open(url) as response:
+            return response.status, response.headers.get("Location"), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Location"), error.read().decode()
+
+
+def test_browser_start_url_answers_once_and_start_page_false_serves_none(server):
+    with runtime_for(server) as runtime:
+        # The default: the start URL redirects to the authorization URL, once.
+        sign_in = runtime.sign_in_browser(server)
+        assert wait_for(lambda: sign_in.prompt is not None)
+        start = sign_in.prompt.start_url
+        assert start == sign_in.prompt.redirect_uri.replace("/callback", "/start")
+        assert _get(start)[:2] == (302, sign_in.prompt.authorization_url)
+        assert _get(start)[0] == 400  # a second fetch ends the sign-in
+        with pytest.raises(sf.SessionFlowError) as error:
+            sign_in.wait(10)
+        assert error.value.name == "SF_ECANCELLED"
+
+        # start_page=False, for a host that shows the person the authorization URL: no start
+        # URL, /start not found and harmless, the authorization URL signs in.
+        shown = runtime.sign_in_browser(server, start_page=False)
+        assert wait_for(lambda: shown.prompt is not None)
+        assert shown.prompt.start_url is None
+        for _ in range(2):
+            status, location, body = _get(shown.prompt.redirect_uri.replace("/callback", "/start"))
+            assert (status, location) == (404, None) and "state=" not in body
+        assert play_browser(shown.prompt.authorization_url, "allow") == 200
+        shown.wait(10)
+        assert runtime.state == sf.State.LOGGED_IN
+
+
 def test_browser_sign_in_denied_timeout_and_cancel(server):
     with runtime_for(server) as runtime:
         denied = runtime.sign_in_browser(server)

@@ -127,6 +127,7 @@ class SignInOptions(ctypes.Structure):
         ("scope", ctypes.c_char_p),
         ("timeout_ms", ctypes.c_int64),
         ("replace_unreadable_store", ctypes.c_int),
+        ("no_start_page", ctypes.c_int),
     ]
 
 

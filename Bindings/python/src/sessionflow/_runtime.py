@@ -967,18 +967,22 @@ class Runtime:
     def sign_in_browser(self, issuer: Optional[str] = None, *, scope: Optional[str] = None,
                         authorization_endpoint: Optional[str] = None, timeout_ms: Optional[int] = None,
                         on_prompt: Optional[Callable[[SignInPrompt], None]] = None,
-                        replace_unreadable_store: bool = False) -> SignIn:
+                        replace_unreadable_store: bool = False, start_page: bool = True) -> SignIn:
         """Starts the authorization code grant with PKCE on a loopback redirect
         (sf_session_sign_in_browser): `on_prompt` (loop thread) gets the authorization URL to
-        open in a browser and the redirect URI the library listens on. Gives up after
-        `timeout_ms` (SignInExpiredError). Otherwise as sign_in_device."""
+        open in a browser, the start URL that redirects to it once (give a program you start,
+        such as `webbrowser.open`, that one), and the redirect URI the library listens on.
+        Use one of the two URLs: with `start_page=False` there is no start URL (None, and the
+        listener answers it 404) — pass that when you show the person the authorization URL.
+        Gives up after `timeout_ms` (SignInExpiredError). Otherwise as sign_in_device."""
         return self._sign_in_flow(_ffi.lib.sf_session_sign_in_browser, "sf_session_sign_in_browser", issuer, scope,
-                                  None, authorization_endpoint, timeout_ms, on_prompt, replace_unreadable_store)
+                                  None, authorization_endpoint, timeout_ms, on_prompt, replace_unreadable_store,
+                                  start_page)
 
     def _sign_in_flow(self, function: Any, call: str, issuer: Optional[str], scope: Optional[str],
                       device_endpoint: Optional[str], authorization_endpoint: Optional[str],
                       timeout_ms: Optional[int], on_prompt: Optional[Callable[[SignInPrompt], None]],
-                      replace_unreadable_store: bool) -> SignIn:
+                      replace_unreadable_store: bool, start_page: bool = True) -> SignIn:
         buffer = _ffi.SignInOptionsBuffer()
         _ffi.lib.sf_sign_in_options_init(ctypes.byref(buffer))
         options = buffer.options
@@ -990,6 +994,7 @@ class Runtime:
         if timeout_ms is not None:
             options.timeout_ms = int(timeout_ms)
         options.replace_unreadable_store = 1 if replace_unreadable_store else 0
+        options.no_start_page = 0 if start_page else 1
         sign_in = SignIn(call)
         key = keep(_SignInEntry(self._sink, sign_in, on_prompt))
         observer = _ffi.SignInObserver(PROMPT_THUNK, DONE_THUNK, RELEASE_THUNK, key)

@@ -172,8 +172,10 @@ class SignInPrompt:
     """What the user is shown (sf_sign_in_prompt). Device flow: go to `verification_uri` and
     enter `user_code` (or open `verification_uri_complete`). Browser flow: open
     `authorization_url`; it comes back to `redirect_uri`. `start_url` redirects to
-    `authorization_url`: give it to a program you start (its arguments are readable by every
-    local user; the authorization URL's state is not for them). Fields not of the flow are None.
+    `authorization_url` once: give it to a program you start (its arguments are readable by
+    every local user; the authorization URL's state is not for them), and show it to a person
+    too, or sign in with `start_page=False` (then `start_url` is None) and show the
+    authorization URL. Fields not of the flow are None.
     (No device code, code verifier or token is ever in it.)"""
 
     user_code: Optional[str]
