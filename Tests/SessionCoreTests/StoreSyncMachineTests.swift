@@ -27,6 +27,7 @@ struct StoreSyncMachineTests {
         var initialTaken = 0
         var unavailableSaid = 0
         var catchUps = 0
+        var clearsRetried = 0
         var watches = 0
         var startUps: [StoreRead] = []
 
@@ -52,6 +53,9 @@ struct StoreSyncMachineTests {
                 case .seeChangeAgain: run(machine.storeChangeSeen())
                 case .catchUp:
                     catchUps += 1
+                    submitSave()
+                case .clearOwed:
+                    clearsRetried += 1
                     submitSave()
                 }
             }
@@ -145,7 +149,7 @@ struct StoreSyncMachineTests {
             case .readingThenSaved:
                 s.run(s.machine.storeChangeSeen())
                 s.submitSave()
-            case .closed: s.run(s.machine.close())
+            case .closed: s.run(s.machine.close(owesClears: false))
             }
             return s
         }
@@ -154,7 +158,7 @@ struct StoreSyncMachineTests {
     enum Event: String, CaseIterable, CustomStringConvertible {
         case initialReadAnswered, initialReadUnavailable, markBehind
         case save, saveMerged, workerAnswers, workerFails
-        case retryFires, retryFiresOwingClears, changeSeen, close
+        case retryFires, retryFiresOwingClears, changeSeen, close, closeOwingClears
         var description: String { rawValue }
 
         func apply(to s: inout Storage) {
@@ -174,7 +178,8 @@ struct StoreSyncMachineTests {
             case .retryFires: s.retryFires()
             case .retryFiresOwingClears: s.retryFires(owingClears: true)
             case .changeSeen: s.run(s.machine.storeChangeSeen())
-            case .close: s.run(s.machine.close())
+            case .close: s.run(s.machine.close(owesClears: false))
+            case .closeOwingClears: s.run(s.machine.close(owesClears: true))
             }
         }
     }
@@ -193,6 +198,7 @@ struct StoreSyncMachineTests {
         .retryFiresOwingClears: ["answered", "onWorker", "unavailable", "answered/behind", "answered/reading", "answered/reading+again", "answered/reading", "answered/closed"],
         .changeSeen: ["answered/reading", "onWorker", "unavailable/retry", "answered/behind/retry", "answered/reading+again", "answered/reading+again", "answered/reading+again", "answered/closed"],
         .close: ["answered/closed", "onWorker/closed", "unavailable/closed", "answered/behind/closed", "answered/reading/closed", "answered/reading+again/closed", "answered/reading/closed", "answered/closed"],
+        .closeOwingClears: ["answered/closed", "onWorker/closed", "unavailable/closed", "answered/behind/closed", "answered/reading/closed", "answered/reading+again/closed", "answered/reading/closed", "answered/closed"],
     ]
 
     @Test("every state × every event leads to the expected state, with the double consistent",
@@ -236,7 +242,7 @@ struct StoreSyncMachineTests {
                 s.run(s.machine.startRequested())
             case .closedBeforeStart:
                 s.run(s.machine.firstReadHeld(.absent))
-                s.run(s.machine.close())
+                s.run(s.machine.close(owesClears: false))
             }
             return s
         }
@@ -371,11 +377,38 @@ struct StoreSyncMachineTests {
         #expect(s.catchUps == 1)
     }
 
+    /// A logout's clear failed, then a later write landed (the store is not behind): closing
+    /// before the retry fired must still send the clear once more, or the logged-out account's
+    /// tokens come back at the next start. Only the clears: the session's record is current.
+    /// Nothing is tried for a store never read, and nothing twice.
+    @Test func closingSendsAClearStillOwedAgainThoughALaterWriteLanded() {
+        var s = Storage()
+        s.submitSave()
+        s.workerAnswers(failing: true)
+        s.submitSave()
+        s.workerAnswers(failing: false)
+        s.run(s.machine.clearStillOwed())
+        #expect(!s.machine.isBehind && s.retryArmed)
+        s.run(s.machine.close(owesClears: true))
+        #expect(s.clearsRetried == 1 && s.catchUps == 0 && !s.retryArmed, "\(s.clearsRetried) \(s.catchUps)")
+        s.run(s.machine.close(owesClears: true))
+        #expect(s.clearsRetried == 1)
+        var unread = Storage()
+        unread.run(unread.machine.initialReadUnavailable())
+        unread.run(unread.machine.close(owesClears: true))
+        #expect(unread.clearsRetried == 0 && unread.catchUps == 0)
+        var behind = Storage()
+        behind.submitSave()
+        behind.workerAnswers(failing: true)
+        behind.run(behind.machine.close(owesClears: true))
+        #expect(behind.catchUps == 1 && behind.clearsRetried == 0)  // the catch-up sends the clears too
+    }
+
     @Test func closingGivesAStoreThatMissedAWriteOneLastTryAndArmsNothingMore() {
         var s = Storage()
         s.submitSave()
         s.workerAnswers(failing: true)
-        s.run(s.machine.close())
+        s.run(s.machine.close(owesClears: false))
         #expect(s.catchUps == 1 && !s.retryArmed)
         s.workerAnswers(failing: true)
         #expect(!s.retryArmed, "a retry armed after close")

@@ -255,6 +255,28 @@ struct MultiAccountTests {
         await s.stop()
     }
 
+    /// The active account's logout whose clear the disk refuses once, then another account
+    /// signs in and its write lands: the store is no longer behind, but alice's clear is still
+    /// owed. Closed before the retry timer fires, the session gives that clear a last try —
+    /// without it alice's tokens stayed on disk and came back at the next start.
+    @Test func aLogoutsClearStillOwedAtCloseGetsALastTry() async throws {
+        let tmp = TemporaryDirectory()
+        let s = try await SessionHarness(
+            loopName: "accounts", authority: PerAccountAuthority(), store: FileCredentialStore(directory: tmp.store, key: .keyFile)
+        ) { $0.storeRetryInterval = .seconds(600) }  // the retry must not be what clears it
+        try await s.manager.signIn(account("alice"))
+        await s.manager.storeWorkDone()
+        FileIO.injectedWriteFailuresLeft.withLockedValue { $0[tmp.store] = 1 }
+        defer { _ = FileIO.injectedWriteFailuresLeft.withLockedValue { $0.removeValue(forKey: tmp.store) } }
+        try await s.manager.logout()
+        try await s.manager.signIn(account("bob"))
+        await s.manager.storeWorkDone()
+        #expect(FileIO.injectedWriteFailuresLeft.withLockedValue { $0[tmp.store] } == 0, "no write failed: the test tested nothing")
+        #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["alice", "bob"])  // the clear is owed
+        await s.stop()
+        #expect(try storedDocument(tmp.store).accounts.keys.sorted() == ["bob"])
+    }
+
     @Test func aRestartRestoresTheActiveAccountAndStartsTheOthersInTheBackground() async throws {
         let tmp = TemporaryDirectory()
         let authority = PerAccountAuthority()

@@ -123,6 +123,8 @@ extension SessionEngine {
             case .catchUp:
                 retryOwedClears()
                 persist()
+            case .clearOwed:
+                retryOwedClears()
             }
         }
     }

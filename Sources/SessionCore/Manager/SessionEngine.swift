@@ -405,8 +405,8 @@ final class SessionEngine: @unchecked Sendable {
         let abandoned = endSession(keepTokens: true)
         storeWatch?.cancel()
         storeWatch = nil
-        // The retry stops; a store that missed a write gets one last try (`catchUp`).
-        storeEvent { $0.close() }
+        // The retry stops; a store that missed a write, or a clear, gets one last try.
+        storeEvent { $0.close(owesClears: !recordsToClear.isEmpty) }
         closed = true
         fail(abandoned, SessionError(.shutDown, "the session manager was closed"))
         output.finish()

@@ -62,6 +62,8 @@ struct StoreSyncMachine: Sendable, Equatable {
         case seeChangeAgain
         /// Write what the store missed: the clears it owes, then the session.
         case catchUp
+        /// Send again the clears still owed (the session's own record is up to date).
+        case clearOwed
     }
 
     private(set) var initialRead = InitialRead.answered
@@ -205,13 +207,16 @@ struct StoreSyncMachine: Sendable, Equatable {
     // MARK: - The end
 
     /// The session is closed: no retry from now on — but one last try to bring a store that
-    /// missed a write up to date (a logout it missed must not come back at the next start).
-    mutating func close() -> [Action] {
+    /// missed a write up to date, and to land a clear still owed even when a later write
+    /// landed (a logout it missed must not come back at the next start). `owesClears` as for
+    /// `retryFired`.
+    mutating func close(owesClears: Bool) -> [Action] {
         guard !closed else { return [] }
-        let catchUp = isBehind && !awaitingInitialRead
+        let read = !awaitingInitialRead
         closed = true
         retryArmed = false
-        return [.cancelRetry] + (catchUp ? [.catchUp] : [])
+        if read && isBehind { return [.cancelRetry, .catchUp] }
+        return [.cancelRetry] + (read && owesClears ? [.clearOwed] : [])
     }
 
     private mutating func armRetry() -> [Action] {
