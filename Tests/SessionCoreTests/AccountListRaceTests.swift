@@ -48,7 +48,18 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
     private(set) var holdingRecordRead = false
     func holdNextRead(of key: String) { locked { recordGate = (key, DispatchSemaphore(value: 0)) } }
     func releaseRecordRead() { locked { heldRecordGate }?.signal() }
+    /// The next read of `key`'s record finds the store unavailable.
+    func failNextRead(of key: String) { locked { recordReadToFail = key } }
+    private var recordReadToFail: String?
+    private(set) var failedRecordReads = 0
     fileprivate func readRecord(_ key: String) -> StoreRead {
+        let fails = locked { () -> Bool in
+            guard recordReadToFail == key else { return false }
+            recordReadToFail = nil
+            failedRecordReads += 1
+            return true
+        }
+        if fails { return .unavailable(StoreError("the record could not be read for now")) }
         let gate: DispatchSemaphore? = locked {
             guard let held = recordGate, held.key == key else { return nil }
             recordGate = nil
@@ -80,7 +91,18 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
         try account(locked { active } ?? defaultAccount, isActive: true).write(session)
     }
     func clear() throws(StoreError) { try account(locked { active } ?? defaultAccount, isActive: true).clear() }
+    /// The next `count` list reads find the store unavailable.
+    func failNextListReads(_ count: Int) { locked { listReadsToFail = count } }
+    private var listReadsToFail = 0
+    private(set) var failedListReads = 0
     func readAccounts() -> AccountsRead {
+        let failed = locked { () -> Bool in
+            guard listReadsToFail > 0 else { return false }
+            listReadsToFail -= 1
+            failedListReads += 1
+            return true
+        }
+        if failed { return .unavailable(StoreError("the disk is gone for a while")) }
         let (list, gate) = locked { (StoredAccounts(keys: records.keys.sorted(), active: active), self.gate) }
         if let gate {
             locked {
@@ -133,6 +155,51 @@ struct AccountListRaceTests {
         store.release()
         // The first answer ([bob]) arrives after the second change: carol must still join.
         #expect(await eventually { session.accounts.map(\.key) == ["bob", "carol"] })
+        _ = try loop.shutdown()
+    }
+
+    /// The list reads find the store unavailable (at creation, and at the active session's
+    /// start): nothing else asks for the list again while bob's session stays signed in, so
+    /// the manager reads it again on the store's retry interval — carol's session is made
+    /// without any change of state or of the store. Before, carol stayed unlisted.
+    /// Made off the loop thread, the manager reads each listed account's record as it makes
+    /// its session; carol's read finds the store unavailable for now. That is not "signed
+    /// out": her session is kept, reads again once started, and restores her. (It was retired
+    /// as if her record had gone, and with the list taken nothing made it again.)
+    @Test func aBackgroundAccountWhoseRecordCouldNotBeReadYetIsKept() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob", active: true)
+        store.put("carol")
+        store.failNextRead(of: "carol")
+        var configuration = SessionConfiguration()
+        configuration.storeRetryInterval = .milliseconds(100)
+        let session = try await madeOffThePool { [configuration] in
+            try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store, configuration: configuration)
+        }
+        #expect(store.locked { store.failedRecordReads } == 1, "carol's read did not fail: the test tested nothing")
+        #expect(await eventually {
+            session.accounts.map(\.key) == ["bob", "carol"] && session.accounts.allSatisfy { $0.state == .loggedIn }
+        }, "\(session.accounts)")
+        await session.close()
+        _ = try loop.shutdown()
+    }
+
+    @Test func aListTheStoreCouldNotGiveIsReadAgainOnTheRetryTimer() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob", active: true)
+        store.put("carol")
+        store.failNextListReads(2)
+        var configuration = SessionConfiguration()
+        configuration.storeRetryInterval = .milliseconds(100)
+        let session = try SessionManager(
+            loop: loop, authority: AsyncAuthority(NoAuthority()), store: store, configuration: configuration)
+        await session.storeRead()
+        #expect(await eventually { store.locked { store.failedListReads } == 2 })
+        #expect(await eventually { session.accounts.map(\.key) == ["bob", "carol"] }, "\(session.accounts)")
+        #expect(session.state.value == .loggedIn)
+        await session.close()
         _ = try loop.shutdown()
     }
 }

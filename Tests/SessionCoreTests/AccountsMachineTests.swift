@@ -26,6 +26,10 @@ struct AccountsMachineTests {
         var pointerMovedElsewhere = false
         /// The store took a write of the active session since the latest pointer write was made.
         var storeTookWriteSinceLatestPointerWrite = false
+        /// The manager's list retry timer.
+        var listRetryArmed = false
+        /// The latest list read requested answered unavailable (nothing asks again but the timer).
+        var latestListReadUnavailable = false
 
         mutating func run(_ actions: [AccountsMachine.Action]) {
             for action in actions {
@@ -35,6 +39,9 @@ struct AccountsMachineTests {
                 case .writePointer(let key, let request):
                     pointerWrites.append((key, request))
                     storeTookWriteSinceLatestPointerWrite = false
+                case .readListLater:
+                    #expect(!listRetryArmed, "the list retry armed twice")
+                    listRetryArmed = true
                 }
             }
         }
@@ -59,7 +66,15 @@ struct AccountsMachineTests {
             if listReads[0].taken == nil { listReadTakesList() }
             let (request, taken) = listReads.removeFirst()
             let answer: AccountsRead = unavailable ? .unavailable(StoreError("disk gone")) : .present(taken!)
+            if request == machine.listRequest { latestListReadUnavailable = unavailable }
             run(machine.listAnswered(answer, request: request))
+        }
+
+        /// The manager's list retry timer fires.
+        mutating func listRetryFires() {
+            guard listRetryArmed else { return }
+            listRetryArmed = false
+            run(machine.listRetryFired())
         }
 
         mutating func switchTo(_ key: String) {
@@ -101,6 +116,12 @@ struct AccountsMachineTests {
 
         func checkConsistency(_ context: String) {
             #expect(machine.checkInvariants() == nil, "\(context): \(machine.checkInvariants() ?? "")")
+            #expect(listRetryArmed == machine.listRetryArmed, "\(context): timer \(listRetryArmed), machine \(machine.listRetryArmed)")
+            // A way forward: a list the store could not give is read again on the timer, or a
+            // read is on the worker.
+            if !machine.listed, latestListReadUnavailable {
+                #expect(listRetryArmed || !listReads.isEmpty, "\(context): unlisted after an unavailable read, with no retry")
+            }
             // A list taken never misses an account of the store (accounts only join here).
             if machine.listed {
                 #expect(sessions.isSuperset(of: storeKeys), "\(context): listed, sessions \(sessions.sorted()) vs store \(storeKeys.sorted())")
@@ -123,7 +144,9 @@ struct AccountsMachineTests {
             }
         }
 
-        var listName: String { "\(machine.listed ? "listed" : "unlisted")/\(listReads.count)" }
+        var listName: String {
+            "\(machine.listed ? "listed" : "unlisted")/\(listReads.count)\(machine.listRetryArmed ? "+retry" : "")"
+        }
 
         var pointerName: String {
             switch machine.pointer {
@@ -137,7 +160,7 @@ struct AccountsMachineTests {
     // MARK: - The account list: every state × every event
 
     enum ListState: String, CaseIterable, CustomStringConvertible {
-        case unread, reading, readingStale, listed
+        case unread, reading, readingStale, listed, unavailable
         var description: String { rawValue }
 
         func make() -> Storage {
@@ -153,6 +176,9 @@ struct AccountsMachineTests {
             case .listed:
                 s.run(s.machine.listWanted())
                 s.listReadAnswers()
+            case .unavailable:
+                s.run(s.machine.listWanted())
+                s.listReadAnswers(unavailable: true)
             }
             return s
         }
@@ -160,6 +186,7 @@ struct AccountsMachineTests {
 
     enum ListEvent: String, CaseIterable, CustomStringConvertible {
         case storeChanged, stateChangedWhileStoreReading, stateChangedStoreRead, answer, answerUnavailable, sessionsNotMade
+        case retryFires
         var description: String { rawValue }
 
         func apply(to s: inout Storage) {
@@ -170,19 +197,21 @@ struct AccountsMachineTests {
             case .answer: s.listReadAnswers()
             case .answerUnavailable: s.listReadAnswers(unavailable: true)
             case .sessionsNotMade: s.run(s.machine.sessionsNotMade())
+            case .retryFires: s.listRetryFires()
             }
         }
     }
 
-    /// Columns: unread, reading, readingStale, listed. "listed/0": the list taken, no read on
-    /// the worker.
+    /// Columns: unread, reading, readingStale, listed, unavailable. "listed/0": the list taken,
+    /// no read on the worker; "+retry": the list retry timer armed.
     static let listExpected: [ListEvent: [String]] = [
-        .storeChanged: ["unlisted/1", "unlisted/2", "unlisted/3", "unlisted/1"],
-        .stateChangedWhileStoreReading: ["unlisted/0", "unlisted/1", "unlisted/2", "listed/0"],
-        .stateChangedStoreRead: ["unlisted/1", "unlisted/2", "unlisted/3", "listed/0"],
-        .answer: ["unlisted/0", "listed/0", "unlisted/1", "listed/0"],
-        .answerUnavailable: ["unlisted/0", "unlisted/0", "unlisted/1", "listed/0"],
-        .sessionsNotMade: ["unlisted/0", "unlisted/1", "unlisted/2", "unlisted/0"],
+        .storeChanged: ["unlisted/1", "unlisted/2", "unlisted/3", "unlisted/1", "unlisted/1+retry"],
+        .stateChangedWhileStoreReading: ["unlisted/0", "unlisted/1", "unlisted/2", "listed/0", "unlisted/0+retry"],
+        .stateChangedStoreRead: ["unlisted/1", "unlisted/2", "unlisted/3", "listed/0", "unlisted/1+retry"],
+        .answer: ["unlisted/0", "listed/0", "unlisted/1", "listed/0", "unlisted/0+retry"],
+        .answerUnavailable: ["unlisted/0", "unlisted/0+retry", "unlisted/1", "listed/0", "unlisted/0+retry"],
+        .sessionsNotMade: ["unlisted/0", "unlisted/1", "unlisted/2", "unlisted/0", "unlisted/0+retry"],
+        .retryFires: ["unlisted/0", "unlisted/1", "unlisted/2", "listed/0", "unlisted/1"],
     ]
 
     @Test("every list state × every event leads to the expected state, the pointer untouched",
@@ -197,10 +226,18 @@ struct AccountsMachineTests {
             #expect(s.listName == Self.listExpected[event]![column], "\(state) + \(event) → \(s.listName)")
             #expect(s.machine.pointer == pointerBefore, "\(state) + \(event) moved the pointer")
             s.checkConsistency("\(state) + \(event)")
-            // Whatever is still on the worker answers: the list ends up taken and complete.
-            while !s.listReads.isEmpty { s.listReadAnswers() }
-            if !s.machine.listed { s.run(s.machine.sessionStateChanged(storeReading: false)) }
-            while !s.listReads.isEmpty { s.listReadAnswers() }
+            // Whatever is still on the worker answers, the timer fires: the list ends up taken
+            // and complete, with no help from a state change.
+            for _ in 0..<3 {
+                while !s.listReads.isEmpty { s.listReadAnswers() }
+                s.listRetryFires()
+            }
+            if !s.machine.listed, !s.latestListReadUnavailable {
+                // Never asked for (or the sessions not made): the next state change asks. After
+                // an unavailable read the timer alone must have brought the list.
+                s.run(s.machine.sessionStateChanged(storeReading: false))
+                while !s.listReads.isEmpty { s.listReadAnswers() }
+            }
             #expect(s.machine.listed && s.sessions.isSuperset(of: s.storeKeys), "\(state) + \(event), drained: \(s.listName)")
             s.checkConsistency("\(state) + \(event), drained")
         }

@@ -110,8 +110,14 @@ struct StoreSyncMachineTests {
             }
             // A way forward: nothing is left unread or behind with nothing that will change it.
             let retryRead = jobs.contains { if case .read(.retry, _) = $0 { true } else { false } }
-            if machine.initialRead == .unavailable {
+            // (Before the start, a first read held unavailable waits for it: the start reads again.)
+            if machine.initialRead == .unavailable, machine.heldRead == nil {
                 #expect(retryArmed || retryRead, "\(context): unread with no retry")
+            }
+            // A change seen before the first read answered is still to be seen: the read is
+            // on its way (the creation's, or the retry's).
+            if machine.changeSeenUnread {
+                #expect(machine.awaitingInitialRead, "\(context): a change seen, and nothing will read it")
             }
             if machine.isBehind {
                 // (A retry read of a store not read yet: its answer writes the session back.)
@@ -123,6 +129,7 @@ struct StoreSyncMachineTests {
             var parts: [String] = ["\(machine.initialRead)"]
             if machine.isBehind { parts.append("behind") }
             if case .reading(_, let again) = machine.changeRead { parts.append(again ? "reading+again" : "reading") }
+            if machine.changeSeenUnread { parts.append("seen") }
             if machine.retryArmed { parts.append("retry") }
             if machine.closed { parts.append("closed") }
             return parts.joined(separator: "/")
@@ -196,7 +203,7 @@ struct StoreSyncMachineTests {
         .workerFails: ["answered", "onWorker", "unavailable/retry", "answered/behind/retry", "answered", "answered/reading", "answered", "answered/closed"],
         .retryFires: ["answered", "onWorker", "unavailable", "answered/behind", "answered/reading", "answered/reading+again", "answered/reading", "answered/closed"],
         .retryFiresOwingClears: ["answered", "onWorker", "unavailable", "answered/behind", "answered/reading", "answered/reading+again", "answered/reading", "answered/closed"],
-        .changeSeen: ["answered/reading", "onWorker", "unavailable/retry", "answered/behind/retry", "answered/reading+again", "answered/reading+again", "answered/reading+again", "answered/closed"],
+        .changeSeen: ["answered/reading", "onWorker/seen", "unavailable/seen/retry", "answered/behind/retry", "answered/reading+again", "answered/reading+again", "answered/reading+again", "answered/closed"],
         .close: ["answered/closed", "onWorker/closed", "unavailable/closed", "answered/behind/closed", "answered/reading/closed", "answered/reading+again/closed", "answered/reading/closed", "answered/closed"],
         .closeOwingClears: ["answered/closed", "onWorker/closed", "unavailable/closed", "answered/behind/closed", "answered/reading/closed", "answered/reading+again/closed", "answered/reading/closed", "answered/closed"],
     ]
@@ -326,6 +333,58 @@ struct StoreSyncMachineTests {
         #expect(s.jobs == [.read(.change, savesAfter: 0)], "one more read for the changes seen meanwhile")
         s.workerAnswers(failing: false)
         #expect(s.followed.count == 2 && s.jobs.isEmpty)
+    }
+
+    /// Another process changes the store while the session's first read is on the worker (the
+    /// creation's read, or the retry's of a store that was unavailable): that answer may be
+    /// older than the change, so once it is taken the store is read again and followed.
+    /// Before, the change was dropped and missed until the next one.
+    @Test func aChangeSeenBeforeTheFirstReadAnsweredIsReadAfterIt() {
+        var retry = Storage()
+        retry.run(retry.machine.initialReadUnavailable())
+        retry.retryFires()
+        #expect(retry.jobs == [.read(.retry, savesAfter: 0)])
+        retry.run(retry.machine.storeChangeSeen())
+        retry.workerAnswers(failing: false)  // the retry's read: taken
+        #expect(retry.initialTaken == 1)
+        #expect(retry.jobs == [.read(.change, savesAfter: 0)], "the change seen meanwhile is not read: \(retry.jobs)")
+        retry.workerAnswers(failing: false)
+        #expect(retry.followed == [0])
+
+        var creation = Storage()
+        creation.run(creation.machine.initialReadOnWorker())
+        creation.run(creation.machine.storeChangeSeen())
+        creation.run(creation.machine.initialReadAnswered())
+        #expect(creation.jobs == [.read(.change, savesAfter: 0)])
+        #expect(!creation.machine.changeSeenUnread)
+
+        // Still unavailable: the change stays to be seen until the store answers.
+        var still = Storage()
+        still.run(still.machine.initialReadUnavailable())
+        still.run(still.machine.storeChangeSeen())
+        still.retryFires()
+        still.workerAnswers(failing: true)
+        #expect(still.machine.changeSeenUnread && still.jobs.isEmpty && still.retryArmed)
+        still.retryFires()
+        still.workerAnswers(failing: false)
+        #expect(still.jobs == [.read(.change, savesAfter: 0)])
+    }
+
+    /// A first read that found the store unavailable, held for the start, leaves what it holds
+    /// unknown: the snapshot must not say "signed out" (the accounts façade retired such a
+    /// background session as if its record had gone).
+    @Test func aFirstReadHeldUnavailableIsNotAnAnswer() {
+        var s = Storage()
+        s.run(s.machine.firstReadHeld(.unavailable(StoreError("locked"))))
+        #expect(s.machine.awaitingInitialRead)
+        s.run(s.machine.startRequested())
+        #expect(s.machine.awaitingInitialRead && s.retryArmed)
+        s.retryFires()
+        s.workerAnswers(failing: false)
+        #expect(!s.machine.awaitingInitialRead && s.initialTaken == 1)
+        var present = Storage()
+        present.run(present.machine.firstReadHeld(.present(Self.stored)))
+        #expect(!present.machine.awaitingInitialRead)
     }
 
     @Test func nothingIsFollowedWhileTheStoreIsBehindUntilAWriteLands() {

@@ -53,12 +53,17 @@ struct AccountsMachine: Sendable, Equatable {
         /// Record `key` as the store's active account on the pointer's worker; answer with
         /// `pointerAnswered(request:failed:)`.
         case writePointer(key: String, request: UInt64)
+        /// The list could not be read: call `listRetryFired()` after the store's retry interval.
+        case readListLater
     }
 
     /// The store's account list was taken (a session made for each account).
     private(set) var listed = false
     /// The latest list read requested: only its answer is taken.
     private(set) var listRequest: UInt64 = 0
+    /// The latest list read found the store unavailable: it is read again on a timer (nothing
+    /// else may ask for it for hours: a steady session changes no state).
+    private(set) var listRetryArmed = false
     private(set) var pointer = Pointer.recorded
     /// The latest pointer write requested.
     private(set) var pointerRequest: UInt64 = 0
@@ -105,9 +110,21 @@ struct AccountsMachine: Sendable, Equatable {
     /// The store answered the list read of `request`.
     mutating func listAnswered(_ answer: AccountsRead, request: UInt64) -> [Action] {
         // An earlier read answered after a later one was asked for: the later one tells.
-        guard !listed, request == listRequest, case .present(let list) = answer else { return [] }
+        guard !listed, request == listRequest else { return [] }
+        guard case .present(let list) = answer else {
+            guard !listRetryArmed else { return [] }
+            listRetryArmed = true
+            return [.readListLater]
+        }
         listed = true
         return [.addSessions(list)]
+    }
+
+    /// The retry timer `readListLater` asked for fired: the list is read again unless taken.
+    mutating func listRetryFired() -> [Action] {
+        guard listRetryArmed else { return [] }
+        listRetryArmed = false
+        return listed ? [] : listWanted()
     }
 
     /// The sessions of a taken list could not be made: the list counts as not read.

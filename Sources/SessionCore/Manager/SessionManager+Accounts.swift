@@ -177,6 +177,13 @@ extension SessionManager {
                 configuration.logger.warning("cannot start the sessions of the other accounts", metadata: ["error": "\(error)"])
                 accountsEvent { $0.sessionsNotMade() }
             }
+        case .readListLater:
+            let timer = try? loop.scheduleTimer(after: configuration.storeRetryInterval) { [weak self] in
+                guard let self else { return }
+                sessions.withLockedValue { $0.listRetry = nil }
+                accountsEvent { $0.listRetryFired() }
+            }
+            sessions.withLockedValue { $0.listRetry = timer }
         case .writePointer(let key, let request):
             // One worker for the pointer: its writes land in the order they were made.
             pointerWorker?.submit({ _ -> StoreError? in
@@ -224,9 +231,10 @@ extension SessionManager {
 
     func closeOnLoop() {
         loop.assertInEventLoop()
-        let (active, background) = sessions.withLockedValue {
-            ($0.active, Array($0.background.values) + $0.retired.values)
+        let (active, background, listRetry) = sessions.withLockedValue {
+            ($0.active, Array($0.background.values) + $0.retired.values, $0.listRetry.take())
         }
+        listRetry?.cancel()
         for engine in background { engine.close() }
         // Last: it completes the manager's flows.
         active.close()
@@ -379,7 +387,11 @@ extension SessionManager {
         guard let accountStore else { return }
         for case .readList(let request) in sessions.withLockedValue({ $0.accounts.listWanted() }) {
             let answer = worker.performAndWait { _ in accountStore.readAccounts() }
-            for case .addSessions(let list) in sessions.withLockedValue({ $0.accounts.listAnswered(answer, request: request) }) {
+            for action in sessions.withLockedValue({ $0.accounts.listAnswered(answer, request: request) }) {
+                guard case .addSessions(let list) = action else {
+                    perform(action)  // an unavailable store: read again on the timer
+                    continue
+                }
                 do {
                     try addBackgroundSessions(list)
                 } catch {
@@ -417,8 +429,9 @@ extension SessionManager {
                     loop: loop, authority: authority, store: accountStore, configuration: configuration,
                     account: key, active: false, onStateChange: { [weak self] in self?.accountsChanged() },
                     startsLater: true)
-                guard loop.inEventLoop || engine.snapshot.withLockedValue({ $0.state }) != .loggedOut else {
-                    // Read at creation (off the loop): the record went meanwhile.
+                guard loop.inEventLoop || !engine.snapshot.withLockedValue({ $0.isSignedOut }) else {
+                    // Read at creation (off the loop): the record went meanwhile. (A store that
+                    // could not be read is not that: the session reads it again once started.)
                     retire(engine)
                     continue
                 }

@@ -57,6 +57,8 @@ public final class SessionManager: Sendable {
         /// The account list and the active-account pointer (`AccountsMachine`): changed only
         /// through its events (`accountsEvent`), under this box's lock.
         var accounts = AccountsMachine()
+        /// The accounts machine's `readListLater` (cancelled at close).
+        var listRetry: LoopTimer?
         /// Sessions let go of (`retire`) whose store work has not landed yet — a background
         /// account's logout clears its record there: waited for like the others' (closed with
         /// them, if the manager closes first).

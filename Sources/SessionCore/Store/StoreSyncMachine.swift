@@ -76,6 +76,9 @@ struct StoreSyncMachine: Sendable, Equatable {
     /// Saves handed to the worker and not merged into one still waiting there.
     private(set) var savesSubmitted: UInt64 = 0
     private(set) var changeRead = ChangeRead.idle
+    /// Another process changed the store while the first read had not answered: once it does,
+    /// the store is read again (that answer may be older than the change).
+    private(set) var changeSeenUnread = false
     private(set) var retryArmed = false
     private(set) var closed = false
 
@@ -86,10 +89,11 @@ struct StoreSyncMachine: Sendable, Equatable {
 
     /// The first read answered before the session started (at creation, or on the worker):
     /// held for the start, which emits the start-up events for it. An unavailable store is
-    /// reported at the start too, and read again from then on.
+    /// reported at the start too, and read again from then on; until it answers, what it
+    /// holds is unknown (not "signed out").
     mutating func firstReadHeld(_ read: StoreRead) -> [Action] {
         precondition(!started, "a first read held after the start")
-        initialRead = .answered
+        if case .unavailable = read { initialRead = .unavailable } else { initialRead = .answered }
         heldRead = read
         return []
     }
@@ -120,7 +124,7 @@ struct StoreSyncMachine: Sendable, Equatable {
     /// The first read answered (and the session took what it found).
     mutating func initialReadAnswered() -> [Action] {
         initialRead = .answered
-        return []
+        return changeSeenBeforeTheRead()
     }
 
     /// The retry's read answered.
@@ -131,7 +135,14 @@ struct StoreSyncMachine: Sendable, Equatable {
             return armRetry() + [.stillUnavailable(error)]
         }
         initialRead = .answered
-        return [.takeInitialRead(read)]
+        return [.takeInitialRead(read)] + changeSeenBeforeTheRead()
+    }
+
+    /// A change seen while the first read was awaited is seen now, after the read was taken.
+    private mutating func changeSeenBeforeTheRead() -> [Action] {
+        guard changeSeenUnread else { return [] }
+        changeSeenUnread = false
+        return closed ? [] : [.seeChangeAgain]
     }
 
     // MARK: - Writes
@@ -180,7 +191,13 @@ struct StoreSyncMachine: Sendable, Equatable {
 
     /// Another process changed the store (or the session wants to know what it holds now).
     mutating func storeChangeSeen() -> [Action] {
-        guard !closed, !awaitingInitialRead, !isBehind else { return [] }
+        guard !closed else { return [] }
+        // The first read's answer (on the worker, or the retry's) may be older than this change.
+        if awaitingInitialRead {
+            changeSeenUnread = true
+            return []
+        }
+        guard !isBehind else { return [] }
         switch changeRead {
         case .reading(let savesBefore, _):
             changeRead = .reading(savesBefore: savesBefore, again: true)
@@ -228,6 +245,7 @@ struct StoreSyncMachine: Sendable, Equatable {
     /// Why the machine is inconsistent, or nil.
     func checkInvariants() -> String? {
         if closed && retryArmed { return "a retry armed after close" }
+        if changeSeenUnread && !awaitingInitialRead { return "a change seen before the first read kept after it" }
         if started && heldRead != nil { return "a first read held after the start" }
         if case .reading(let savesBefore, _) = changeRead, savesBefore > savesSubmitted {
             return "a change read counting saves never submitted"
