@@ -481,7 +481,9 @@ int sf_session_state_get(sf_runtime *runtime, sf_session_state *out);
 /* Subscribes to the session state (the current state first). The observer is copied;
  * `observer->userdata` is owned by the subscription until `release` runs.
  * Returns SF_OK and *out, or SF_EINVAL, SF_ECLOSED, SF_ESHUTDOWN (nothing is then called).
- * Any thread. */
+ * Any thread. Called off the loop thread, the first callbacks may run on the loop thread
+ * before this call has written *out: a callback that needs the handle gets it from the
+ * host under the host's own lock (or subscribe on the loop thread). */
 int sf_subscribe_session_state(sf_runtime *runtime, const sf_observer *observer, sf_subscription *out);
 
 /* Subscribes to session events (only those after this call). Same ownership and returns
@@ -901,7 +903,8 @@ void sf_sign_in_options_init(sf_sign_in_options *options);
  * `options`: where the endpoints come from (see above); NULL means the defaults, which
  * name no device authorization endpoint. The observer is copied; its userdata belongs to
  * the sign-in until `release`.
- * Returns SF_OK and *out (the flow runs on the loop; on_done will be called), or — calling
+ * Returns SF_OK and *out (the flow runs on the loop; on_done will be called; *out is written
+ * before any callback of the sign-in can run, so they may read it), or — calling
  * nothing, taking no ownership — SF_EINVAL (NULL runtime, observer or out; no issuer and
  * no device_authorization_endpoint, or no sf_options.token_endpoint; no sf_options.client_id;
  * an endpoint that is not https or http to loopback: named in the log), SF_ESTATE (someone

@@ -18,6 +18,8 @@ typedef struct browser_probe {
     _Atomic(sf_sign_in) handle;
     pthread_t main_thread;
     int no_start_page; /* the sign-in was started with it: the prompt has no start URL */
+    sf_sign_in out;            /* the starting call's *out: written before any callback runs */
+    sf_sign_in seen_in_prompt; /* `out` as on_prompt read it (plainly: TSan sees a race) */
     char authorization_url[4096];
     char redirect_uri[512];
     int64_t expires_in_ms;
@@ -42,6 +44,7 @@ static void on_prompt(const sf_sign_in_prompt *prompt, void *userdata) {
                          : !prompt->start_url || strncmp(prompt->start_url, "http://127.0.0.1:", 17) != 0 ||
                                strstr(prompt->start_url, "/start") == NULL || strstr(prompt->start_url, "state=") != NULL)
         atomic_fetch_add(&p->prompt_not_browser, 1);
+    p->seen_in_prompt = p->out;
     snprintf(p->authorization_url, sizeof p->authorization_url, "%s",
              prompt->authorization_url ? prompt->authorization_url : "");
     snprintf(p->redirect_uri, sizeof p->redirect_uri, "%s", prompt->redirect_uri ? prompt->redirect_uri : "");
@@ -82,9 +85,8 @@ static int start_browser_with(sf_runtime *runtime, const char *issuer, int64_t t
     if (timeout_ms) options.timeout_ms = timeout_ms;
     CHECK_EQ_INT(options.no_start_page, 0); /* the default serves the start URL */
     options.no_start_page = no_start_page;
-    sf_sign_in handle = 0;
-    int rc = sf_session_sign_in_browser(runtime, &options, &observer, &handle);
-    atomic_store(&p->handle, handle);
+    int rc = sf_session_sign_in_browser(runtime, &options, &observer, &p->out);
+    atomic_store(&p->handle, p->out);
     return rc;
 }
 
@@ -131,6 +133,8 @@ void test_sign_in_browser_approved_through_discovery(void) {
     CHECK_CODE(start_browser(runtime, base, 0, &p), SF_OK);
     WAIT_FOR(atomic_load(&p.prompts) == 1);
     CHECK_EQ_INT(atomic_load(&p.prompts), 1);
+    /* The handle was in *out before on_prompt ran (on the loop thread). */
+    CHECK(p.seen_in_prompt != 0 && p.seen_in_prompt == atomic_load(&p.handle));
     char authorize[256];
     snprintf(authorize, sizeof authorize, "%s/oauth/authorize?", base);
     CHECK(strncmp(p.authorization_url, authorize, strlen(authorize)) == 0);

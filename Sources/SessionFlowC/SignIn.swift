@@ -289,6 +289,9 @@ private func startSignIn(
         let sequence = SignInSequence(source, method: method(kind, options, record: record), scope: string(options.scope))
         let session = runtime.session
         let replacing = options.replace_unreadable_store != 0
+        // Before the flow can call anything: a callback on the loop thread may read the
+        // host's variable `out` points to (to cancel, or to tell its sign-ins apart).
+        out.pointee = record.id
         do {
             // On the loop, so that a refusal (the loop shutting down) is known here and calls nothing.
             try runtime.loop.execute {
@@ -300,9 +303,9 @@ private func startSignIn(
             }
         } catch {
             _ = signIns.remove(record.id)
+            out.pointee = 0
             return SF_ESHUTDOWN.code
         }
-        out.pointee = record.id
         return SF_OK.code
     }
 }
