@@ -23,6 +23,8 @@
 #     and data entries too) are not exactly the functions the header declares, each a global
 #     function (nothing missing, nothing extra);
 #   - it needs a glibc newer than 2.34 (a GLIBC_ symbol version above GLIBC_2.34);
+#   - its debug info names the store's test fault injection (FileIO.injected…: debug builds
+#     only);
 #   - the library is not stripped (a .symtab or .debug_* section), or it has an RPATH or
 #     RUNPATH (a shipped library does not choose where its dependencies come from), or
 #     one of its dependencies cannot be found, or it cannot be loaded with every symbol bound.
@@ -82,6 +84,12 @@ if [ -n "$debuglink" ]; then
     done
     if [ -n "$debugfile" ]; then
         echo "debug info: $(human "$(size_of "$debugfile")") in $debugfile"
+        # Test support stays out of what ships: the fault injection of the store's file I/O
+        # (FileIO.injected…) exists in debug builds only. Its symbols would be in the debug info.
+        injected=$(nm "$debugfile" 2>/dev/null |
+            grep -cE 'injected(WriteErrors|TemporarySuffixes|ExchangeErrors|PausesAfterOpen|WriteFailuresLeft|DirectorySyncErrors)' || true)
+        echo "test hooks: $injected symbols of the fault tables (FileIO.injected…) in the debug info"
+        [ "$injected" -eq 0 ] || fail "the library carries the store's test fault injection (FileIO.injected…): $injected symbols"
     else
         echo "debug info: $debuglink (.gnu_debuglink) not found beside the library"
     fi

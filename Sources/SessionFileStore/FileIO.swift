@@ -19,47 +19,8 @@ enum FileIO {
 
     static func errnoText() -> String { String(cString: strerror(errno)) }
 
-    /// Tests only: writes of files under a directory fail with an errno (disk full where no
-    /// small filesystem can be mounted). Keyed by directory, so other stores are unaffected.
-    static let injectedWriteErrors = LockedBox<[String: Int32]>([:])
-
-    /// Tests only: the temporary files of a store in a directory get this suffix instead of
-    /// `<pid>-<random>`, so that a test can plant something under that name.
-    static let injectedTemporarySuffixes = LockedBox<[String: String]>([:])
-
-    /// Tests only: the exchange of a store file with its spare fails with this errno in a
-    /// directory (a filesystem that cannot exchange, such as vfat or some FUSE mounts).
-    static let injectedExchangeErrors = LockedBox<[String: Int32]>([:])
-
-    /// Tests only: called with the file's name once a read in a directory has opened it and
-    /// before it reads (another process's write landing in between).
-    static let injectedPausesAfterOpen = LockedBox<[String: @Sendable (String) -> Void]>([:])
-
-    /// Tests only: the next N writes of files under a directory fail with EIO, then writes
-    /// succeed again (a disk that fails once).
-    static let injectedWriteFailuresLeft = LockedBox<[String: Int]>([:])
-
-    /// -1 with `errno` set when a fault is injected for `path`, else nil.
-    private static func injectedWriteError(_ path: String) -> Int? {
-        let counted = injectedWriteFailuresLeft.withLockedValue { left -> Bool in
-            guard let key = left.first(where: { path.hasPrefix($0.key + "/") && $0.value > 0 })?.key else { return false }
-            left[key]! -= 1
-            return true
-        }
-        if counted {
-            errno = EIO
-            return -1
-        }
-        let code = injectedWriteErrors.withLockedValue { faults in
-            faults.first { path.hasPrefix($0.key + "/") }?.value
-        }
-        guard let code else { return nil }
-        errno = code
-        return -1
-    }
-
     private static func temporaryName(_ name: String, _ kind: String, in directory: TrustedDirectory) -> String {
-        if let suffix = injectedTemporarySuffixes.withLockedValue({ $0[directory.path] }) {
+        if let suffix = injectedTemporarySuffix(directory) {
             return "\(name).\(kind)-\(suffix)"
         }
         var random = SystemRandomNumberGenerator()
@@ -115,7 +76,7 @@ enum FileIO {
     }
 
     private static func readAll(_ fd: Int32, _ name: String, in directory: TrustedDirectory) -> OneRead {
-        if let pause = injectedPausesAfterOpen.withLockedValue({ $0[directory.path] }) { pause(name) }
+        injectedPauseAfterOpen(name, in: directory)
         // Key files pass through here: the buffer is sized from the file's size up front, so
         // it is not grown (a grown array leaves a copy behind in freed memory), and the chunk
         // is zeroed after.
@@ -287,20 +248,8 @@ enum FileIO {
         syncDirectory(directory)
     }
 
-    /// Tests only: the directory's fsync before a spare is written over fails with this errno.
-    static let injectedDirectorySyncErrors = LockedBox<[String: Int32]>([:])
-
-    private static func injectedDirectorySyncError(_ directory: TrustedDirectory) -> Int32? {
-        guard let code = injectedDirectorySyncErrors.withLockedValue({ $0[directory.path] }) else { return nil }
-        errno = code
-        return -1
-    }
-
     private static func exchange(_ first: String, _ second: String, in directory: TrustedDirectory) -> Int32 {
-        if let code = injectedExchangeErrors.withLockedValue({ $0[directory.path] }) {
-            errno = code
-            return -1
-        }
+        if let failed = injectedExchangeError(directory) { return failed }
         return sf_rename_exchange(directory.descriptor, first, second)
     }
 
