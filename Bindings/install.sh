@@ -205,7 +205,6 @@ includedir=$(pc_path "$includedir")
 Name: sessionflow
 Description: An authenticated session that keeps itself alive, observable from C on a libuv loop
 Version: $version
-Requires.private: libuv libcurl
 Libs: -L\${libdir} -lsessionflow
 Cflags: -I\${includedir}
 PC

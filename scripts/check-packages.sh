@@ -81,6 +81,32 @@ for artifact in "${debs[@]}" "$wheel" "$archive"; do
         "$(awk -v b="$(stat -c %s "$artifact")" 'BEGIN { print b / 1048576 }')" "$(basename "$artifact")"
 done
 
+# The install commands of the READMEs name these artifacts, as built: every package, wheel
+# or archive file name (and the library's file name) they give is one that exists, so a new
+# version or manylinux tag cannot leave them naming files that do not.
+python3 - "$version" "$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo none)" \
+    "${debs[@]}" "$wheel" "$archive" <<'PY'
+import os, re, sys
+version, built = sys.argv[1], {os.path.basename(p) for p in sys.argv[3:]}
+built |= {name[: -len(".tar.gz")] for name in built if name.endswith(".tar.gz")}  # the directory it unpacks into
+patterns = [r"(?:libsessionflow\d*|libsessionflow-dev|watch-session)_[^\s/]+\.deb",
+            r"sessionflow-[0-9][^\s/]*\.whl", r"sessionflow-[0-9][^\s/]*-linux-[a-z0-9_]+(?:\.tar\.gz)?"]
+bad = []
+for readme in ("README.md", "Bindings/README.md", "Bindings/python/README.md"):
+    text = open(readme, encoding="utf-8").read()
+    for pattern in patterns:
+        for name in re.findall(pattern, text):
+            if name not in built:
+                bad.append(f"{readme}: {name}")
+    for so in re.findall(r"libsessionflow\.so\.(\d+\.\d+\.\d+)", text):
+        if so != version:
+            bad.append(f"{readme}: libsessionflow.so.{so}")
+if bad:
+    sys.exit("check-packages: the READMEs name artifacts that were not built (version " + version + "):\n  "
+             + "\n  ".join(bad) + "\nbuilt: " + ", ".join(sorted(built)))
+print(f"READMEs: every artifact they name was built ({version})")
+PY
+
 # A C host with only the system's tools: no Swift toolchain in PATH or in the library path.
 clean=(env -i PATH=/usr/bin:/bin HOME="$work")
 if "${clean[@]}" sh -c 'command -v swift' >/dev/null; then
@@ -117,6 +143,27 @@ if [ "$symbols" != "$(bash Bindings/header-functions.sh)" ] || [ "$symbols" != "
     exit 1
 fi
 echo "symbols file: the header's $(grep -c . <<<"$symbols") functions, the packaged library's whole dynamic symbol table"
+
+# Depends names the package of every library the packaged library and the CLI load (NEEDED),
+# as dpkg-shlibdeps found them; libsecret, which the store loads at run time, is recommended.
+mkdir -p "$work/cli"
+dpkg-deb -x "${debs[2]}" "$work/cli"
+for pair in "${debs[0]}:$(ls "$work"/lib0/usr/lib/*/libsessionflow.so."$version")" "${debs[2]}:$work/cli/usr/bin/watch-session"; do
+    deb=${pair%%:*} elf=${pair#*:}
+    depends=$(dpkg-deb -f "$deb" Depends)
+    for needed in $(objdump -p "$elf" | awk '/NEEDED/ { print $2 }'); do
+        # "pkg:arch, pkg2:arch: /path" for each file of that name: the packages.
+        owners=$(dpkg -S "*/$needed" 2>/dev/null | sed 's|: /.*||' | tr ',' '\n' | sed 's/^ *//; s/:.*//' | sort -u)
+        found=0
+        for owner in $owners; do
+            if grep -Eq "(^|, |\| )$owner( |,|$)" <<<"$depends"; then found=1; fi
+        done
+        [ "$found" -eq 1 ] || { echo "check-packages: $(basename "$deb") loads $needed ($owners), its Depends ($depends) does not name it" >&2; exit 1; }
+    done
+    echo "$(basename "$deb"): Depends: $depends"
+done
+dpkg-deb -f "${debs[0]}" Recommends | grep -q 'libsecret-1-0' ||
+    { echo "check-packages: libsessionflow$major does not recommend libsecret-1-0" >&2; exit 1; }
 
 echo "== the Debian packages: dpkg -i, used without the toolchain, dpkg -r"
 installed=1
@@ -178,11 +225,18 @@ fi
 echo "dpkg -r: nothing of $(cat "$work"/*.list | grep -c .) listed paths left behind"
 
 echo "== the wheel: $(basename "$wheel")"
-python3 -m auditwheel show "$wheel" | tee "$work/auditwheel.txt"
-tag=$(grep -o 'manylinux_[0-9]*_[0-9]*_x86_64' "$work/auditwheel.txt" | head -n 1)
+python3 -m auditwheel show "$wheel"
+# The tag auditwheel finds the wheel consistent with (its JSON's overall_tag: the text output
+# begins with the file name, so a tag grepped from it would be the name's own), which the file
+# name must carry: a wheel that needs a newer glibc than its name says fails here.
+tag=$(python3 -m auditwheel show --json "$wheel" | python3 -c 'import json, sys; print(json.load(sys.stdin)["overall_tag"])')
+case "$tag" in
+manylinux_*_x86_64) ;;
+*) echo "check-packages: auditwheel finds the wheel consistent with '$tag', not a manylinux tag" >&2; exit 1 ;;
+esac
 case "$(basename "$wheel")" in
-*"$tag"*) ;;
-*) echo "check-packages: auditwheel show names '$tag', the wheel's file name does not" >&2; exit 1 ;;
+*"$tag"*) echo "auditwheel: consistent with $tag, as the file name says" ;;
+*) echo "check-packages: auditwheel finds '$tag', the wheel's file name does not say it" >&2; exit 1 ;;
 esac
 python3 - "$wheel" <<'PY'
 import sys, zipfile
@@ -213,8 +267,28 @@ for name in [n for n in wheel.namelist() if ".so" in n.rsplit("/", 1)[-1] and no
             assert (vaddr - offset) % align == 0, f"{name}: LOAD at {vaddr:#x}, offset {offset:#x}, not aligned to {align:#x}"
 for needed in ("libuv", "libcurl"):
     assert any(n.split("/")[1].startswith(needed) for n in libs), f"{needed} not bundled: {libs}"
+# Each bundled library's notice (scripts/wheel-notices.py): a copyright file that names it,
+# listed in METADATA; and RECORD matches every member (the wheel was rewritten to add them).
+import base64, hashlib
+notices = {n: wheel.read(n).decode(errors="replace") for n in wheel.namelist() if "/licenses/third-party/" in n}
+for lib in libs:
+    shown = lib.split("/")[1]
+    assert any(shown in text.split("\n", 1)[0] for text in notices.values()), f"no notice names {shown}"
+dist_info = meta.split("/")[0]
+assert {n[len(dist_info) + 1:] for n in notices} <= set(field("License-File")), field("License-File")
+record = {}
+for line in wheel.read(f"{dist_info}/RECORD").decode().splitlines():
+    path, digest, size = line.rsplit(",", 2)
+    record[path] = (digest, size)
+assert set(record) == set(n for n in wheel.namelist() if not n.endswith("/")), "RECORD does not list exactly the members"
+for path, (digest, size) in record.items():
+    if path.endswith("/RECORD"):
+        continue
+    data = wheel.read(path)
+    expected = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    assert (digest, size) == (expected, str(len(data))), f"RECORD is wrong for {path}"
 print(f"wheel metadata: license {license[0]}, Requires-Python {field('Requires-Python')[0]}; "
-      f"bundled: {', '.join(n.split('/')[1] for n in libs)}")
+      f"bundled: {', '.join(n.split('/')[1] for n in libs)}; notices of {len(notices)} packages; RECORD matches")
 PY
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet --no-index "$wheel"
@@ -276,10 +350,22 @@ for path in LICENSE include/sessionflow.h "lib/libsessionflow.so.$version" "lib/
     share/fish/vendor_completions.d/watch-session.fish share/doc/sessionflow/c-api.html; do
     [ -e "$prefix/$path" ] || { echo "check-packages: the archive has no $path" >&2; exit 1; }
 done
-(cd "$work" && "${clean[@]}" PKG_CONFIG_PATH="$prefix/lib/pkgconfig" sh -c \
-    'cc host.c $(pkg-config --cflags --libs sessionflow) -o archive_host')
+# The archive's .pc alone (PKG_CONFIG_LIBDIR replaces pkg-config's default search path: no
+# libuv.pc or libcurl.pc of this machine's can help), and it points into the prefix it was
+# unpacked in, wherever that is.
+archive_pc=(env PKG_CONFIG_LIBDIR="$prefix/lib/pkgconfig" PKG_CONFIG_PATH= pkg-config)
+for variable in includedir libdir; do
+    said=$("${clean[@]}" "${archive_pc[@]}" --variable="$variable" sessionflow)
+    [ "$(readlink -f "$said")" = "$(readlink -f "$prefix/${variable%dir}")" ] ||
+        { echo "check-packages: the archive's .pc says $variable=$said, not in $prefix" >&2; exit 1; }
+done
+(cd "$work" && "${clean[@]}" "${archive_pc[@]}" --cflags --libs sessionflow >archive_flags &&
+    "${clean[@]}" sh -c 'cc host.c $(cat archive_flags) -o archive_host')
 "${clean[@]}" LD_LIBRARY_PATH="$prefix/lib" "$work/archive_host" >"$work/archive_host.out"
 expect_host_output "$work/archive_host.out"
+loaded=$("${clean[@]}" LD_LIBRARY_PATH="$prefix/lib" ldd "$work/archive_host" | awk '/libsessionflow/ { print $3 }')
+[ "$(readlink -f "$loaded")" = "$(readlink -f "$prefix/lib/libsessionflow.so.$version")" ] ||
+    { echo "check-packages: the archive's host loaded '$loaded', not the archive's library" >&2; exit 1; }
 said=$("${clean[@]}" "$prefix/bin/watch-session" --version)
 [ "$said" = "watch-session $version" ] || { echo "check-packages: the archive's watch-session said '$said'" >&2; exit 1; }
 echo "archive: a C host built with PKG_CONFIG_PATH=$prefix/lib/pkgconfig only, ran; watch-session '$said'"

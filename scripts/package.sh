@@ -10,7 +10,8 @@
 #   watch-session_V-R_amd64.deb       the CLI, its man page, bash/zsh/fish completions
 #   sessionflow-V-py3-none-manylinux_2_NN_x86_64.whl
 #                                     the Python bindings with the library, libuv, libcurl and
-#                                     what they need bundled (auditwheel repair, lowest tag)
+#                                     what they need bundled (auditwheel repair, lowest tag),
+#                                     their Debian copyright files beside (wheel-notices.py)
 #   sessionflow-V-linux-x86_64.tar.gz lib/ (library, .pc relocatable through ${pcfiledir}),
 #                                     include/, bin/watch-session, share/ (man page,
 #                                     completions, C reference), LICENSE, CHANGELOG.md
@@ -151,7 +152,8 @@ echo "libsessionflow $major libsessionflow$major (>= $version)" >"$pkg/DEBIAN/sh
 echo "activate-noawait ldconfig" >"$pkg/DEBIAN/triggers"
 control "libsessionflow$major" "$pkg" libs "$(shlibdeps -e"$pkg/usr/lib/$multiarch/$realname")" \
     "observable OAuth 2.0 session on a libuv loop (C library)" \
-    "$about This package holds the shared library." "Multi-Arch: same"
+    "$about This package holds the shared library." "Multi-Arch: same
+Recommends: libsecret-1-0"
 build_deb "libsessionflow$major" "$pkg"
 
 pkg=$stage/libsessionflow-dev
@@ -163,9 +165,10 @@ docs libsessionflow-dev "$pkg"
 install -m 0644 "$stage/c-api.html" "$pkg/usr/share/doc/libsessionflow-dev/c-api.html"
 install -d "$pkg/usr/share/doc/libsessionflow-dev/examples"
 install -m 0644 Bindings/examples/quickstart.c "$pkg/usr/share/doc/libsessionflow-dev/examples/quickstart.c"
-# sessionflow.pc requires libuv and libcurl (Requires.private: pkg-config reads their .pc files).
+# Only the shared library is shipped, and the header includes no header of libuv or libcurl:
+# sessionflow.pc requires nothing (a host that borrows its own uv loop names libuv itself).
 control libsessionflow-dev "$pkg" libdevel \
-    "libsessionflow$major (= $debversion), libuv1-dev, libcurl4-openssl-dev | libcurl-dev, pkg-config | pkgconf" \
+    "libsessionflow$major (= $debversion)" \
     "observable OAuth 2.0 session on a libuv loop (C development files)" \
     "$about This package holds the header sessionflow.h, the pkg-config file and the C reference (/usr/share/doc/libsessionflow-dev/c-api.html)." \
     "Multi-Arch: same"
@@ -191,6 +194,8 @@ echo "== package: the Python wheel" >&2
 PYTHON=$python bash Bindings/python/build-wheel.sh "$lib/$realname" "$stage/wheel" >/dev/null
 rm -f "$outdir"/sessionflow-*.whl
 "$python" -m auditwheel repair --wheel-dir "$outdir" "$stage"/wheel/sessionflow-*.whl >&2
+# auditwheel bundles libuv, libcurl and their closure without their licences: add them.
+"$python" scripts/wheel-notices.py "$outdir"/sessionflow-*.whl
 
 # ---- The release archive: the same files, relative to a prefix of the user's choosing.
 echo "== package: the release archive" >&2
