@@ -44,7 +44,8 @@ struct HeaderInjectionTests {
     }
 
     /// A server whose refresh answer carries a token with CR LF: the refresh fails (the session
-    /// keeps what it had), and nothing the token spelled reaches any server.
+    /// keeps what it had). That the token could never reach a header line even if a path
+    /// accepted it is the next test's (the HTTP client refuses the line before connecting).
     @Test func aRefreshAnswerWithAnInjectingTokenIsRefused() async throws {
         let server = try await OAuthServer(expiresIn: 3600)
         let tokens = try await server.signIn()
@@ -63,7 +64,7 @@ struct HeaderInjectionTests {
             return
         }
         #expect(error.kind == .transient && error.description.contains("%x20-7E"), "\(error)")
-        #expect(try await server.resourceStats().counts["requests"] == 0)
+        #expect(!error.description.contains("X-Injected") && !error.description.contains("/api/resource"), "\(error)")
     }
 
     /// The HTTP client itself: a header line with CR, LF, NUL-less control characters or DEL

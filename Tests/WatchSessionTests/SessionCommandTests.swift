@@ -122,6 +122,41 @@ struct SessionCommandTests {
         }
     }
 
+    /// A store that cannot be read (its key file open to the group, which the store refuses to
+    /// use, whoever runs the test): `status` does not know the session, so it says neither
+    /// "signed in" nor "signed out" but "unavailable" and why, exit 7 (its exit-code table), in
+    /// text and in JSON (`"state":null`, no account); `token` gives no token, exit 7 too, the
+    /// reason on standard error. The store is left as it was.
+    @Test func statusOfAStoreThatCannotBeReadExitsSeven() async throws {
+        let directory = temporaryStore()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = FileCredentialStore(directory: directory)
+        try store.write(storedSession(member: "carol"))
+        #expect(chmod(store.keyPath, 0o640) == 0)
+        let before = try Data(contentsOf: URL(fileURLWithPath: store.path))
+        let reason = "cannot be read, so the session is not known: the key file cannot be used"
+
+        let text = try await watchSession(["status", "--store", directory])
+        #expect(text.status == 7, "\(text)")
+        #expect(text.stdout.contains("(unavailable)") && text.stderr.contains(reason), "\(text)")
+        #expect(!text.stdout.contains("carol") && !text.stdout.contains("not signed in"), "\(text)")
+
+        let json = try await watchSession(["status", "--json", "--store", directory])
+        #expect(json.status == 7, "\(json)")
+        let document = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
+        let storeStatus = document["store"] as? [String: Any]
+        #expect(storeStatus?["status"] as? String == "unavailable", "\(document)")
+        #expect((storeStatus?["reason"] as? String)?.contains(reason) == true, "\(document)")
+        #expect(document["state"] is NSNull && (document["accounts"] as? [Any])?.isEmpty == true, "\(document)")
+
+        let token = try await watchSession(["token", "--store", directory])
+        #expect(token.status == 7 && token.stdout.isEmpty && token.stderr.contains(reason), "\(token)")
+        for run in [text, json, token] {
+            #expect(clean(run.stdout + run.stderr, of: [storedAccess]), "\(run)")
+        }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: store.path)) == before)
+    }
+
     /// A record written before profiles existed opens; the store keeps a profile through the
     /// writes of a session that knows none (a refresh); status and token work without one.
     @Test func aRecordWithoutAProfileOpensAndAProfileSurvivesLaterWrites() async throws {
