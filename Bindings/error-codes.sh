@@ -2,13 +2,21 @@
 # Checks that every SessionError.Code has a C code. SessionError.Code is a struct of static
 # lets (it grows without breaking Swift callers), so Swift cannot make a switch over it
 # exhaustive; Sources/SessionFlowC/Errors.swift maps codes through MappedSessionErrorCode, an
-# enum whose switch the compiler does check. This compares the enum's cases with the static
-# lets by name: a code added to SessionCore and not mapped fails here instead of turning
-# into SF_EINVAL. Run by run-tests.sh; prints the difference and exits 1 on one.
+# enum whose switch the compiler does check, by the code's name (`MappedSessionErrorCode(
+# rawValue: code.name)`). Code's initializer is private, so every code is a `Code("name")`
+# in SessionError.swift, however it is declared: this compares those names with the enum's
+# cases — a code added to SessionCore and not mapped fails here instead of turning into
+# SF_EINVAL — and refuses a Code(...) made from anything but a literal name. Run by
+# run-tests.sh; prints the difference and exits 1 on one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-codes=$(sed -nE 's/^[[:space:]]*public static let ([A-Za-z0-9_]+) = Code\(.*/\1/p' \
-    Sources/SessionCore/Manager/SessionError.swift | sort)
+source=Sources/SessionCore/Manager/SessionError.swift
+made=$(grep -oE '(^|[^A-Za-z0-9_.])Code\([^)]*\)' "$source" | sed -E 's/^[^C]*//' | grep -v '^Code(_ name' || true)
+if unnamed=$(grep -vE '^Code\("[A-Za-z0-9_]+"\)$' <<<"$made"); then
+    echo "SessionError.Code made from something else than a literal name ($source): $unnamed" >&2
+    exit 1
+fi
+codes=$(sed -E 's/^Code\("(.*)"\)$/\1/' <<<"$made" | sort)
 mapped=$(awk '
     /^enum MappedSessionErrorCode/ { inside = 1; next }
     inside && /^[[:space:]]*case / { listing = 1 }

@@ -30,7 +30,10 @@ extension SessionManager {
 
     /// The same with a handle (for hosts without Swift concurrency, the C API): `completion`
     /// runs once, on the loop thread, never inside this call — after the store answered the
-    /// write on success. Unlike the `async` form it does not wait for the stored session to be
+    /// write on success. The one exception: when the loop cannot take the sign-in at all (it
+    /// is shut down, or too far behind: `EventLoop.executeBounded`'s limit of waiting
+    /// requests), nothing will ever run for it there, so `completion` runs at once, on the
+    /// calling thread, with that error (`shutDown`, `busy`). Unlike the `async` form it does not wait for the stored session to be
     /// read: while it is (`storeStatus` `.reading`), the final sign-in is refused with
     /// `storeUnavailable` unless `replacingUnreadableStore` (as `signInAndWait`).
     @discardableResult
