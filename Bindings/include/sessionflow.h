@@ -773,8 +773,10 @@ int sf_session_unauthorized(sf_runtime *runtime, const char *method, const char 
  * carrying it (also when another request learnt that nonce meanwhile: the library cannot tell
  * which nonce the refused proof carried, so retry once and take a second refusal as the
  * answer). SF_EUNAUTHORIZED in on_done when the server names no nonce, or one no proof can
- * carry (not NQCHARs, RFC 9449 §4.2: never remembered). Otherwise exactly
- * sf_session_unauthorized. Returns, threads:
+ * carry (not NQCHARs, RFC 9449 §4.2: never remembered). Nor is `DPoP error="invalid_dpop_proof"`
+ * (§7.1: the proof was refused, its iat outside the server's window or its jti seen before):
+ * on_done gets the same token with a new proof (with sf_session_unauthorized too), nothing
+ * refreshed. Otherwise exactly sf_session_unauthorized. Returns, threads:
  * as sf_session_unauthorized (SF_EINVAL also for a `dpop_nonce` too long). */
 int sf_session_unauthorized_dpop(sf_runtime *runtime, const char *method, const char *url, const char *refused,
                                  int http_status, const char *www_authenticate, const char *dpop_nonce,

@@ -205,6 +205,37 @@ struct DPoPSessionTests {
         await session.stop()
     }
 
+    /// A proof the resource refuses as a proof (`invalid_dpop_proof`: here a replayed jti) is
+    /// answered with a new proof for the same token: nothing is refreshed (a refresh would
+    /// spend a rotation and cure nothing), and the retry goes through.
+    @Test func aRefusedProofGetsANewProofNotARefresh() async throws {
+        let server = try await OAuthServer(expiresIn: 3600)
+        let session = try await LiveSession(server)
+        try await session.manager.signIn(try await server.signInWithDPoP())
+        let refreshes = try await server.stats()["refresh_grants"]!
+        let url = server.resourceURL
+        func send(_ authorization: RequestAuthorization) async throws -> (Int, String?) {
+            var request = URLRequest(url: URL(string: url)!)
+            for field in authorization.fields { request.setValue(field.value.reveal(), forHTTPHeaderField: field.name) }
+            let (_, response) = try await URLSession.shared.data(for: request)
+            let http = response as! HTTPURLResponse
+            return (http.statusCode, http.value(forHTTPHeaderField: "WWW-Authenticate"))
+        }
+        let first = try await session.manager.authorization(method: "GET", url: url)
+        #expect(try await send(first).0 == 200)
+        let (status, challenge) = try await send(first)  // the same proof again: its jti is a replay
+        #expect(status == 401 && challenge?.contains("invalid_dpop_proof") == true, "\(status) \(challenge ?? "-")")
+        let retry = try await session.manager.unauthorized(first, status: status, wwwAuthenticate: challenge)
+        func field(_ authorization: RequestAuthorization, _ name: String) -> String? {
+            authorization.fields.first { $0.name == name }?.value.reveal()
+        }
+        #expect(field(retry, "Authorization") == field(first, "Authorization"), "the token was replaced")
+        #expect(field(retry, "DPoP") != nil && field(retry, "DPoP") != field(first, "DPoP"))
+        #expect(try await send(retry).0 == 200)
+        #expect(try await server.stats()["refresh_grants"]! == refreshes, "a refused proof was cured by a refresh")
+        await session.stop()
+    }
+
     @Test func aServerDemandingANewNonceEveryTimeEndsInABoundedError() async throws {
         let server = try await OAuthServer(expiresIn: 3600)
         let session = try await LiveSession(server)

@@ -64,13 +64,16 @@ extension SessionManager {
     /// (`dpopNonce`; RFC 9449 §9) is no reason to refresh: the nonce is remembered for that
     /// server and the answer is a new proof carrying it. A nonce demanded again of a proof that
     /// carried the nonce the server gave is `unauthorized` (a server that never lets the
-    /// request through: the caller's one retry is spent, nothing loops).
+    /// request through: the caller's one retry is spent, nothing loops). Nor is
+    /// `DPoP error="invalid_dpop_proof"` (§7.1: the proof, not the token, was refused — its
+    /// `iat` outside the server's window, a `jti` it has seen): the answer is the same token
+    /// with a new proof; a refresh would spend a rotation and cure nothing.
     public func unauthorized(
         _ refused: RequestAuthorization, status: Int, wwwAuthenticate: String?, dpopNonce: String? = nil
     ) async throws(SessionError) -> RequestAuthorization {
         try Self.checkRefusal(status: status, wwwAuthenticate: wwwAuthenticate)
         let key = KeyOfToken()
-        if try Self.wantsNonce(refused, wwwAuthenticate: wwwAuthenticate, dpopNonce: dpopNonce) {
+        if try Self.wantsNewProofOnly(refused, wwwAuthenticate: wwwAuthenticate, dpopNonce: dpopNonce) {
             let token = try await awaitToken { engine, completion in engine.freshAccessToken(key.noting(engine, completion)) }
             return try Self.authorization(token, key: key.key, method: refused.method, url: refused.url)
         }
@@ -87,7 +90,7 @@ extension SessionManager {
     ) throws(SessionError) {
         try Self.checkRefusal(status: status, wwwAuthenticate: wwwAuthenticate)
         let key = KeyOfToken()
-        let nonce = try Self.wantsNonce(refused, wwwAuthenticate: wwwAuthenticate, dpopNonce: dpopNonce)
+        let proofOnly = try Self.wantsNewProofOnly(refused, wwwAuthenticate: wwwAuthenticate, dpopNonce: dpopNonce)
         try postTokenRequest({ result in
             completion(result.flatMap { token in
                 Result { () throws(SessionError) in
@@ -95,12 +98,22 @@ extension SessionManager {
                 }
             })
         }) { engine, answer in
-            if nonce {
+            if proofOnly {
                 engine.freshAccessToken(key.noting(engine, answer))
             } else {
                 engine.handleUnauthorized(token: refused.accessToken, key.noting(engine, answer))
             }
         }
+    }
+
+    /// Whether a new proof with the same token is the whole cure of `refused`'s refusal: a
+    /// DPoP nonce wanted (`wantsNonce`), or the proof itself refused (`invalid_dpop_proof`).
+    static func wantsNewProofOnly(
+        _ refused: RequestAuthorization, wwwAuthenticate: String?, dpopNonce: String?
+    ) throws(SessionError) -> Bool {
+        if try wantsNonce(refused, wwwAuthenticate: wwwAuthenticate, dpopNonce: dpopNonce) { return true }
+        return refused.scheme == .dpop
+            && AuthenticationChallenge.parse(wwwAuthenticate).contains { $0.scheme == "dpop" && $0.error == "invalid_dpop_proof" }
     }
 
     /// Whether `refused` was refused for want of a DPoP nonce (RFC 9449 §9) — then remembered

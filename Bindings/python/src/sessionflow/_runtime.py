@@ -885,7 +885,9 @@ class Runtime:
         (state SESSION_EXPIRED: do not retry), UnauthorizedError when the token of a refresh made
         for this refusal was refused again, InvalidArgumentError for another status; as authorize().
         dpop_nonce: the answer's DPoP-Nonce header (sf_session_unauthorized_dpop): a DPoP session's
-        use_dpop_nonce refusal is then answered with a proof carrying it, nothing refreshed."""
+        use_dpop_nonce refusal is then answered with a proof carrying it, nothing refreshed. An
+        invalid_dpop_proof refusal (the proof, not the token, refused) gets a new proof for the
+        same token, nothing refreshed either."""
         self._not_on_loop_thread("unauthorized", "unauthorized_async()")
         args = _refusal(authorization, status, www_authenticate)
         call = "sf_session_unauthorized" if dpop_nonce is None else "sf_session_unauthorized_dpop"
