@@ -6,7 +6,7 @@
  * callbacks — never from inside a curl callback. After each action, finished transfers are
  * collected with curl_multi_info_read and their `done` runs.
  *
- * One file (about 660 lines): the client, its sockets, its timer and its requests reach each
+ * One file (651 lines): the client, its sockets, its timer and its requests reach each
  * other through curl's userdata pointers and share static helpers (finish, unwatch, the
  * zeroing allocators); apart, those would become exported symbols. The loopback listener is
  * apart (loop_listener.c). */

@@ -23,8 +23,8 @@ import Glibc
 /// - Files 0600. A write goes over `<name>.spare` (the file before the last write) in place,
 ///   is fsync'd, exchanged with the store file (`renameat2(RENAME_EXCHANGE)`), and the
 ///   directory fsync'd: a crash at any moment leaves the old session or the new one, never a
-///   mix (`FileIO.replaceThroughSpare`; where the filesystem cannot exchange, a new temporary
-///   file renamed over the old one).
+///   mix (`FileIO.replaceThroughSpare`; where the filesystem cannot exchange, the spare just
+///   written is renamed over the store file).
 /// - Encrypted with a 256-bit key (`Key`): from the host (wrapping a data key of the store's
 ///   own), the desktop Secret Service, or a key file created (0600) beside the store on first
 ///   use. The header (which names the key's source and id) and the store file's name are

@@ -1,6 +1,6 @@
 // The store's keys: where they live (a key file, the Secret Service, a key file wrapped with the
 // host's key), the key ring that makes rotation crash-safe, and the store file's header that
-// names the key a file was sealed with. One file (about 400 lines) because the three go
+// names the key a file was sealed with. One file (over 400 lines: 404) because the three go
 // together: a header names a key of the ring, and the ring is read and written per source.
 
 import CSecretService

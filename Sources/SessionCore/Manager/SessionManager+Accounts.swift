@@ -1,4 +1,4 @@
-// Over 400 lines (494): the accounts' entry points, the making of their sessions and the
+// Over 400 lines (507): the accounts' entry points, the making of their sessions and the
 // switches between them stay together (one lock order, one place to read it).
 import LoopFlow
 

@@ -1,4 +1,4 @@
-// One file on purpose (739 lines, 155 of them comments): the phase, the tokens, the generation
+// One file on purpose (739 lines, 167 of them comments): the phase, the tokens, the generation
 // and the failure count are `private(set)`, so only the event functions in this file can move
 // the machine. Splitting it across files would open its state to the whole module.
 
