@@ -111,9 +111,12 @@ final class GatedAccountStore: AccountCredentialStore, @unchecked Sendable {
                 holding = true
             }
             gate.wait()
+            locked { heldListReadsAnswered += 1 }
         }
         return .present(list)
     }
+    /// Held list reads that have answered (after `release()`).
+    private(set) var heldListReadsAnswered = 0
     func account(_ key: String, isActive: Bool) -> any CredentialStore { Record(store: self, key: key) }
     func setActiveAccount(_ key: String?) throws(StoreError) {
         locked {
@@ -182,6 +185,34 @@ struct AccountListRaceTests {
             session.accounts.map(\.key) == ["bob", "carol"] && session.accounts.allSatisfy { $0.state == .loggedIn }
         }, "\(session.accounts)")
         await session.close()
+        _ = try loop.shutdown()
+    }
+
+    /// A list read on the worker when the manager closes answers after the close, with an
+    /// account that has no session: none is made for a closed manager (it would refresh on its
+    /// own), and nothing is read again.
+    @Test func aListReadAnsweredAfterTheCloseMakesNoSession() async throws {
+        let loop = try EventLoop(name: "accounts")
+        let store = GatedAccountStore()
+        store.put("bob", active: true)
+        let session = try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
+        await session.storeRead()
+        #expect(await eventually { session.accounts.map(\.key) == ["bob"] })
+        store.holdNextListRead()
+        store.put("carol")
+        try loop.execute { session.storeChanged() }
+        #expect(await eventually { store.locked { store.holding } })
+        // The close waits for the store work (the held read is on the active session's
+        // worker): the read is let go once the manager has closed its accounts.
+        let closing = Task { await session.close() }
+        #expect(await eventually { session.sessions.withLockedValue { $0.accounts.closed } })
+        store.release()
+        await closing.value
+        #expect(store.locked { store.heldListReadsAnswered } == 1)
+        try await loop.submit {}  // the answer, posted by the worker, has entered
+        try await loop.submit {}
+        #expect(session.sessions.withLockedValue { $0.background.isEmpty && $0.making.isEmpty },
+                "a session was made for a closed manager: \(session.sessions.withLockedValue { Array($0.background.keys) })")
         _ = try loop.shutdown()
     }
 

@@ -119,7 +119,7 @@ struct AccountsMachineTests {
             #expect(listRetryArmed == machine.listRetryArmed, "\(context): timer \(listRetryArmed), machine \(machine.listRetryArmed)")
             // A way forward: a list the store could not give is read again on the timer, or a
             // read is on the worker.
-            if !machine.listed, latestListReadUnavailable {
+            if !machine.listed, !machine.closed, latestListReadUnavailable {
                 #expect(listRetryArmed || !listReads.isEmpty, "\(context): unlisted after an unavailable read, with no retry")
             }
             // A list taken never misses an account of the store (accounts only join here).
@@ -146,6 +146,7 @@ struct AccountsMachineTests {
 
         var listName: String {
             "\(machine.listed ? "listed" : "unlisted")/\(listReads.count)\(machine.listRetryArmed ? "+retry" : "")"
+                + (machine.closed ? "+closed" : "")
         }
 
         var pointerName: String {
@@ -186,7 +187,7 @@ struct AccountsMachineTests {
 
     enum ListEvent: String, CaseIterable, CustomStringConvertible {
         case storeChanged, stateChangedWhileStoreReading, stateChangedStoreRead, answer, answerUnavailable, sessionsNotMade
-        case retryFires
+        case retryFires, close
         var description: String { rawValue }
 
         func apply(to s: inout Storage) {
@@ -198,6 +199,9 @@ struct AccountsMachineTests {
             case .answerUnavailable: s.listReadAnswers(unavailable: true)
             case .sessionsNotMade: s.run(s.machine.sessionsNotMade())
             case .retryFires: s.listRetryFires()
+            case .close:
+                s.run(s.machine.close())
+                s.listRetryArmed = false  // the manager cancels its timer
             }
         }
     }
@@ -212,6 +216,7 @@ struct AccountsMachineTests {
         .answerUnavailable: ["unlisted/0", "unlisted/0+retry", "unlisted/1", "listed/0", "unlisted/0+retry"],
         .sessionsNotMade: ["unlisted/0", "unlisted/1", "unlisted/2", "unlisted/0", "unlisted/0+retry"],
         .retryFires: ["unlisted/0", "unlisted/1", "unlisted/2", "listed/0", "unlisted/1"],
+        .close: ["unlisted/0+closed", "unlisted/1+closed", "unlisted/2+closed", "listed/0+closed", "unlisted/0+closed"],
     ]
 
     @Test("every list state × every event leads to the expected state, the pointer untouched",
@@ -227,10 +232,19 @@ struct AccountsMachineTests {
             #expect(s.machine.pointer == pointerBefore, "\(state) + \(event) moved the pointer")
             s.checkConsistency("\(state) + \(event)")
             // Whatever is still on the worker answers, the timer fires: the list ends up taken
-            // and complete, with no help from a state change.
+            // and complete, with no help from a state change. Closed: nothing more is read or
+            // taken, whatever answers.
+            let sessionsAtClose = s.sessions
             for _ in 0..<3 {
                 while !s.listReads.isEmpty { s.listReadAnswers() }
                 s.listRetryFires()
+            }
+            if s.machine.closed {
+                s.otherProcessSignsIn("erin")
+                s.run(s.machine.sessionStateChanged(storeReading: false))
+                #expect(s.listReads.isEmpty && !s.listRetryArmed && s.sessions == sessionsAtClose,
+                        "\(state) + close: \(s.listName), sessions \(s.sessions.sorted())")
+                continue
             }
             if !s.machine.listed, !s.latestListReadUnavailable {
                 // Never asked for (or the sessions not made): the next state change asks. After

@@ -124,6 +124,22 @@ struct EngineReentrancyTests {
         #expect(!h.manager.isLoggedIn())
     }
 
+    /// The store could not be read at creation, and can by the manual start: the start's own
+    /// read answers the first read. (It stayed "awaiting" for good: the status said available,
+    /// yet a sign-in was refused as if the store could not be read.)
+    @Test func aManualStartAfterAnUnreadableCreationReadTakesTheStartsRead() async throws {
+        let store = MemoryCredentialStore()
+        store.failure = StoreError("locked for now")
+        let h = try await Harness(store: store) { $0.startsAutomatically = false }
+        store.failure = nil
+        try h.manager.start()
+        try await h.settle()
+        #expect(h.manager.storeStatus.value == .available)
+        try await h.manager.signIn(SessionTokens(
+            accessToken: Sentinel.access(2), refreshToken: Sentinel.refresh(2), expiresIn: .seconds(3600), memberID: "m"))
+        #expect(h.manager.state.value == .loggedIn)
+    }
+
     @Test func aManualStartOnAShutDownLoopIsRefusedAtCreation() async throws {
         let loop = try EventLoop(name: "shut-down")
         try loop.shutdown()

@@ -64,6 +64,9 @@ struct AccountsMachine: Sendable, Equatable {
     /// The latest list read found the store unavailable: it is read again on a timer (nothing
     /// else may ask for it for hours: a steady session changes no state).
     private(set) var listRetryArmed = false
+    /// The manager closed: no list is read or taken any more (a read on the worker at the
+    /// close answers into nothing; no session is made for a closed manager).
+    private(set) var closed = false
     private(set) var pointer = Pointer.recorded
     /// The latest pointer write requested.
     private(set) var pointerRequest: UInt64 = 0
@@ -89,6 +92,7 @@ struct AccountsMachine: Sendable, Equatable {
 
     /// A read of the list is wanted now (the manager was made, or must read again).
     mutating func listWanted() -> [Action] {
+        guard !closed else { return [] }
         listRequest &+= 1
         return [.readList(request: listRequest)]
     }
@@ -110,7 +114,7 @@ struct AccountsMachine: Sendable, Equatable {
     /// The store answered the list read of `request`.
     mutating func listAnswered(_ answer: AccountsRead, request: UInt64) -> [Action] {
         // An earlier read answered after a later one was asked for: the later one tells.
-        guard !listed, request == listRequest else { return [] }
+        guard !closed, !listed, request == listRequest else { return [] }
         guard case .present(let list) = answer else {
             guard !listRetryArmed else { return [] }
             listRetryArmed = true
@@ -122,9 +126,16 @@ struct AccountsMachine: Sendable, Equatable {
 
     /// The retry timer `readListLater` asked for fired: the list is read again unless taken.
     mutating func listRetryFired() -> [Action] {
-        guard listRetryArmed else { return [] }
+        guard listRetryArmed, !closed else { return [] }
         listRetryArmed = false
         return listed ? [] : listWanted()
+    }
+
+    /// The manager closes (its timer is cancelled by the caller).
+    mutating func close() -> [Action] {
+        closed = true
+        listRetryArmed = false
+        return []
     }
 
     /// The sessions of a taken list could not be made: the list counts as not read.

@@ -239,7 +239,11 @@ final class SessionEngine: @unchecked Sendable {
                     machine = SessionStateMachine()
                     (memberID, profile) = (nil, nil)
                     refresh = Refresh(policy: configuration.policy, usesRefreshLock: shared != nil)
-                    if case .unavailable = now {} else { restore(from: now) }
+                    if case .unavailable = now {} else {
+                        restore(from: now)
+                        // A first read held unavailable is answered by this one.
+                        storeEvent { $0.initialReadAnswered() }
+                    }
                     publish(machine.state)
                     startUp(with: now)
                     return

@@ -232,7 +232,8 @@ extension SessionManager {
     func closeOnLoop() {
         loop.assertInEventLoop()
         let (active, background, listRetry) = sessions.withLockedValue {
-            ($0.active, Array($0.background.values) + $0.retired.values, $0.listRetry.take())
+            _ = $0.accounts.close()
+            return ($0.active, Array($0.background.values) + $0.retired.values, $0.listRetry.take())
         }
         listRetry?.cancel()
         for engine in background { engine.close() }
