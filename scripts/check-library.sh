@@ -86,9 +86,12 @@ if [ -n "$debuglink" ]; then
         echo "debug info: $(human "$(size_of "$debugfile")") in $debugfile"
         # Test support stays out of what ships: the fault injection of the store's file I/O
         # (FileIO.injected…) exists in debug builds only. Its symbols would be in the debug info.
-        injected=$(nm "$debugfile" 2>/dev/null |
-            grep -cE 'injected(WriteErrors|TemporarySuffixes|ExchangeErrors|PausesAfterOpen|WriteFailuresLeft|DirectorySyncErrors)' || true)
-        echo "test hooks: $injected symbols of the fault tables (FileIO.injected…) in the debug info"
+        symbols=$(nm "$debugfile" 2>/dev/null || true)
+        store=$(grep -c 'SessionFileStore' <<<"$symbols" || true)
+        injected=$(grep -cE 'injected(WriteErrors|TemporarySuffixes|ExchangeErrors|PausesAfterOpen|WriteFailuresLeft|DirectorySyncErrors)' <<<"$symbols" || true)
+        echo "test hooks: $injected symbols of the fault tables (FileIO.injected…) in the debug info, among $store of SessionFileStore"
+        # No symbol table to look in would find nothing whatever the library holds.
+        [ "$store" -gt 0 ] || fail "the debug info has no symbols of SessionFileStore: the test-hook check cannot look"
         [ "$injected" -eq 0 ] || fail "the library carries the store's test fault injection (FileIO.injected…): $injected symbols"
     else
         echo "debug info: $debuglink (.gnu_debuglink) not found beside the library"

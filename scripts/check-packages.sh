@@ -151,12 +151,15 @@ dpkg-deb -x "${debs[2]}" "$work/cli"
 for pair in "${debs[0]}:$(ls "$work"/lib0/usr/lib/*/libsessionflow.so."$version")" "${debs[2]}:$work/cli/usr/bin/watch-session"; do
     deb=${pair%%:*} elf=${pair#*:}
     depends=$(dpkg-deb -f "$deb" Depends)
+    # The package names Depends gives (alternatives included), one per line.
+    named=$(tr ',|' '\n\n' <<<"$depends" | sed 's/^ *//; s/[ (].*//' | sort -u)
     for needed in $(objdump -p "$elf" | awk '/NEEDED/ { print $2 }'); do
         # "pkg:arch, pkg2:arch: /path" for each file of that name: the packages.
-        owners=$(dpkg -S "*/$needed" 2>/dev/null | sed 's|: /.*||' | tr ',' '\n' | sed 's/^ *//; s/:.*//' | sort -u)
+        owners=$({ dpkg -S "*/$needed" 2>/dev/null || true; } | sed 's|: /.*||' | tr ',' '\n' | sed 's/^ *//; s/:.*//' | sort -u)
+        [ -n "$owners" ] || { echo "check-packages: no installed package holds $needed, which $(basename "$elf") loads" >&2; exit 1; }
         found=0
         for owner in $owners; do
-            if grep -Eq "(^|, |\| )$owner( |,|$)" <<<"$depends"; then found=1; fi
+            if grep -Fxq "$owner" <<<"$named"; then found=1; fi
         done
         [ "$found" -eq 1 ] || { echo "check-packages: $(basename "$deb") loads $needed ($owners), its Depends ($depends) does not name it" >&2; exit 1; }
     done
@@ -275,7 +278,9 @@ for lib in libs:
     shown = lib.split("/")[1]
     assert any(shown in text.split("\n", 1)[0] for text in notices.values()), f"no notice names {shown}"
 dist_info = meta.split("/")[0]
-assert {n[len(dist_info) + 1:] for n in notices} <= set(field("License-File")), field("License-File")
+# License-File paths are relative to <dist-info>/licenses/ (PEP 639), each one in the wheel.
+assert all(f"{dist_info}/licenses/{path}" in wheel.namelist() for path in field("License-File")), field("License-File")
+assert {n[len(dist_info) + len("/licenses/"):] for n in notices} <= set(field("License-File")), field("License-File")
 record = {}
 for line in wheel.read(f"{dist_info}/RECORD").decode().splitlines():
     path, digest, size = line.rsplit(",", 2)

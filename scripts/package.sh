@@ -167,8 +167,9 @@ install -d "$pkg/usr/share/doc/libsessionflow-dev/examples"
 install -m 0644 Bindings/examples/quickstart.c "$pkg/usr/share/doc/libsessionflow-dev/examples/quickstart.c"
 # Only the shared library is shipped, and the header includes no header of libuv or libcurl:
 # sessionflow.pc requires nothing (a host that borrows its own uv loop names libuv itself).
+# pkg-config reads the .pc file (the README's build line runs it).
 control libsessionflow-dev "$pkg" libdevel \
-    "libsessionflow$major (= $debversion)" \
+    "libsessionflow$major (= $debversion), pkg-config | pkgconf" \
     "observable OAuth 2.0 session on a libuv loop (C development files)" \
     "$about This package holds the header sessionflow.h, the pkg-config file and the C reference (/usr/share/doc/libsessionflow-dev/c-api.html)." \
     "Multi-Arch: same"

@@ -8,7 +8,8 @@
 library this finds the Debian package that installed the original (`dpkg -S`) and adds that
 package's copyright file (`/usr/share/doc/<package>/copyright`, every Debian package has one)
 as `<dist-info>/licenses/third-party/<package>.copyright`, names each in METADATA
-(`License-File`, PEP 639), and rewrites RECORD. The wheel is rewritten in place, with every
+(`License-File: third-party/<package>.copyright`: relative to `licenses/`, PEP 639), and
+rewrites RECORD. The wheel is rewritten in place, with every
 other member as it was. Fails when a bundled library's package or copyright file is not found.
 """
 import base64
@@ -72,8 +73,10 @@ def main(path: str) -> None:
         if info.filename == f"{dist_info}/METADATA":
             text = data.decode()
             head, separator, body = text.partition("\n\n")
-            lines = [line for line in head.splitlines() if not line.startswith("License-File: licenses/third-party/")]
-            lines += [f"License-File: {name[len(dist_info) + 1:]}" for name in sorted(notices)]
+            # License-File paths are relative to <dist-info>/licenses/ (as LICENSE's is).
+            prefix = f"{dist_info}/licenses/"
+            lines = [line for line in head.splitlines() if not line.startswith("License-File: third-party/")]
+            lines += [f"License-File: {name[len(prefix):]}" for name in sorted(notices)]
             data = ("\n".join(lines) + separator + body).encode()
         out.append((info, data))
     record_name = f"{dist_info}/RECORD"

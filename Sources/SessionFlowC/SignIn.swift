@@ -161,9 +161,9 @@ func readSignInOptions(_ options: UnsafePointer<sf_sign_in_options>?) -> sf_sign
     sf_sign_in_options_init(&result)
     guard let options else { return result }
     let declared = options.pointee.size
-    // One released size so far: no_start_page took the padding after replace_unreadable_store,
-    // so a host built against the older header passes the same size, and the bytes this
-    // library's sf_sign_in_options_init wrote there (0: the default).
+    // One size so far: no_start_page took the padding after replace_unreadable_store in 0.2.0
+    // (unreleased, and a breaking release for C hosts: they are rebuilt against its header;
+    // sf_sign_in_options_init writes the field, and C's initializers zero a field not named).
     guard acceptedSize(declared, [MemoryLayout<sf_sign_in_options>.size]) else { return nil }
     let count = declared
     withUnsafeMutableBytes(of: &result) { target in

@@ -76,7 +76,8 @@ struct SignInPlan: Sendable {
         case .device:
             method = .device { prompt in presenter.devicePrompt(prompt) }
         case .browser:
-            // Looked up for each sign-in: PATH is the user's, and xdg-open may come and go.
+            // Looked up once, when the sign-in is prepared (the `s` of a watch signs in again
+            // the same way): whether a browser is opened decides whether there is a start page.
             let opener = openBrowser ? BrowserOpener.find() : nil
             // One URL for everyone: when a browser is opened, it and the person both get the
             // start URL (nothing secret in the opener's argv, which any local user can read; a
