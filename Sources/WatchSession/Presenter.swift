@@ -201,11 +201,10 @@ final class Presenter: @unchecked Sendable {
         write(.plain("The code expires in \(Self.minutes(seconds)). Waiting for the approval… (Ctrl-C cancels)"))
     }
 
-    /// The browser flow's prompt: the authorization URL (alone at the end of its line), opened
-    /// with xdg-open or to be opened by hand, and how long the listener waits.
-    /// The browser sign-in's one URL: the start URL when the CLI opens a browser (the person's
-    /// fallback is that same URL, fetched once), the authorization URL when it does not (the
-    /// flow then serves no start URL).
+    /// The browser flow's prompt, and how long the listener waits. One URL: the start URL when
+    /// the CLI opens a browser (the person's fallback is that same URL, fetched once), the
+    /// authorization URL (alone at the end of its line) when it does not (the flow then serves
+    /// no start URL).
     func browserPrompt(_ prompt: BrowserPrompt, opening: Bool) {
         let authorization = Self.printable(prompt.authorizationURL.absoluteString)
         let start = prompt.startURL.map { Self.printable($0.absoluteString) }
