@@ -139,13 +139,20 @@ struct AccountListRaceTests {
         }
     }
 
-    @Test func aReadAnsweredAfterALaterChangeDoesNotHideThatChange() async throws {
+    /// A manager on a loop of its own over a store where bob alone is signed in (active), his
+    /// session read and listed.
+    static func bobAlone() async throws -> (EventLoop, GatedAccountStore, SessionManager) {
         let loop = try EventLoop(name: "accounts")
         let store = GatedAccountStore()
         store.put("bob", active: true)
         let session = try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
         await session.storeRead()
         #expect(await eventually { session.accounts.map(\.key) == ["bob"] })
+        return (loop, store, session)
+    }
+
+    @Test func aReadAnsweredAfterALaterChangeDoesNotHideThatChange() async throws {
+        let (loop, store, session) = try await Self.bobAlone()
 
         // A change of the store (another process): the list is read again, and that read is
         // slow: it took the list before the next change.
@@ -192,12 +199,7 @@ struct AccountListRaceTests {
     /// account that has no session: none is made for a closed manager (it would refresh on its
     /// own), and nothing is read again.
     @Test func aListReadAnsweredAfterTheCloseMakesNoSession() async throws {
-        let loop = try EventLoop(name: "accounts")
-        let store = GatedAccountStore()
-        store.put("bob", active: true)
-        let session = try SessionManager(loop: loop, authority: AsyncAuthority(NoAuthority()), store: store)
-        await session.storeRead()
-        #expect(await eventually { session.accounts.map(\.key) == ["bob"] })
+        let (loop, store, session) = try await Self.bobAlone()
         store.holdNextListRead()
         store.put("carol")
         try loop.execute { session.storeChanged() }

@@ -425,13 +425,20 @@ struct StoreSyncMachineTests {
         #expect(s.initialTaken == 0, "the first read was taken twice")
     }
 
-    @Test func aClearStillOwedKeepsTheRetriesGoingAfterALaterWriteLanded() {
+    /// A logout's clear failed (the store behind), then a later write landed: the clear is
+    /// still owed, the store no longer behind.
+    static func clearOwedAfterALaterWrite() -> Storage {
         var s = Storage()
         s.submitSave()
         s.workerAnswers(failing: true)
         s.submitSave()
         s.workerAnswers(failing: false)
         s.run(s.machine.clearStillOwed())
+        return s
+    }
+
+    @Test func aClearStillOwedKeepsTheRetriesGoingAfterALaterWriteLanded() {
+        var s = Self.clearOwedAfterALaterWrite()
         s.retryFires(owingClears: true)
         #expect(s.catchUps == 1)
     }
@@ -441,12 +448,7 @@ struct StoreSyncMachineTests {
     /// tokens come back at the next start. Only the clears: the session's record is current.
     /// Nothing is tried for a store never read, and nothing twice.
     @Test func closingSendsAClearStillOwedAgainThoughALaterWriteLanded() {
-        var s = Storage()
-        s.submitSave()
-        s.workerAnswers(failing: true)
-        s.submitSave()
-        s.workerAnswers(failing: false)
-        s.run(s.machine.clearStillOwed())
+        var s = Self.clearOwedAfterALaterWrite()
         #expect(!s.machine.isBehind && s.retryArmed)
         s.run(s.machine.close(owesClears: true))
         #expect(s.clearsRetried == 1 && s.catchUps == 0 && !s.retryArmed, "\(s.clearsRetried) \(s.catchUps)")
